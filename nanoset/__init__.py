@@ -1,0 +1,20 @@
+"""Nanoset: binary token datasets (datatrove/Nanotron compatible shards plus a manifest).
+
+This package never imports torch; the training runtime lives in ``runtime``.
+"""
+
+from nanoset.errors import NanosetError
+from nanoset.format import Manifest, ShardInfo, TokenizerInfo
+from nanoset.reader import NanosetReader, open_dataset
+from nanoset.writer import ShardWriter, write_manifest
+
+__all__ = [
+    "Manifest",
+    "NanosetError",
+    "NanosetReader",
+    "ShardInfo",
+    "ShardWriter",
+    "TokenizerInfo",
+    "open_dataset",
+    "write_manifest",
+]

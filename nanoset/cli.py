@@ -1,0 +1,104 @@
+"""The ``nanoset`` command: thin wrappers that parse, call the library and print.
+
+A user mistake prints one ``error: ...`` line on stderr and exits 1; never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from nanoset.errors import NanosetError
+from nanoset.plan import DEFAULT_TASK_BYTES
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Nanoset: tokenize corpora into memory-mapped shards, inspect and verify them."""
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        raise NanosetError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Output dataset folder.")
+@click.option("--tokenizer", required=True, help="tokenizer.json, a folder holding one, or a locally cached hub name.")
+@click.option("--eos-token", default=None, help="EOS token to append when the tokenizer declares none.")
+@click.option("--text-column", default="text", show_default=True)
+@click.option("--workers", default=1, show_default=True, type=int, help="Worker processes.")
+@click.option("--max-tokens-per-shard", default=None, type=int, help="Start a new shard past this many tokens.")
+@click.option("--num-tasks", default=None, type=int, help="Split the job across machines (default: $WORLD_SIZE or 1).")
+@click.option("--task-index", default=None, type=int, help="This machine's index (default: $RANK or 0).")
+@click.option("--task-bytes", default=DEFAULT_TASK_BYTES, show_default=True, type=int,
+              help="Input bytes per task (sets shard boundaries, never the token stream).")
+@click.option("--skip-bad-lines", is_flag=True, help="Skip and count malformed rows instead of failing.")
+@click.option("--overwrite", is_flag=True, help="Replace an output folder that holds another dataset.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: str | None, text_column: str,
+             workers: int, max_tokens_per_shard: int | None, num_tasks: int | None, task_index: int | None,
+             task_bytes: int, skip_bad_lines: bool, overwrite: bool, quiet: bool) -> None:
+    """Tokenize INPUTS (files, folders, globs) into a Nanoset dataset folder."""
+    from nanoset.tokenize import TokenizeOptions, tokenize as run
+
+    summary = run(TokenizeOptions(
+        inputs=list(inputs), output=output, tokenizer=tokenizer, eos_token=eos_token, text_column=text_column,
+        workers=workers, max_tokens_per_shard=max_tokens_per_shard,
+        num_tasks=num_tasks if num_tasks is not None else _env_int("WORLD_SIZE", 1),
+        task_index=task_index if task_index is not None else _env_int("RANK", 0),
+        overwrite=overwrite, skip_bad_lines=skip_bad_lines, task_bytes=task_bytes, progress=not quiet,
+    ))
+    click.echo(summary.line())
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--samples", default=2, show_default=True, type=int, help="Decoded sample documents to show.")
+@click.option("--tokenizer", default=None, help="Tokenizer for decoding (default: the one in the manifest).")
+def inspect(path: Path, as_json: bool, samples: int, tokenizer: str | None) -> None:
+    """Statistics, per-shard table and decoded samples of a dataset folder."""
+    from nanoset.inspect import collect_stats, render_text
+
+    stats = collect_stats(path, samples=samples, tokenizer=tokenizer)
+    click.echo(json.dumps(stats, indent=1) if as_json else render_text(stats))
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+def verify(path: Path) -> None:
+    """Check checksums, sizes, index, token ids and EOS of every shard (a full read)."""
+    from nanoset.verify import verify_dataset
+
+    click.echo(verify_dataset(path))
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("error: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        click.echo(f"error: {e.format_message()}", err=True)
+        sys.exit(e.exit_code)
+    except (NanosetError, FileNotFoundError, PermissionError, IsADirectoryError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("error: interrupted; rerun the same command to resume", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""The Nanoset on-disk format, version 1: file names, dtypes, metadata lines, the manifest.
+
+A dataset is a folder. Each shard ``NAME`` is three files that datatrove writes and Nanotron
+reads byte for byte (``NAME.ds``, ``NAME.ds.index``, ``NAME.ds.metadata``); the folder also
+holds ``nanoset.json``, written last, which makes it a complete Nanoset dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nanoset.errors import NanosetError
+
+FORMAT_NAME = "nanoset"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "nanoset.json"
+TOKENS_SUFFIX = ".ds"
+INDEX_SUFFIX = ".ds.index"
+METADATA_SUFFIX = ".ds.metadata"
+INDEX_DTYPE = np.dtype("<u8")
+UINT16_MAX_VOCAB = 65536
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocab ≤ 65536), else uint32; always little-endian."""
+    return np.dtype("<u2") if vocab_size <= UINT16_MAX_VOCAB else np.dtype("<u4")
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    return {2: "uint16", 4: "uint32"}[np.dtype(dtype).itemsize]
+
+
+def dtype_from_name(name: str) -> np.dtype:
+    table = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+    if name not in table:
+        raise NanosetError(f"unknown token dtype {name!r} (expected uint16 or uint32)")
+    return table[name]
+
+
+def human_count(n: int) -> str:
+    """1234567 -> '1.23M': the third line of a datatrove metadata file."""
+    for unit, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(n)
+
+
+def metadata_text(tokenizer_name: str, token_size: int, num_tokens: int) -> str:
+    return f"{tokenizer_name}|{token_size}\n{num_tokens}\n{human_count(num_tokens)}"
+
+
+def parse_metadata(path: Path) -> tuple[str, int, int]:
+    """Read a ``.ds.metadata`` file: (tokenizer name, token size in bytes, token count).
+
+    Older datatrove versions write the tokenizer name alone on the first line: 2-byte tokens.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        name, _, size = lines[0].rpartition("|") if "|" in lines[0] else (lines[0], "", "2")
+        return name, int(size), int(lines[1])
+    except (IndexError, ValueError, UnicodeDecodeError) as e:
+        raise NanosetError(f"{path}: malformed metadata file ({e}); expected 'TOKENIZER|TOKEN_SIZE', token count") from e
+
+
+@dataclass
+class TokenizerInfo:
+    """What a reader needs to know of the tokenizer that produced the ids."""
+
+    name: str
+    vocab_size: int | None  # None for a datatrove folder whose tokenizer is not at hand
+    eos_id: int | None = None
+    eos_token: str | None = None
+    bos_id: int | None = None
+    sha256: str | None = None
+
+
+@dataclass
+class ShardInfo:
+    """One shard as the manifest records it; sources say which input rows it came from."""
+
+    name: str
+    num_tokens: int
+    num_documents: int
+    sha256: dict[str, str] = field(default_factory=dict)
+    sources: list[dict[str, Any]] = field(default_factory=list)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> ShardInfo:
+        return ShardInfo(**d)
+
+
+@dataclass
+class Manifest:
+    """``nanoset.json``: the dataset's table of contents; its presence means 'complete'."""
+
+    tokenizer: TokenizerInfo
+    dtype: str
+    shards: list[ShardInfo]
+    build: dict[str, Any] = field(default_factory=dict)
+    skipped_lines: int = 0
+    format: str = FORMAT_NAME
+    version: int = FORMAT_VERSION
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.shards)
+
+    @property
+    def num_documents(self) -> int:
+        return sum(s.num_documents for s in self.shards)
+
+    def to_json(self) -> str:
+        d = {
+            "format": self.format,
+            "version": self.version,
+            "dtype": self.dtype,
+            "num_tokens": self.num_tokens,
+            "num_documents": self.num_documents,
+            "tokenizer": asdict(self.tokenizer),
+            "build": self.build,
+            "skipped_lines": self.skipped_lines,
+            "shards": [asdict(s) for s in self.shards],
+        }
+        return json.dumps(d, indent=1, sort_keys=True) + "\n"
+
+    @staticmethod
+    def load(folder: Path) -> Manifest:
+        path = Path(folder) / MANIFEST_NAME
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise NanosetError(f"{path}: cannot read the manifest ({e}); re-run `nanoset tokenize`") from e
+        if d.get("format") != FORMAT_NAME or d.get("version") != FORMAT_VERSION:
+            raise NanosetError(
+                f"{path}: format {d.get('format')!r} version {d.get('version')!r} is not supported "
+                f"(this nanoset reads {FORMAT_NAME} version {FORMAT_VERSION})"
+            )
+        return Manifest(
+            tokenizer=TokenizerInfo(**d["tokenizer"]),
+            dtype=d["dtype"],
+            shards=[ShardInfo.from_json(s) for s in d["shards"]],
+            build=d.get("build", {}),
+            skipped_lines=d.get("skipped_lines", 0),
+        )
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write to a temporary name in the same folder, fsync, then rename: old or new, never half."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def shard_files(name: str) -> dict[str, str]:
+    """The three file names of shard ``name``, keyed by role."""
+    return {"ds": name + TOKENS_SUFFIX, "index": name + INDEX_SUFFIX, "metadata": name + METADATA_SUFFIX}

@@ -1,0 +1,109 @@
+"""``nanoset inspect``: statistics, a length histogram, a per-shard table and decoded samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nanoset.errors import NanosetError
+from nanoset.format import dtype_name
+from nanoset.reader import open_dataset
+
+CHUNK_TOKENS = 1 << 24
+SAMPLE_CHARS = 400
+
+
+def _length_stats(lengths: np.ndarray) -> dict[str, float]:
+    q = np.percentile(lengths, [50, 90, 99], method="lower")
+    return {"min": int(lengths.min()), "median": int(q[0]), "p90": int(q[1]), "p99": int(q[2]),
+            "max": int(lengths.max()), "mean": round(float(lengths.mean()), 2)}
+
+
+def _histogram(lengths: np.ndarray) -> list[dict[str, int]]:
+    """Power-of-two buckets [2^k, 2^(k+1)) of document length in tokens."""
+    exps = np.floor(np.log2(lengths)).astype(np.int64)
+    counts = np.bincount(exps)
+    return [{"lo": 1 << k, "hi": (1 << (k + 1)) - 1, "count": int(c)} for k, c in enumerate(counts) if c]
+
+
+def _decoder(spec: str | None):
+    if spec is None:
+        return None
+    from nanoset.tokenizer import find_tokenizer_file, load_tokenizer
+
+    try:
+        return load_tokenizer(find_tokenizer_file(spec))
+    except NanosetError:
+        return None
+
+
+def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) -> dict[str, Any]:
+    """Everything ``inspect`` shows, as plain JSON-able values."""
+    if samples < 0:
+        raise NanosetError(f"--samples must be ≥ 0, got {samples}")
+    ds = open_dataset(path)
+    lengths = np.concatenate([np.diff(np.asarray(s.ends, dtype=np.int64), prepend=0) for s in ds.shards])
+    max_id = max((int(s.tokens[i : i + CHUNK_TOKENS].max()) for s in ds.shards
+                  for i in range(0, s.num_tokens, CHUNK_TOKENS)), default=-1)
+    tok_info = ds.tokenizer
+    decoder = _decoder(tokenizer or (tok_info.name if tok_info else None))
+    picks = sorted(set(np.linspace(0, ds.num_documents - 1, samples).round().astype(int).tolist())) if samples else []
+    sample_docs = []
+    for i in picks:
+        ids = np.asarray(ds.document(i)).tolist()
+        entry: dict[str, Any] = {"document": i, "num_tokens": len(ids)}
+        if decoder is not None:
+            entry["text"] = decoder.decode(ids, skip_special_tokens=False)[:SAMPLE_CHARS]
+        else:
+            entry["ids"] = ids[:64]
+        sample_docs.append(entry)
+    return {
+        "path": str(path),
+        "format": "datatrove" if ds.is_datatrove else "nanoset",
+        "num_shards": len(ds.shards),
+        "num_tokens": ds.num_tokens,
+        "num_documents": ds.num_documents,
+        "dtype": dtype_name(ds.dtype),
+        "tokenizer": tok_info.name if tok_info else None,
+        "vocab_size": tok_info.vocab_size if tok_info else None,
+        "eos_id": tok_info.eos_id if tok_info else None,
+        "max_token_id": max_id,
+        "skipped_lines": ds.manifest.skipped_lines if ds.manifest else None,
+        "document_length": _length_stats(lengths) if len(lengths) else None,
+        "histogram": _histogram(lengths) if len(lengths) else [],
+        "shards": [{"name": s.name, "num_tokens": s.num_tokens, "num_documents": s.num_documents,
+                    "bytes": s.tokens_path.stat().st_size} for s in ds.shards],
+        "samples": sample_docs,
+    }
+
+
+def render_text(st: dict[str, Any]) -> str:
+    """The human-readable report of ``collect_stats``."""
+    out = [
+        f"{st['path']}  ({st['format']})",
+        f"  shards {st['num_shards']:,}   documents {st['num_documents']:,}   tokens {st['num_tokens']:,}",
+        f"  dtype {st['dtype']}   tokenizer {st['tokenizer']}   vocab {st['vocab_size']}   eos {st['eos_id']}"
+        f"   largest id {st['max_token_id']}",
+    ]
+    if st["skipped_lines"]:
+        out.append(f"  skipped bad lines while tokenizing: {st['skipped_lines']:,}")
+    if st["document_length"]:
+        dl = st["document_length"]
+        out.append("  document length (tokens): " + "  ".join(f"{k} {dl[k]:,}" for k in
+                                                              ("min", "median", "p90", "p99", "max", "mean")))
+        top = max(h["count"] for h in st["histogram"])
+        for h in st["histogram"]:
+            bar = "#" * max(1, round(40 * h["count"] / top))
+            out.append(f"    {h['lo']:>8,}-{h['hi']:<9,} {h['count']:>10,}  {bar}")
+    out.append("  shard                          documents          tokens        bytes")
+    for s in st["shards"][:50]:
+        out.append(f"  {s['name']:<28} {s['num_documents']:>11,} {s['num_tokens']:>15,} {s['bytes']:>12,}")
+    if len(st["shards"]) > 50:
+        out.append(f"  ... {len(st['shards']) - 50} more shards (see --json)")
+    for smp in st["samples"]:
+        body = smp.get("text", f"ids {smp.get('ids')} (tokenizer not found: pass --tokenizer to decode)")
+        out.append(f"  --- document {smp['document']:,} ({smp['num_tokens']} tokens) ---")
+        out.extend("  " + line for line in body.splitlines()[:12])
+    return "\n".join(out)

@@ -1,0 +1,225 @@
+"""Memory-mapped readers: one shard, and a dataset folder seen as one token stream.
+
+Opening is cheap and constant in the data size: file sizes are checked against the manifest
+(or the datatrove metadata) with ``stat``; shards are memory-mapped lazily on first touch, so a
+folder of thousands of shards opens in milliseconds and RSS does not grow with the token count.
+Checksums are only read by ``nanoset verify``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from nanoset.errors import NanosetError
+from nanoset.format import (
+    INDEX_DTYPE,
+    INDEX_SUFFIX,
+    MANIFEST_NAME,
+    METADATA_SUFFIX,
+    TOKENS_SUFFIX,
+    Manifest,
+    TokenizerInfo,
+    dtype_from_name,
+    parse_metadata,
+    shard_files,
+)
+
+
+def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
+    if path.stat().st_size == 0:
+        return np.empty(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+class ShardReader:
+    """One shard: ``tokens`` and ``ends`` (cumulative document end offsets) as memmaps."""
+
+    def __init__(self, folder: Path, name: str, dtype: np.dtype, num_tokens: int, num_documents: int) -> None:
+        self.folder = folder
+        self.name = name
+        self.dtype = dtype
+        self.num_tokens = num_tokens
+        self.num_documents = num_documents
+        files = shard_files(name)
+        self.tokens_path = folder / files["ds"]
+        self.index_path = folder / files["index"]
+        self.metadata_path = folder / files["metadata"]
+
+    def check_sizes(self) -> None:
+        """Cheap open-time check: the two data files have exactly the sizes the counts imply."""
+        for path, expected in (
+            (self.tokens_path, self.num_tokens * self.dtype.itemsize),
+            (self.index_path, self.num_documents * INDEX_DTYPE.itemsize),
+        ):
+            if not path.is_file():
+                raise NanosetError(f"{path}: missing; the dataset is incomplete (re-run `nanoset tokenize`)")
+            size = path.stat().st_size
+            if size != expected:
+                raise NanosetError(
+                    f"{path}: {size} bytes, expected {expected}; the file is truncated or replaced "
+                    f"(run `nanoset verify {self.folder}`)"
+                )
+
+    @cached_property
+    def tokens(self) -> np.ndarray:
+        return _memmap(self.tokens_path, self.dtype)
+
+    @cached_property
+    def ends(self) -> np.ndarray:
+        return _memmap(self.index_path, INDEX_DTYPE)
+
+
+class NanosetReader:
+    """A dataset folder (Nanoset or plain datatrove) as one stream of tokens and documents."""
+
+    def __init__(self, folder: Path, shards: list[ShardReader], tokenizer: TokenizerInfo | None,
+                 manifest: Manifest | None) -> None:
+        self.folder = folder
+        self.shards = shards
+        self.tokenizer = tokenizer
+        self.manifest = manifest
+        self.dtype = shards[0].dtype
+        self.token_offsets = np.cumsum([0] + [s.num_tokens for s in shards], dtype=np.int64)
+        self.document_offsets = np.cumsum([0] + [s.num_documents for s in shards], dtype=np.int64)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_offsets[-1])
+
+    @property
+    def num_documents(self) -> int:
+        return int(self.document_offsets[-1])
+
+    @property
+    def is_datatrove(self) -> bool:
+        return self.manifest is None
+
+    def _shard_of_token(self, pos: int) -> int:
+        return int(np.searchsorted(self.token_offsets, pos, side="right")) - 1
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` of the stream: a memmap view inside one shard, a copy across shards."""
+        if not 0 <= start <= stop <= self.num_tokens:
+            raise IndexError(f"token range [{start}, {stop}) outside [0, {self.num_tokens}) of {self.folder}")
+        first = self._shard_of_token(start) if start < self.num_tokens else len(self.shards) - 1
+        pieces = []
+        s = first
+        while start < stop:
+            off = int(self.token_offsets[s])
+            end = min(stop, int(self.token_offsets[s + 1]))
+            pieces.append(self.shards[s].tokens[start - off : end - off])
+            start = end
+            s += 1
+        if len(pieces) == 1:
+            return pieces[0]
+        return np.concatenate(pieces) if pieces else np.empty(0, dtype=self.dtype)
+
+    def document_bounds(self, i: int) -> tuple[int, int]:
+        """Global token range ``[start, end)`` of document ``i``."""
+        if not 0 <= i < self.num_documents:
+            raise IndexError(f"document {i} outside [0, {self.num_documents}) of {self.folder}")
+        s = int(np.searchsorted(self.document_offsets, i, side="right")) - 1
+        local = i - int(self.document_offsets[s])
+        ends = self.shards[s].ends
+        off = int(self.token_offsets[s])
+        return off + (int(ends[local - 1]) if local else 0), off + int(ends[local])
+
+    def document(self, i: int) -> np.ndarray:
+        return self.tokens(*self.document_bounds(i))
+
+    def document_ids(self, start: int, stop: int) -> np.ndarray:
+        """Ids of the documents that tokens ``[start, stop)`` overlap, in order."""
+        first = self.document_at(start)
+        last = self.document_at(max(start, stop - 1))
+        return np.arange(first, last + 1, dtype=np.int64)
+
+    def document_at(self, pos: int) -> int:
+        """Id of the document holding global token ``pos``."""
+        s = self._shard_of_token(pos)
+        local = int(np.searchsorted(self.shards[s].ends, pos - int(self.token_offsets[s]), side="right"))
+        return int(self.document_offsets[s]) + local
+
+    def document_starts(self, start: int, stop: int) -> np.ndarray:
+        """Global positions ``p`` with ``start < p < stop`` where a new document begins."""
+        out = []
+        s = self._shard_of_token(start)
+        while s < len(self.shards) and int(self.token_offsets[s]) < stop:
+            off = int(self.token_offsets[s])
+            ends = self.shards[s].ends
+            lo = np.searchsorted(ends, max(start - off, 0), side="right")
+            hi = np.searchsorted(ends, stop - off, side="left")
+            out.append(ends[lo:hi].astype(np.int64) + off)
+            s += 1
+        return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
+
+    @cached_property
+    def document_ends(self) -> np.ndarray:
+        """Global cumulative end offsets of all documents (materialised on first use)."""
+        parts = [s.ends.astype(np.int64) + off for s, off in zip(self.shards, self.token_offsets[:-1])]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A short hash of what the data is: manifest checksums, or datatrove names and sizes."""
+        if self.manifest is not None:
+            payload = [(s.name, s.num_tokens, s.num_documents, s.sha256) for s in self.manifest.shards]
+        else:
+            payload = [(s.name, s.num_tokens, s.num_documents) for s in self.shards]
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def open_dataset(path: str | Path) -> NanosetReader:
+    """Open a Nanoset folder (with ``nanoset.json``) or a plain datatrove folder of ``*.ds`` shards."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise NanosetError(f"{folder}: no such dataset folder (create it with `nanoset tokenize ... -o {folder}`)")
+    if (folder / MANIFEST_NAME).is_file():
+        manifest = Manifest.load(folder)
+        dtype = dtype_from_name(manifest.dtype)
+        shards = [ShardReader(folder, s.name, dtype, s.num_tokens, s.num_documents) for s in manifest.shards]
+        tokenizer: TokenizerInfo | None = manifest.tokenizer
+    else:
+        manifest = None
+        shards, tokenizer = _open_datatrove(folder)
+    if not shards:
+        raise NanosetError(f"{folder}: the dataset has no shards")
+    for shard in shards:
+        shard.check_sizes()
+    return NanosetReader(folder, shards, tokenizer, manifest)
+
+
+def _open_datatrove(folder: Path) -> tuple[list[ShardReader], TokenizerInfo | None]:
+    names = sorted(p.name[: -len(TOKENS_SUFFIX)] for p in folder.glob("*" + TOKENS_SUFFIX) if p.is_file())
+    if not names:
+        partial = any(p.name.startswith(".") for p in folder.iterdir())
+        hint = " (a tokenize run is unfinished: re-run it)" if partial else ""
+        raise NanosetError(f"{folder}: neither {MANIFEST_NAME} nor *.ds shards found{hint}; is this a dataset folder?")
+    shards = []
+    tokenizer_names = set()
+    for name in names:
+        meta = folder / (name + METADATA_SUFFIX)
+        index = folder / (name + INDEX_SUFFIX)
+        if not meta.is_file() or not index.is_file():
+            raise NanosetError(f"{folder / name}.ds: missing {meta.name} or {index.name}; the shard is incomplete")
+        tok_name, token_size, num_tokens = parse_metadata(meta)
+        if token_size not in (2, 4):
+            raise NanosetError(f"{meta}: token size {token_size} bytes is not supported (2 or 4)")
+        tokenizer_names.add(tok_name)
+        num_documents = index.stat().st_size // INDEX_DTYPE.itemsize
+        dtype = np.dtype(f"<u{token_size}")
+        shard = ShardReader(folder, name, dtype, num_tokens, num_documents)
+        shard.check_sizes()
+        if num_documents and int(shard.ends[-1]) != num_tokens:
+            raise NanosetError(f"{index}: last document end {int(shard.ends[-1])} != {num_tokens} tokens in {meta.name}")
+        shards.append(shard)
+    if len({s.dtype for s in shards}) > 1:
+        raise NanosetError(f"{folder}: shards mix 2- and 4-byte tokens; one dataset needs one token size")
+    if len(tokenizer_names) > 1:
+        raise NanosetError(f"{folder}: shards come from different tokenizers {sorted(tokenizer_names)}")
+    info = TokenizerInfo(name=tokenizer_names.pop(), vocab_size=None)  # type: ignore[arg-type]
+    return shards, info

@@ -1,0 +1,265 @@
+"""The tokenize job: parallel, deterministic, resumable.
+
+Each task of the plan is tokenized by a worker process (the Rust encoder, in batches) straight
+into its own shard files, published by rename, then a marker. A rerun skips tasks with a
+marker; the manifest is written last from the markers in task order. The bytes written depend
+only on the plan, never on the number of workers or machines or on restarts.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nanoset.corpus import TextReader, discover
+from nanoset.errors import NanosetError
+from nanoset.format import Manifest, dtype_for_vocab, dtype_name
+from nanoset.plan import DEFAULT_TASK_BYTES, OutputFolder, Plan, Task, TaskResult, make_plan
+from nanoset.tokenizer import ResolvedTokenizer, load_tokenizer, resolve_tokenizer
+from nanoset.writer import ShardWriter, write_manifest
+
+
+@dataclass
+class TokenizeOptions:
+    inputs: list[str]
+    output: Path
+    tokenizer: str
+    eos_token: str | None = None
+    text_column: str = "text"
+    workers: int = 1
+    max_tokens_per_shard: int | None = None
+    num_tasks: int = 1
+    task_index: int = 0
+    overwrite: bool = False
+    skip_bad_lines: bool = False
+    task_bytes: int = DEFAULT_TASK_BYTES
+    progress: bool = True
+
+
+@dataclass
+class TokenizeSummary:
+    output: Path
+    complete: bool
+    num_tasks: int
+    tasks_run: int
+    tasks_resumed: int
+    documents: int
+    tokens: int
+    shards: int
+    skipped_lines: int
+    seconds: float
+
+    def line(self) -> str:
+        rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        state = "complete" if self.complete else "partial: other task indices still to run"
+        return (
+            f"{self.output}: {self.documents:,} documents, {self.tokens:,} tokens in {self.shards} shards; "
+            f"ran {self.tasks_run} of {self.num_tasks} tasks ({self.tasks_resumed} already done) "
+            f"in {self.seconds:.1f}s, {rate:,.0f} tokens/s; skipped {self.skipped_lines} bad lines; {state}"
+        )
+
+
+# ---------------------------------------------------------------- worker side -----------------
+
+_worker: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer_path: str, config: dict, counters: tuple, single_threaded: bool) -> None:
+    if single_threaded:  # one process per core: keep the Rust encoder from oversubscribing
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        os.environ["RAYON_NUM_THREADS"] = "1"
+    _worker.update(tokenizer=load_tokenizer(Path(tokenizer_path)), config=config, counters=counters)
+
+
+def _encode(tok, texts: list[str], eos_id: int, append_eos: bool) -> tuple[np.ndarray, np.ndarray]:
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+    ids = [e.ids for e in encode(texts)]
+    if append_eos:
+        for doc in ids:
+            doc.append(eos_id)
+    lengths = np.fromiter((len(d) for d in ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter((t for d in ids for t in d), dtype=np.int64, count=int(lengths.sum()))
+    return flat, lengths
+
+
+def _write_split(writers: list[ShardWriter], new_writer, flat: np.ndarray, lengths: np.ndarray,
+                 max_tokens: int | None) -> None:
+    """Append documents, opening a new shard whenever the next one would pass ``max_tokens``."""
+    ends = np.cumsum(lengths)
+    i, base = 0, 0
+    while i < len(lengths):
+        w = writers[-1]
+        if max_tokens is None:
+            k = len(lengths) - i
+        else:
+            room = max_tokens - w.num_tokens
+            k = int(np.searchsorted(ends[i:] - base, room, side="right"))
+            if k == 0:
+                if w.num_documents > 0:
+                    writers.append(new_writer())
+                    continue
+                k = 1  # a document longer than the limit gets a shard of its own
+        stop = int(ends[i + k - 1])
+        w.add_documents(flat[base:stop], lengths[i : i + k])
+        i, base = i + k, stop
+
+
+def run_task(task: Task, out: str, prefix: str) -> TaskResult:
+    """Tokenize one task into shards ``PREFIX_00000...`` (called in a worker process)."""
+    cfg, tok = _worker["config"], _worker["tokenizer"]
+    docs_counter, tokens_counter = _worker["counters"]
+    dtype = np.dtype(cfg["dtype"])
+    writers: list[ShardWriter] = []
+
+    def new_writer() -> ShardWriter:
+        return ShardWriter(out, f"{prefix}_{len(writers):05d}", dtype, cfg["tokenizer_name"])
+
+    writers.append(new_writer())
+    sources: dict[str, list[dict]] = {}  # shard name -> the pieces its documents came from
+    skipped = 0
+    try:
+        for piece in task.pieces:
+            reader = TextReader(piece, cfg["text_column"], cfg["skip_bad_lines"])
+            for texts in reader.batches():
+                flat, lengths = _encode(tok, texts, cfg["eos_id"], cfg["append_eos"])
+                first = len(writers) - 1
+                _write_split(writers, new_writer, flat, lengths, cfg["max_tokens_per_shard"])
+                for w in writers[first:]:
+                    pieces = sources.setdefault(w.name, [])
+                    if not pieces or pieces[-1] != piece.to_json():
+                        pieces.append(piece.to_json())
+                with docs_counter.get_lock():
+                    docs_counter.value += len(lengths)
+                with tokens_counter.get_lock():
+                    tokens_counter.value += len(flat)
+            skipped += reader.skipped
+        return TaskResult([w.finalize(sources[w.name]) for w in writers if w.num_documents > 0], skipped)
+    finally:
+        for w in writers:
+            if not w.finalized:
+                w.abort()
+
+
+# ---------------------------------------------------------------- driver side -----------------
+
+
+def _appends_eos(tok, eos_id: int) -> bool:
+    """True unless the tokenizer's post-processor already ends every encoding with EOS."""
+    ids = tok.encode("a").ids
+    return not ids or ids[-1] != eos_id
+
+
+def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer) -> Plan:
+    info = tokenizer.info
+    options = {
+        "tokenizer_sha256": info.sha256,
+        "eos_id": info.eos_id,
+        "dtype": dtype_name(dtype_for_vocab(info.vocab_size)),
+        "text_column": opts.text_column,
+        "max_tokens_per_shard": opts.max_tokens_per_shard,
+        "skip_bad_lines": opts.skip_bad_lines,
+    }
+    sources = discover(opts.inputs)
+    return make_plan(sources, options, opts.task_bytes)
+
+
+def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
+    """Run (or resume) the job described by ``opts``; returns what was done."""
+    if opts.workers < 1:
+        raise NanosetError(f"--workers must be ≥ 1, got {opts.workers}")
+    if not 0 <= opts.task_index < opts.num_tasks:
+        raise NanosetError(f"--task-index must be in [0, {opts.num_tasks}), got {opts.task_index}")
+    if opts.task_bytes < 1:
+        raise NanosetError(f"--task-bytes must be ≥ 1, got {opts.task_bytes}")
+    if opts.max_tokens_per_shard is not None and opts.max_tokens_per_shard < 1:
+        raise NanosetError(f"--max-tokens-per-shard must be ≥ 1, got {opts.max_tokens_per_shard}")
+    t0 = time.perf_counter()
+    tokenizer = resolve_tokenizer(opts.tokenizer, opts.eos_token)
+    plan = build_plan(opts, tokenizer)
+    folder = OutputFolder(opts.output)
+    if folder.prepare(plan, opts.overwrite):
+        return _summary(opts, plan, folder.completed_manifest(), 0, len(plan.tasks), True, t0)
+
+    itemsize = np.dtype(plan.build["dtype"]).itemsize
+    mine = [t for t in plan.tasks if t.index % opts.num_tasks == opts.task_index]
+    todo = [t for t in mine if folder.done(t, itemsize) is None]
+    config = {
+        "dtype": plan.build["dtype"],
+        "tokenizer_name": tokenizer.info.name,
+        "text_column": opts.text_column,
+        "skip_bad_lines": opts.skip_bad_lines,
+        "eos_id": tokenizer.info.eos_id,
+        "append_eos": _appends_eos(load_tokenizer(tokenizer.path), tokenizer.info.eos_id),
+        "max_tokens_per_shard": opts.max_tokens_per_shard,
+    }
+    _run_tasks(todo, plan, folder, tokenizer, config, opts)
+
+    results = [folder.done(t, itemsize) for t in plan.tasks]
+    if any(r is None for r in results):  # other --task-index runs have work left
+        partial = Manifest(tokenizer.info, plan.build["dtype"],
+                           [s for t in mine for s in folder.done(t, itemsize).shards])
+        return _summary(opts, plan, partial, len(todo), len(mine) - len(todo), False, t0)
+    manifest = Manifest(tokenizer=tokenizer.info, dtype=plan.build["dtype"],
+                        shards=[s for r in results for s in r.shards], build=plan.build,
+                        skipped_lines=sum(r.skipped_lines for r in results))
+    if manifest.num_documents == 0:
+        raise NanosetError(f"{', '.join(opts.inputs)}: no documents found in the input; nothing to tokenize")
+    write_manifest(opts.output, manifest)
+    folder.finish()
+    return _summary(opts, plan, manifest, len(todo), len(mine) - len(todo), True, t0)
+
+
+def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: int, resumed: int,
+             complete: bool, t0: float) -> TokenizeSummary:
+    return TokenizeSummary(
+        output=opts.output, complete=complete, num_tasks=len(plan.tasks), tasks_run=ran, tasks_resumed=resumed,
+        documents=manifest.num_documents, tokens=manifest.num_tokens, shards=len(manifest.shards),
+        skipped_lines=manifest.skipped_lines, seconds=time.perf_counter() - t0,
+    )
+
+
+def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: ResolvedTokenizer,
+               config: dict, opts: TokenizeOptions) -> None:
+    """Run tasks in a process pool (or inline for one worker), with a progress bar on a terminal."""
+    from tqdm import tqdm
+
+    ctx = mp.get_context("spawn")
+    counters = (ctx.Value("q", 0), ctx.Value("q", 0))
+    workers = min(opts.workers, max(1, len(todo)))
+    for task in todo:
+        folder.remove_partials(task.shard_prefix(plan.width))
+    initargs = (str(tokenizer.path), config, counters, workers > 1)
+    bar = tqdm(total=len(todo), unit="task", disable=not opts.progress or None, dynamic_ncols=True)
+    start = time.perf_counter()
+
+    def refresh() -> None:
+        rate = counters[1].value / max(time.perf_counter() - start, 1e-9)
+        bar.set_postfix_str(f"{counters[0].value:,} docs, {counters[1].value:,} tokens, {rate:,.0f} tok/s")
+
+    def record(task: Task, result: TaskResult) -> None:
+        folder.mark_done(task, result)
+        bar.update(1)
+        refresh()
+
+    try:
+        if workers == 1:
+            _init_worker(*initargs[:3], False)
+            for task in todo:
+                record(task, run_task(task, str(folder.path), task.shard_prefix(plan.width)))
+            return
+        with ctx.Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
+            pending = [(t, pool.apply_async(run_task, (t, str(folder.path), t.shard_prefix(plan.width))))
+                       for t in todo]
+            for task, result in pending:
+                while not result.ready():
+                    result.wait(0.25)
+                    refresh()
+                record(task, result.get())
+    finally:
+        bar.close()

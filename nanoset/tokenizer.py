@@ -1,0 +1,114 @@
+"""Find and load a Hugging Face ``tokenizers`` tokenizer offline, and decide its EOS token."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from nanoset.errors import NanosetError
+from nanoset.format import TokenizerInfo
+
+EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>", "[SEP]")
+BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
+
+
+@dataclass
+class ResolvedTokenizer:
+    """A tokenizer file on disk and what the tokenize job needs to know about it."""
+
+    spec: str
+    path: Path
+    info: TokenizerInfo
+
+
+def _hub_cache_dirs() -> list[Path]:
+    dirs = []
+    if os.environ.get("HF_HUB_CACHE"):
+        dirs.append(Path(os.environ["HF_HUB_CACHE"]))
+    hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    dirs.append(hf_home / "hub")
+    return dirs
+
+
+def find_tokenizer_file(spec: str) -> Path:
+    """``spec`` is a tokenizer.json, a folder holding one, or a hub name already in the local cache."""
+    p = Path(spec)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        if (p / "tokenizer.json").is_file():
+            return p / "tokenizer.json"
+        raise NanosetError(f"{p}: folder has no tokenizer.json; pass the tokenizer.json file itself")
+    repo = "models--" + spec.replace("/", "--")
+    for cache in _hub_cache_dirs():
+        hits = sorted((cache / repo / "snapshots").glob("*/tokenizer.json"))
+        if hits:
+            return hits[-1]
+    raise NanosetError(
+        f"tokenizer {spec!r}: not a file or folder, and not in the local Hugging Face cache "
+        f"({', '.join(str(d) for d in _hub_cache_dirs())}); nothing is downloaded: pass a path to a "
+        f"tokenizer.json, or fetch it first with `huggingface-cli download {spec} tokenizer.json`"
+    )
+
+
+def load_tokenizer(path: Path):  # -> tokenizers.Tokenizer
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the Rust side raises a plain Exception for bad JSON
+        raise NanosetError(f"{path}: not a valid tokenizers JSON file ({e})") from e
+
+
+def _config_token(folder: Path, key: str) -> str | None:
+    """``eos_token`` / ``bos_token`` from a tokenizer_config.json beside the tokenizer, if any."""
+    cfg = folder / "tokenizer_config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        value = json.loads(cfg.read_text(encoding="utf-8")).get(key)
+    except (OSError, json.JSONDecodeError):
+        return None
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _special_tokens(tok) -> list[str]:
+    return [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
+
+
+def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokenizer:
+    """Load ``spec`` and settle the EOS id: ``--eos-token``, else the tokenizer's own, else an error."""
+    path = find_tokenizer_file(spec)
+    tok = load_tokenizer(path)
+    specials = _special_tokens(tok)
+    if eos_token is not None:
+        eos_id = tok.token_to_id(eos_token)
+        if eos_id is None:
+            raise NanosetError(
+                f"--eos-token {eos_token!r} is not in tokenizer {path}; its special tokens are: {specials}"
+            )
+    else:
+        declared = _config_token(path.parent, "eos_token")
+        candidates = [declared] if declared else [n for n in EOS_NAMES if n in specials]
+        if not candidates or tok.token_to_id(candidates[0]) is None:
+            raise NanosetError(
+                f"tokenizer {path} declares no EOS token; pass --eos-token TOKEN "
+                f"(its special tokens are: {specials or 'none'})"
+            )
+        eos_token = candidates[0]
+        eos_id = tok.token_to_id(eos_token)
+    bos = _config_token(path.parent, "bos_token") or next((n for n in BOS_NAMES if n in specials), None)
+    info = TokenizerInfo(
+        name=spec,
+        vocab_size=tok.get_vocab_size(with_added_tokens=True),
+        eos_id=int(eos_id),
+        eos_token=eos_token,
+        bos_id=tok.token_to_id(bos) if bos else None,
+        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+    )
+    return ResolvedTokenizer(spec=spec, path=path, info=info)

@@ -1,0 +1,67 @@
+"""``nanoset verify``: a full read of every shard against the manifest and the format's rules."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from nanoset.errors import NanosetError
+from nanoset.reader import NanosetReader, ShardReader, open_dataset
+
+CHUNK_TOKENS = 1 << 24
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fail(path: Path, what: str) -> NanosetError:
+    return NanosetError(f"{path}: {what}; the shard is corrupt: re-create it with `nanoset tokenize ... --overwrite`")
+
+
+def verify_shard(ds: NanosetReader, shard: ShardReader, expected_sha: dict[str, str] | None) -> None:
+    """Raise on the first problem of ``shard``: checksum, index shape, token range or a missing EOS."""
+    shard.check_sizes()
+    if expected_sha:
+        for role, path in (("ds", shard.tokens_path), ("index", shard.index_path), ("metadata", shard.metadata_path)):
+            got = _sha256(path)
+            if got != expected_sha.get(role):
+                raise _fail(path, f"sha256 {got[:12]}… differs from the manifest's {str(expected_sha.get(role))[:12]}…")
+    ends = np.asarray(shard.ends, dtype=np.int64)
+    if len(ends):
+        bad = np.flatnonzero(np.diff(ends, prepend=0) <= 0)
+        if len(bad):
+            raise _fail(shard.index_path, f"document ends not strictly increasing at document {int(bad[0])}")
+        if int(ends[-1]) != shard.num_tokens:
+            raise _fail(shard.index_path, f"last document ends at {int(ends[-1])}, but the shard has {shard.num_tokens} tokens")
+    elif shard.num_tokens:
+        raise _fail(shard.index_path, "empty index for a shard with tokens")
+    tok = ds.tokenizer
+    if tok is not None and tok.vocab_size is not None:
+        for start in range(0, shard.num_tokens, CHUNK_TOKENS):
+            chunk = shard.tokens[start : start + CHUNK_TOKENS]
+            top = int(chunk.max())
+            if top >= tok.vocab_size:
+                pos = start + int(np.argmax(chunk >= tok.vocab_size))
+                raise _fail(shard.tokens_path, f"token id {top} at position {pos} is ≥ the vocab size {tok.vocab_size}")
+    if tok is not None and tok.eos_id is not None and len(ends):
+        last = np.asarray(shard.tokens[ends - 1])
+        missing = np.flatnonzero(last != tok.eos_id)
+        if len(missing):
+            d = int(missing[0])
+            raise _fail(shard.tokens_path, f"document {d} ends with token {int(last[d])}, not EOS {tok.eos_id}")
+
+
+def verify_dataset(path: Path) -> str:
+    """Verify every shard of the dataset at ``path``; returns a one-line report, raises on a problem."""
+    ds = open_dataset(path)
+    for i, shard in enumerate(ds.shards):
+        verify_shard(ds, shard, ds.manifest.shards[i].sha256 if ds.manifest else None)
+    kind = "checksums, index, token ids and EOS" if ds.manifest else "sizes and index (datatrove folder: no checksums)"
+    return f"OK: {path}: {len(ds.shards)} shards, {ds.num_documents:,} documents, {ds.num_tokens:,} tokens verified ({kind})"

@@ -1,0 +1,150 @@
+"""ShardWriter: stream documents into one shard, then publish it atomically.
+
+Tokens and document ends go straight to temporary files (no Python lists that grow with the
+shard, the memory blow-up Megatron's builder has); checksums are computed while writing, so
+finalize needs no second read. ``finalize`` fsyncs and renames; until then no file carries a
+final name, so a crash never leaves a partial shard that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO, Sequence
+
+import numpy as np
+
+from nanoset.errors import NanosetError
+from nanoset.format import (
+    INDEX_DTYPE,
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    atomic_write_text,
+    metadata_text,
+    shard_files,
+)
+
+
+class _HashedFile:
+    """A binary file opened for writing that hashes what passes through it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file: BinaryIO = open(path, "wb")
+        self.hash = hashlib.sha256()
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.hash.update(data)
+        self.file.write(data)
+
+    def close(self, sync: bool) -> None:
+        if self.file.closed:
+            return
+        self.file.flush()
+        if sync:
+            os.fsync(self.file.fileno())
+        self.file.close()
+
+
+class ShardWriter:
+    """Append documents (arrays of token ids) to shard ``name`` in ``folder``.
+
+    >>> with ShardWriter(folder, "00000", dtype=np.uint16, tokenizer_name="gpt2") as w:
+    ...     w.add_document([5, 6, 0])
+    ...     info = w.finalize()
+    """
+
+    def __init__(self, folder: str | Path, name: str, dtype: np.dtype | type, tokenizer_name: str) -> None:
+        self.folder = Path(folder)
+        self.name = name
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        if self.dtype.kind != "u" or self.dtype.itemsize not in (2, 4):
+            raise NanosetError(f"shard {name}: token dtype must be uint16 or uint32, not {dtype}")
+        self.tokenizer_name = tokenizer_name
+        self.num_tokens = 0
+        self.num_documents = 0
+        self.finalized = False
+        self._final = {role: self.folder / f for role, f in shard_files(name).items()}
+        tag = f"partial-{os.getpid()}"
+        self._tmp = {role: p.with_name(f".{p.name}.{tag}") for role, p in self._final.items()}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._tokens = _HashedFile(self._tmp["ds"])
+        self._index = _HashedFile(self._tmp["index"])
+
+    def add_document(self, token_ids: Sequence[int] | np.ndarray) -> None:
+        """Append one document; its ids must already end with EOS if the dataset wants one."""
+        ids = np.asarray(token_ids)
+        self.add_documents(ids, np.array([len(ids)], dtype=np.int64))
+
+    def add_documents(self, flat_ids: np.ndarray, lengths: np.ndarray) -> None:
+        """Append several documents at once: ``flat_ids`` concatenated, ``lengths`` per document."""
+        if self.finalized:
+            raise NanosetError(f"shard {self.name} is already finalized")
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if len(lengths) == 0:
+            return
+        if (lengths <= 0).any():
+            raise NanosetError(f"shard {self.name}: every document needs at least one token (e.g. EOS)")
+        if int(lengths.sum()) != len(flat_ids):
+            raise NanosetError(f"shard {self.name}: lengths sum to {int(lengths.sum())}, got {len(flat_ids)} ids")
+        ids = np.asarray(flat_ids)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) > np.iinfo(self.dtype).max):
+            raise NanosetError(f"shard {self.name}: token id out of range for {self.dtype.name}")
+        self._tokens.write(ids.astype(self.dtype, copy=False).tobytes())
+        ends = np.cumsum(lengths, dtype=np.int64) + self.num_tokens
+        self._index.write(ends.astype(INDEX_DTYPE).tobytes())
+        self.num_tokens = int(ends[-1])
+        self.num_documents += len(lengths)
+
+    def finalize(self, sources: list[dict] | None = None) -> ShardInfo:
+        """Flush, fsync and rename the three files to their final names; return the shard's record."""
+        self._tokens.close(sync=True)
+        self._index.close(sync=True)
+        meta = metadata_text(self.tokenizer_name, self.dtype.itemsize, self.num_tokens).encode("utf-8")
+        with open(self._tmp["metadata"], "wb") as f:
+            f.write(meta)
+            f.flush()
+            os.fsync(f.fileno())
+        for role in ("ds", "index", "metadata"):
+            os.replace(self._tmp[role], self._final[role])
+        self.finalized = True
+        return ShardInfo(
+            name=self.name,
+            num_tokens=self.num_tokens,
+            num_documents=self.num_documents,
+            sha256={
+                "ds": self._tokens.hash.hexdigest(),
+                "index": self._index.hash.hexdigest(),
+                "metadata": hashlib.sha256(meta).hexdigest(),
+            },
+            sources=list(sources or []),
+        )
+
+    def abort(self) -> None:
+        """Close and delete the temporary files; nothing with a final name is touched."""
+        self._tokens.close(sync=False)
+        self._index.close(sync=False)
+        for p in self._tmp.values():
+            p.unlink(missing_ok=True)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if not self.finalized:
+            self.abort()
+
+
+def write_manifest(folder: str | Path, manifest: Manifest) -> Path:
+    """Publish ``nanoset.json`` (atomically, last): from now on the folder is a complete dataset."""
+    folder = Path(folder)
+    for shard in manifest.shards:
+        for f in shard_files(shard.name).values():
+            if not (folder / f).is_file():
+                raise NanosetError(f"{folder / f}: missing; finalize every shard before writing the manifest")
+    path = folder / MANIFEST_NAME
+    atomic_write_text(path, manifest.to_json())
+    return path
