@@ -27,7 +27,7 @@ from nanoset.format import (
 )
 
 WORK_DIR = ".nanoset-work"
-DEFAULT_TASK_BYTES = 32 << 20
+DEFAULT_TASK_BYTES = 8 << 20
 
 
 @dataclass

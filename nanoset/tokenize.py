@@ -8,6 +8,7 @@ only on the plan, never on the number of workers or machines or on restarts.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import time
@@ -78,13 +79,14 @@ def _init_worker(tokenizer_path: str, config: dict, counters: tuple, single_thre
 
 
 def _encode(tok, texts: list[str], eos_id: int, append_eos: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of ``texts`` (plus EOS each), flattened, and the document lengths."""
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
     ids = [e.ids for e in encode(texts)]
     if append_eos:
         for doc in ids:
             doc.append(eos_id)
-    lengths = np.fromiter((len(d) for d in ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter((t for d in ids for t in d), dtype=np.int64, count=int(lengths.sum()))
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32, count=int(lengths.sum()))
     return flat, lengths
 
 
