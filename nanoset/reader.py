@@ -65,6 +65,10 @@ class ShardReader:
                     f"(run `nanoset verify {self.folder}`)"
                 )
 
+    def __getstate__(self) -> dict:
+        """Pickle (e.g. into DataLoader workers) without the memory maps; they reopen lazily."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("tokens", "ends")}
+
     @cached_property
     def tokens(self) -> np.ndarray:
         return _memmap(self.tokens_path, self.dtype)

@@ -40,6 +40,7 @@ class TokenizeOptions:
     overwrite: bool = False
     skip_bad_lines: bool = False
     task_bytes: int = DEFAULT_TASK_BYTES
+    splits: list[str] | None = None  # only these splits of Hugging Face DatasetDict inputs
     progress: bool = True
 
 
@@ -168,6 +169,11 @@ def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer) -> Plan:
         "skip_bad_lines": opts.skip_bad_lines,
     }
     sources = discover(opts.inputs)
+    if opts.splits is not None:
+        sources = [s for s in sources if s.split is None or s.split in opts.splits]
+        missing = set(opts.splits) - {s.split for s in sources}
+        if missing:
+            raise NanosetError(f"{', '.join(opts.inputs)}: no split named {', '.join(sorted(missing))}")
     return make_plan(sources, options, opts.task_bytes)
 
 

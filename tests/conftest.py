@@ -69,3 +69,18 @@ def fixture_dataset(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ds") / "all"
     run_cli("tokenize", CORPUS, "-o", out, "--tokenizer", TOKENIZER, "--task-bytes", 200_000, "--quiet")
     return out
+
+
+CONFIGS = FIXTURES / "configs"
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory) -> Path:
+    """A folder holding shards/web, shards/code and shards/sft from the fixture corpora (cwd for configs)."""
+    from nanoset.tokenize import TokenizeOptions, tokenize
+
+    root = tmp_path_factory.mktemp("work")
+    for name in ("web", "code", "sft"):
+        tokenize(TokenizeOptions(inputs=[str(CORPUS / name)], output=root / "shards" / name, tokenizer=str(TOKENIZER),
+                                 task_bytes=100_000, progress=False))
+    return root

@@ -1,0 +1,1 @@
+"""Nanoset's training runtime: config, data stages, the distributed engine and the trainer."""

@@ -1,0 +1,301 @@
+"""Training configuration: dataclasses loaded strictly from YAML, validated before any process starts.
+
+``Config.from_yaml(path)`` parses and checks every rule that needs no I/O;
+``validate_data(config)`` then opens the dataset folders (cheap: manifests and ``stat``) and
+checks what needs the data: folders exist, one tokenizer, vocab sizes, enough tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Union
+
+import yaml
+
+from runtime.config_loading import ConfigError, from_dict, to_dict
+
+PP_ENGINES = ("afab", "1f1b", "interleaved-1f1b")
+
+
+@dataclass
+class GeneralArgs:
+    project: str
+    run: str
+    seed: int = 42
+    run_dir: str | None = None  # default: runs/<run>
+    cache_dir: str = ".nanoset_cache"  # where Hugging Face datasets are tokenized once
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir if self.run_dir is not None else Path("runs") / self.run)
+
+
+@dataclass
+class ParallelismArgs:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    pp_engine: Literal["afab", "1f1b", "interleaved-1f1b"] = "1f1b"
+    pp_virtual_stages: int = 2  # model chunks per pipeline rank with interleaved-1f1b
+
+
+@dataclass
+class ModelArgs:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    num_key_value_heads: int | None = None  # default: num_attention_heads (no grouping)
+    tie_word_embeddings: bool = False
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    init_std: float = 0.02
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
+
+
+@dataclass
+class TokensArgs:
+    sequence_length: int
+    micro_batch_size: int
+    train_steps: int
+    batch_accumulation_per_replica: int = 1
+
+
+@dataclass
+class OptimizerArgs:
+    learning_rate: float
+    weight_decay: float = 0.0
+    clip_grad: float | None = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+
+
+@dataclass
+class LRSchedulerArgs:
+    warmup_steps: int = 0
+    decay_style: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
+    min_lr: float = 0.0
+    wsd_decay_fraction: float = 0.2  # wsd: share of the steps after warm-up spent decaying
+
+
+@dataclass
+class CheckpointsArgs:
+    checkpoint_interval: int = 0  # 0: only at the end
+    resume: str | None = "latest"  # latest | PATH | null
+    keep_last: int = 3
+    checkpoints_path: str | None = None  # default: <run_dir>/checkpoints
+    allow_data_change: bool = False  # resume even if the data fingerprint or global batch changed
+
+
+@dataclass
+class LoggingArgs:
+    log_interval: int = 1
+    tensorboard: bool = True  # write TensorBoard events when the package is installed
+
+
+@dataclass
+class TokenizerArgs:
+    tokenizer_name_or_path: str
+    eos_token: str | None = None
+
+
+@dataclass
+class NanosetDatasetsArgs:
+    dataset_folder: Union[str, list[str]]
+    dataset_weights: list[float] | None = None
+
+    @property
+    def folders(self) -> list[str]:
+        return [self.dataset_folder] if isinstance(self.dataset_folder, str) else list(self.dataset_folder)
+
+    @property
+    def weights(self) -> list[float]:
+        return list(self.dataset_weights) if self.dataset_weights is not None else [1.0] * len(self.folders)
+
+
+@dataclass
+class HFDatasetArgs:
+    hf_dataset_or_datasets: str
+    text_column_name: str = "text"
+    hf_dataset_splits: Union[str, list[str], None] = None
+
+
+@dataclass
+class DataArgs:
+    dataset: Union[NanosetDatasetsArgs, HFDatasetArgs]
+    seed: int | None = None  # default: general.seed
+    num_loading_workers: int = 1
+    use_position_ids: bool = False
+
+
+@dataclass
+class DatasetStageArgs:
+    name: str
+    start_training_step: int
+    data: DataArgs
+    sequence_length: int | None = None  # default: tokens.sequence_length
+
+
+@dataclass
+class Config:
+    general: GeneralArgs
+    model: ModelArgs
+    tokens: TokensArgs
+    optimizer: OptimizerArgs
+    data_stages: list[DatasetStageArgs]
+    parallelism: ParallelismArgs = field(default_factory=ParallelismArgs)
+    lr_scheduler: LRSchedulerArgs = field(default_factory=LRSchedulerArgs)
+    checkpoints: CheckpointsArgs = field(default_factory=CheckpointsArgs)
+    logging: LoggingArgs = field(default_factory=LoggingArgs)
+    tokenizer: TokenizerArgs | None = None
+
+    @staticmethod
+    def from_yaml(path: str | Path) -> Config:
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({e})") from None
+        try:
+            config = from_dict(Config, data, "config")
+            config.validate()
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+        return config
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step: dp · micro_batch_size · batch_accumulation_per_replica."""
+        t = self.tokens
+        return self.parallelism.dp * t.micro_batch_size * t.batch_accumulation_per_replica
+
+    def stage_sequence_length(self, stage: DatasetStageArgs) -> int:
+        return stage.sequence_length if stage.sequence_length is not None else self.tokens.sequence_length
+
+    def stage_seed(self, stage: DatasetStageArgs) -> int:
+        return stage.data.seed if stage.data.seed is not None else self.general.seed
+
+    def validate(self) -> None:
+        """Every rule that needs no I/O; each error says which key to change."""
+        _validate_sizes(self)
+        _validate_parallelism(self)
+        _validate_stages(self)
+
+
+def _positive(value: int | float, path: str, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{path}: must be {'≥ 0' if allow_zero else '> 0'}, got {value}")
+
+
+def _validate_sizes(c: Config) -> None:
+    m, t = c.model, c.tokens
+    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+                 "max_position_embeddings"):
+        _positive(getattr(m, name), f"model.{name}")
+    for name in ("sequence_length", "micro_batch_size", "train_steps", "batch_accumulation_per_replica"):
+        _positive(getattr(t, name), f"tokens.{name}")
+    if m.hidden_size % m.num_attention_heads:
+        raise ConfigError(f"model.hidden_size {m.hidden_size} is not divisible by num_attention_heads "
+                          f"{m.num_attention_heads}")
+    if m.num_attention_heads % m.kv_heads:
+        raise ConfigError(f"model.num_attention_heads {m.num_attention_heads} is not divisible by "
+                          f"num_key_value_heads {m.kv_heads}")
+    if (m.hidden_size // m.num_attention_heads) % 2:
+        raise ConfigError(f"model: head size {m.hidden_size // m.num_attention_heads} must be even for RoPE")
+    if t.sequence_length > m.max_position_embeddings:
+        raise ConfigError(f"tokens.sequence_length {t.sequence_length} > model.max_position_embeddings "
+                          f"{m.max_position_embeddings}; lower one or raise the other")
+    _positive(c.optimizer.learning_rate, "optimizer.learning_rate")
+    _positive(c.optimizer.weight_decay, "optimizer.weight_decay", allow_zero=True)
+    s = c.lr_scheduler
+    _positive(s.warmup_steps, "lr_scheduler.warmup_steps", allow_zero=True)
+    if s.min_lr > c.optimizer.learning_rate:
+        raise ConfigError(f"lr_scheduler.min_lr {s.min_lr} > optimizer.learning_rate {c.optimizer.learning_rate}")
+    if not 0 < s.wsd_decay_fraction <= 1:
+        raise ConfigError(f"lr_scheduler.wsd_decay_fraction must be in (0, 1], got {s.wsd_decay_fraction}")
+    _positive(c.checkpoints.checkpoint_interval, "checkpoints.checkpoint_interval", allow_zero=True)
+    _positive(c.checkpoints.keep_last, "checkpoints.keep_last")
+    _positive(c.logging.log_interval, "logging.log_interval")
+
+
+def _validate_parallelism(c: Config) -> None:
+    p, m = c.parallelism, c.model
+    for name in ("dp", "tp", "pp", "pp_virtual_stages"):
+        _positive(getattr(p, name), f"parallelism.{name}")
+    if m.num_attention_heads % p.tp or m.kv_heads % p.tp:
+        raise ConfigError(f"parallelism.tp {p.tp} must divide model.num_attention_heads {m.num_attention_heads} "
+                          f"and num_key_value_heads {m.kv_heads}")
+    if m.intermediate_size % p.tp:
+        raise ConfigError(f"parallelism.tp {p.tp} must divide model.intermediate_size {m.intermediate_size}")
+    chunks = p.pp * (p.pp_virtual_stages if p.pp_engine == "interleaved-1f1b" else 1)
+    if m.num_hidden_layers < chunks:
+        raise ConfigError(f"model.num_hidden_layers {m.num_hidden_layers} < {chunks} pipeline stages "
+                          f"(parallelism.pp {p.pp}" + (f" × pp_virtual_stages {p.pp_virtual_stages})"
+                                                       if p.pp_engine == "interleaved-1f1b" else ")"))
+    if p.pp > 1 and p.pp_engine != "afab" and c.tokens.batch_accumulation_per_replica < p.pp:
+        raise ConfigError(f"tokens.batch_accumulation_per_replica {c.tokens.batch_accumulation_per_replica} "
+                          f"< parallelism.pp {p.pp}: {p.pp_engine} needs at least one micro-batch per stage "
+                          f"(raise it, or use pp_engine: afab)")
+    if p.pp_engine == "interleaved-1f1b" and c.tokens.batch_accumulation_per_replica % p.pp:
+        raise ConfigError(f"tokens.batch_accumulation_per_replica {c.tokens.batch_accumulation_per_replica} "
+                          f"must be a multiple of parallelism.pp {p.pp} for interleaved-1f1b")
+
+
+def _validate_stages(c: Config) -> None:
+    stages = c.data_stages
+    if not stages:
+        raise ConfigError("data_stages: at least one stage is needed")
+    names = [s.name for s in stages]
+    starts = [s.start_training_step for s in stages]
+    for i, s in enumerate(stages):
+        where = f"data_stages[{i}] ({s.name})"
+        if names.count(s.name) > 1:
+            raise ConfigError(f"{where}.name: stage names must be unique; {s.name!r} appears {names.count(s.name)} times")
+        if starts.count(s.start_training_step) > 1:
+            raise ConfigError(f"{where}.start_training_step: {s.start_training_step} is used by several stages; "
+                              f"each stage needs its own start step")
+        if s.start_training_step < 1 or s.start_training_step > c.tokens.train_steps:
+            raise ConfigError(f"{where}.start_training_step: {s.start_training_step} is outside [1, "
+                              f"tokens.train_steps={c.tokens.train_steps}]")
+        seq = c.stage_sequence_length(s)
+        _positive(seq, f"{where}.sequence_length")
+        if seq > c.model.max_position_embeddings:
+            raise ConfigError(f"{where}.sequence_length {seq} > model.max_position_embeddings "
+                              f"{c.model.max_position_embeddings}")
+        _positive(s.data.num_loading_workers, f"{where}.data.num_loading_workers", allow_zero=True)
+        ds = s.data.dataset
+        if isinstance(ds, NanosetDatasetsArgs):
+            if not ds.folders:
+                raise ConfigError(f"{where}.data.dataset.dataset_folder: give at least one folder")
+            if len(ds.weights) != len(ds.folders):
+                raise ConfigError(f"{where}.data.dataset.dataset_weights: {len(ds.weights)} weights for "
+                                  f"{len(ds.folders)} folders; give one weight per folder")
+            if any(not w > 0 for w in ds.weights):
+                raise ConfigError(f"{where}.data.dataset.dataset_weights: weights must be positive, got {ds.weights}")
+            if len(set(ds.folders)) != len(ds.folders):
+                raise ConfigError(f"{where}.data.dataset.dataset_folder: a folder is listed twice; merge the weights")
+        elif c.tokenizer is None:
+            raise ConfigError(f"{where}.data.dataset.hf_dataset_or_datasets needs a top-level "
+                              f"tokenizer: {{tokenizer_name_or_path: ...}} to tokenize it")
+    if 1 not in starts:
+        raise ConfigError("data_stages: one stage must start at step 1 (start_training_step: 1)")
+    if starts != sorted(starts):
+        raise ConfigError(f"data_stages: stages must be listed in order of start_training_step, got {starts}")
+
+
+def get_config_from_yaml(path: str | Path) -> Config:
+    """Seed-compatible alias of ``Config.from_yaml``."""
+    return Config.from_yaml(path)

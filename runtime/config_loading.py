@@ -1,0 +1,98 @@
+"""Strict construction of config dataclasses from plain YAML data.
+
+Unknown keys are errors naming their path and the closest valid key; missing required keys and
+wrong types are errors naming the path. Nothing here reads files other than the YAML itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, Union
+
+
+class ConfigError(ValueError):
+    """A config mistake: the message names the key path and says what to change."""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _convert(value: Any, tp: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, path)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[-1] if len(errors) == 1 else f"{path}: {value!r} matches none of "
+                          f"{' | '.join(_type_name(a) for a in args)}")
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        return [_convert(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{path}: {value!r} is not one of {list(typing.get_args(tp))}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, path)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return value
+    if tp is Any:
+        return value
+    raise TypeError(f"unsupported config type {tp} at {path}")
+
+
+def from_dict(cls: type, data: Any, path: str) -> Any:
+    """Build dataclass ``cls`` from ``data``, strictly."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of {cls.__name__} keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"
+            raise ConfigError(f"{path}.{key}: unknown key{hint}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name in data:
+            kwargs[name] = _convert(data[name], hints[name], f"{path}.{name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{path}.{name}: required key is missing")
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> Any:
+    """The inverse of ``from_dict``: plain data, ready for YAML or JSON."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+    if isinstance(obj, list):
+        return [to_dict(v) for v in obj]
+    return obj

@@ -1,0 +1,65 @@
+"""Weighted blending of datasets by a periodic, greedy, error-minimising schedule.
+
+Weights are rounded to integer counts over a period P (largest remainder, every dataset at
+least once). One period is interleaved greedily - at each slot the dataset furthest behind its
+target share goes next (Megatron's rule) - so every prefix of the stream is within one sample of
+its target. Sample j of the blended stream is then (dataset, draw number) in O(1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DEFAULT_PERIOD = 1000
+
+
+def round_weights(weights: list[float], period: int) -> np.ndarray:
+    """Integer counts per period, proportional to ``weights``, summing to ``period``, each ≥ 1."""
+    w = np.asarray(weights, dtype=np.float64)
+    if len(w) == 0 or (w <= 0).any() or not np.isfinite(w).all():
+        raise ValueError(f"blend weights must be positive finite numbers, got {list(weights)}")
+    if period < len(w):
+        raise ValueError(f"blend period {period} is shorter than the number of datasets {len(w)}")
+    share = w / w.sum() * period
+    counts = np.maximum(np.floor(share).astype(np.int64), 1)
+    while counts.sum() < period:  # largest remainder first
+        counts[int(np.argmax(share - counts))] += 1
+    while counts.sum() > period:
+        counts[int(np.argmax(np.where(counts > 1, counts - share, -np.inf)))] -= 1
+    return counts
+
+
+class BlendSchedule:
+    """Maps blended sample ``j`` to (dataset index, draw number of that dataset) in O(1)."""
+
+    def __init__(self, weights: list[float], period: int = DEFAULT_PERIOD) -> None:
+        if len(weights) == 1:
+            period = 1
+        self.counts = round_weights(weights, period)
+        self.period = int(self.counts.sum())
+        d = len(self.counts)
+        slots = np.empty(self.period, dtype=np.int64)
+        taken = np.zeros(d, dtype=np.int64)
+        for i in range(self.period):
+            behind = self.counts * (i + 1) / self.period - taken
+            k = int(np.argmax(behind))
+            slots[i] = k
+            taken[k] += 1
+        self.slots = slots
+        # prefix[k, r] = how many of the first r slots go to dataset k
+        self.prefix = np.zeros((d, self.period + 1), dtype=np.int64)
+        for k in range(d):
+            self.prefix[k, 1:] = np.cumsum(slots == k)
+        self.rank_in_period = self.prefix[slots, np.arange(self.period)]
+
+    def locate(self, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(dataset index, draw number within that dataset) of blended samples ``j``."""
+        j = np.asarray(j, dtype=np.int64)
+        q, r = np.divmod(j, self.period)
+        d = self.slots[r]
+        return d, q * self.counts[d] + self.rank_in_period[r]
+
+    def draws(self, num_samples: int) -> np.ndarray:
+        """How many samples of each dataset the first ``num_samples`` blended samples take."""
+        q, r = divmod(int(num_samples), self.period)
+        return q * self.counts + self.prefix[:, r]

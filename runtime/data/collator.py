@@ -1,0 +1,86 @@
+"""Collators: windows of ``L + 1`` tokens → the batch dict of the seeds' contract.
+
+On the pipeline rank that owns the inputs the input keys are tensors; on the rank that owns the
+loss the label keys are; every other value is a ``TensorPointer`` to its owner. Ids are int64,
+masks bool, shapes ``[micro_batch_size, sequence_length]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from runtime.parallel.tensor_pointer import TensorPointer
+
+INPUT_KEYS = ("input_ids", "input_mask")
+LABEL_KEYS = ("label_ids", "label_mask")
+
+
+def _pp_rank(parallel_context: Any, pp_rank: int | None) -> int:
+    if pp_rank is not None:
+        return pp_rank
+    if parallel_context is None:
+        return 0
+    return int(parallel_context.pp_rank)
+
+
+class DataCollatorForCLM:
+    """Causal-LM collator: inputs are tokens ``[:-1]``, labels tokens ``[1:]``."""
+
+    input_keys: tuple[str, ...] = INPUT_KEYS
+
+    def __init__(self, sequence_length: int, input_pp_rank: int = 0, output_pp_rank: int = 0,
+                 parallel_context: Any = None, pp_rank: int | None = None) -> None:
+        self.sequence_length = sequence_length
+        self.input_pp_rank = input_pp_rank
+        self.output_pp_rank = output_pp_rank
+        self.pp_rank = _pp_rank(parallel_context, pp_rank)  # an int, so the collator pickles into workers
+
+    def _tokens(self, examples: list[dict[str, np.ndarray]]) -> np.ndarray:
+        tokens = np.stack([np.asarray(ex["input_ids"]) for ex in examples]).astype(np.int64, copy=False)
+        if tokens.shape[1] != self.sequence_length + 1:
+            raise ValueError(f"examples hold {tokens.shape[1]} tokens; the collator needs sequence_length + 1 = "
+                             f"{self.sequence_length + 1} (one extra token for the shifted labels)")
+        return tokens
+
+    def _label_mask(self, examples: list[dict[str, np.ndarray]], shape: tuple[int, int]) -> torch.Tensor:
+        return torch.ones(shape, dtype=torch.bool)
+
+    def __call__(self, examples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor | TensorPointer]:
+        batch: dict[str, torch.Tensor | TensorPointer] = {k: TensorPointer(self.input_pp_rank) for k in self.input_keys}
+        batch.update({k: TensorPointer(self.output_pp_rank) for k in LABEL_KEYS})
+        if self.pp_rank not in (self.input_pp_rank, self.output_pp_rank):
+            return batch
+        tokens = torch.from_numpy(self._tokens(examples))
+        shape = (tokens.shape[0], self.sequence_length)
+        if self.pp_rank == self.input_pp_rank:
+            batch["input_ids"] = tokens[:, :-1]
+            batch["input_mask"] = torch.ones(shape, dtype=torch.bool)
+            self._add_inputs(batch, examples)
+        if self.pp_rank == self.output_pp_rank:
+            batch["label_ids"] = tokens[:, 1:]
+            batch["label_mask"] = self._label_mask(examples, shape)
+        return batch
+
+    def _add_inputs(self, batch: dict, examples: list[dict[str, np.ndarray]]) -> None:
+        pass
+
+
+class DataCollatorForCLMWithPositionIds(DataCollatorForCLM):
+    """Adds ``position_ids`` (restarting at each document start) and masks the label that would
+    predict a new document's first token from the previous document's EOS."""
+
+    input_keys = INPUT_KEYS + ("position_ids",)
+
+    def _positions(self, examples: list[dict[str, np.ndarray]]) -> np.ndarray:
+        if "position_ids" not in examples[0]:
+            raise ValueError("examples have no 'position_ids'; build the dataset with use_position_ids: true")
+        return np.stack([np.asarray(ex["position_ids"]) for ex in examples]).astype(np.int64, copy=False)
+
+    def _add_inputs(self, batch: dict, examples: list[dict[str, np.ndarray]]) -> None:
+        batch["position_ids"] = torch.from_numpy(self._positions(examples)[:, :-1])
+
+    def _label_mask(self, examples: list[dict[str, np.ndarray]], shape: tuple[int, int]) -> torch.Tensor:
+        return torch.from_numpy(self._positions(examples)[:, 1:] != 0)

@@ -1,0 +1,71 @@
+"""Loaders: a torch DataLoader over a dataset with the DP sampler and a collator, or - on pipeline
+ranks that need no data - a loader of TensorPointers that never touches the disk."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from runtime.data.collator import LABEL_KEYS, DataCollatorForCLM, DataCollatorForCLMWithPositionIds
+from runtime.data.sampler import get_sampler
+from runtime.parallel.tensor_pointer import TensorPointer
+
+
+class TensorPointerLoader:
+    """Yields ``num_batches`` batches (or endlessly) of TensorPointers only."""
+
+    def __init__(self, input_pp_rank: int, output_pp_rank: int, use_position_ids: bool,
+                 num_batches: int | None = None) -> None:
+        keys = ("input_ids", "input_mask") + (("position_ids",) if use_position_ids else ())
+        self.batch = {k: TensorPointer(input_pp_rank) for k in keys}
+        self.batch.update({k: TensorPointer(output_pp_rank) for k in LABEL_KEYS})
+        self.num_batches = num_batches
+
+    def __iter__(self) -> Iterator[dict[str, TensorPointer]]:
+        i = 0
+        while self.num_batches is None or i < self.num_batches:
+            yield dict(self.batch)
+            i += 1
+
+    def __len__(self) -> int:
+        if self.num_batches is None:
+            raise TypeError("an endless TensorPointerLoader has no length")
+        return self.num_batches
+
+
+def seed_worker(worker_id: int) -> None:
+    """Give each loader worker its own, reproducible numpy/random state."""
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def get_train_dataloader(train_dataset: Any, sequence_length: int, parallel_context: Any, input_pp_rank: int,
+                         output_pp_rank: int, micro_batch_size: int, consumed_train_samples: int = 0,
+                         dataloader_num_workers: int = 0, seed_worker: Any = seed_worker,
+                         dataloader_drop_last: bool = True, dataloader_pin_memory: bool = True,
+                         use_position_ids: bool = False, seed: int = 0, shuffle: bool = False) -> Any:
+    """The canonical loader: DP-sharded sampler, CLM collator, workers, pinned memory on CUDA.
+
+    ``parallel_context`` needs ``dp_rank``, ``dp_size`` and ``pp_rank``. Pipeline ranks that own
+    neither inputs nor labels get a ``TensorPointerLoader`` of the same length and read nothing.
+    """
+    pp_rank = int(parallel_context.pp_rank)
+    sampler = get_sampler(train_dataset, dl_rank=parallel_context.dp_rank, dl_ranks_size=parallel_context.dp_size,
+                          seed=seed, drop_last=dataloader_drop_last, shuffle=shuffle,
+                          micro_batch_size=micro_batch_size, consumed_train_samples=consumed_train_samples)
+    if pp_rank not in (input_pp_rank, output_pp_rank):
+        return TensorPointerLoader(input_pp_rank, output_pp_rank, use_position_ids,
+                                   num_batches=len(sampler) // micro_batch_size)
+    collator_cls = DataCollatorForCLMWithPositionIds if use_position_ids else DataCollatorForCLM
+    collator = collator_cls(sequence_length, input_pp_rank, output_pp_rank, pp_rank=pp_rank)
+    return DataLoader(
+        train_dataset, batch_size=micro_batch_size, sampler=sampler, collate_fn=collator,
+        num_workers=dataloader_num_workers, pin_memory=dataloader_pin_memory and torch.cuda.is_available(),
+        drop_last=dataloader_drop_last, worker_init_fn=seed_worker,
+        persistent_workers=False, prefetch_factor=4 if dataloader_num_workers > 0 else None,
+    )

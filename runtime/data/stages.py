@@ -1,0 +1,82 @@
+"""Stage bookkeeping and the seeds' resume helpers, all derived from the last completed step.
+
+The reference reports 0 remaining steps in the middle of a stage and lets per-stage counts
+drift after a stage change; here every count is computed from (config, last step), never
+accumulated, so it is right mid-stage, at boundaries and after any number of restarts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from runtime.config import Config, DatasetStageArgs
+from runtime.data.plan import DataPlan
+
+
+@dataclass
+class DataStageMetadata:
+    name: str
+    start_training_step: int
+    consumed_train_samples: int
+    sequence_length: int
+
+
+@dataclass
+class TrainingMetadata:
+    """What a checkpoint records about training progress (derived, kept for humans and checks)."""
+
+    last_train_step: int
+    consumed_train_samples: int
+    last_stage_idx: int
+    global_batch_size: int
+    data_stages: list[DataStageMetadata]
+    draws_per_dataset: dict[str, int] = field(default_factory=dict)
+    data_fingerprint: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict) -> TrainingMetadata:
+        d = dict(d)
+        d["data_stages"] = [DataStageMetadata(**s) for s in d["data_stages"]]
+        return TrainingMetadata(**d)
+
+
+def stage_end_step(config: Config, stage: DatasetStageArgs) -> int:
+    """First global step after ``stage`` (exclusive end)."""
+    later = [s.start_training_step for s in config.data_stages if s.start_training_step > stage.start_training_step]
+    return min(later) if later else config.tokens.train_steps + 1
+
+
+def get_stage_for_step(config: Config, step: int) -> DatasetStageArgs:
+    """The stage that global step ``step`` (1-based) belongs to."""
+    if not 1 <= step <= config.tokens.train_steps:
+        raise ValueError(f"step {step} is outside [1, tokens.train_steps={config.tokens.train_steps}]")
+    return max((s for s in config.data_stages if s.start_training_step <= step), key=lambda s: s.start_training_step)
+
+
+def training_metadata(plan: DataPlan, last_step: int) -> TrainingMetadata:
+    """The metadata of a run whose steps ``1..last_step`` are done."""
+    config = plan.config
+    stages = [DataStageMetadata(s.name, s.start_step, s.consumed_samples(last_step), s.sequence_length)
+              for s in plan.stages]
+    current = plan.stage_for_step(min(max(last_step, 1), config.tokens.train_steps))
+    return TrainingMetadata(
+        last_train_step=last_step, consumed_train_samples=last_step * config.global_batch_size,
+        last_stage_idx=current.index, global_batch_size=config.global_batch_size, data_stages=stages,
+        draws_per_dataset=plan.draws_after(last_step), data_fingerprint=plan.fingerprint)
+
+
+def compute_remain_train_steps_of_a_data_stage_from_ckp(stage: DatasetStageArgs, config: Config,
+                                                        metadata: TrainingMetadata) -> int:
+    """Steps of ``stage`` still to run after the checkpoint (its full length if it has not begun)."""
+    end = stage_end_step(config, stage)
+    return max(end - max(stage.start_training_step, metadata.last_train_step + 1), 0)
+
+
+def get_consumed_train_samples_of_a_data_stage_from_ckp(stage: DatasetStageArgs,
+                                                       metadata: TrainingMetadata) -> int | None:
+    """Samples of ``stage`` consumed at the checkpoint; None if the checkpoint does not know the stage."""
+    return next((s.consumed_train_samples for s in metadata.data_stages
+                 if s.start_training_step == stage.start_training_step and s.name == stage.name), None)
