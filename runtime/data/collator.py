@@ -38,34 +38,39 @@ class DataCollatorForCLM:
         self.output_pp_rank = output_pp_rank
         self.pp_rank = _pp_rank(parallel_context, pp_rank)  # an int, so the collator pickles into workers
 
-    def _tokens(self, examples: list[dict[str, np.ndarray]]) -> np.ndarray:
-        tokens = np.stack([np.asarray(ex["input_ids"]) for ex in examples]).astype(np.int64, copy=False)
-        if tokens.shape[1] != self.sequence_length + 1:
-            raise ValueError(f"examples hold {tokens.shape[1]} tokens; the collator needs sequence_length + 1 = "
-                             f"{self.sequence_length + 1} (one extra token for the shifted labels)")
-        return tokens
+    def _tokens(self, examples: list[dict[str, np.ndarray]], out: np.ndarray) -> None:
+        np.stack([np.asarray(ex["input_ids"]) for ex in examples], out=out, casting="unsafe")
 
-    def _label_mask(self, examples: list[dict[str, np.ndarray]], shape: tuple[int, int]) -> torch.Tensor:
-        return torch.ones(shape, dtype=torch.bool)
+    def _positions(self, examples: list[dict[str, np.ndarray]], out: np.ndarray) -> None:
+        pass
 
     def __call__(self, examples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor | TensorPointer]:
         batch: dict[str, torch.Tensor | TensorPointer] = {k: TensorPointer(self.input_pp_rank) for k in self.input_keys}
         batch.update({k: TensorPointer(self.output_pp_rank) for k in LABEL_KEYS})
         if self.pp_rank not in (self.input_pp_rank, self.output_pp_rank):
             return batch
-        tokens = torch.from_numpy(self._tokens(examples))
-        shape = (tokens.shape[0], self.sequence_length)
+        width = len(examples[0]["input_ids"])
+        if width != self.sequence_length + 1:
+            raise ValueError(f"examples hold {width} tokens; the collator needs sequence_length + 1 = "
+                             f"{self.sequence_length + 1} (one extra token for the shifted labels)")
+        # one int64 buffer (tokens, positions) and one bool buffer (masks): few storages to pass
+        # from loader workers, every key a view
+        ids = np.empty((len(self.input_keys) - 1, len(examples), width), dtype=np.int64)
+        self._tokens(examples, ids[0])
+        self._positions(examples, ids[1:])
+        t = torch.from_numpy(ids)
+        masks = torch.ones((2, len(examples), self.sequence_length), dtype=torch.bool)
         if self.pp_rank == self.input_pp_rank:
-            batch["input_ids"] = tokens[:, :-1]
-            batch["input_mask"] = torch.ones(shape, dtype=torch.bool)
-            self._add_inputs(batch, examples)
+            batch["input_ids"] = t[0, :, :-1]
+            batch["input_mask"] = masks[0]
+            if len(ids) > 1:
+                batch["position_ids"] = t[1, :, :-1]
         if self.pp_rank == self.output_pp_rank:
-            batch["label_ids"] = tokens[:, 1:]
-            batch["label_mask"] = self._label_mask(examples, shape)
+            batch["label_ids"] = t[0, :, 1:]
+            batch["label_mask"] = masks[1]
+            if len(ids) > 1:  # the label that would predict a new document's first token
+                masks[1] = t[1, :, 1:] != 0
         return batch
-
-    def _add_inputs(self, batch: dict, examples: list[dict[str, np.ndarray]]) -> None:
-        pass
 
 
 class DataCollatorForCLMWithPositionIds(DataCollatorForCLM):
@@ -74,13 +79,7 @@ class DataCollatorForCLMWithPositionIds(DataCollatorForCLM):
 
     input_keys = INPUT_KEYS + ("position_ids",)
 
-    def _positions(self, examples: list[dict[str, np.ndarray]]) -> np.ndarray:
+    def _positions(self, examples: list[dict[str, np.ndarray]], out: np.ndarray) -> None:
         if "position_ids" not in examples[0]:
             raise ValueError("examples have no 'position_ids'; build the dataset with use_position_ids: true")
-        return np.stack([np.asarray(ex["position_ids"]) for ex in examples]).astype(np.int64, copy=False)
-
-    def _add_inputs(self, batch: dict, examples: list[dict[str, np.ndarray]]) -> None:
-        batch["position_ids"] = torch.from_numpy(self._positions(examples)[:, :-1])
-
-    def _label_mask(self, examples: list[dict[str, np.ndarray]], shape: tuple[int, int]) -> torch.Tensor:
-        return torch.from_numpy(self._positions(examples)[:, 1:] != 0)
+        np.stack([np.asarray(ex["position_ids"]) for ex in examples], out=out[0], casting="unsafe")

@@ -32,27 +32,57 @@ class TokenWindows:
         start = int(i) * self.sequence_length
         return start, start + self.sequence_length + 1
 
+    def _check(self, indices: np.ndarray) -> np.ndarray:
+        idx = np.asarray(indices, dtype=np.int64)
+        if len(idx) and (idx.min() < 0 or idx.max() >= self.num_samples):
+            bad = idx[(idx < 0) | (idx >= self.num_samples)][0]
+            raise IndexError(f"window {bad} outside [0, {self.num_samples}) of {self.folder}")
+        return idx
+
+    def _by_shard(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Shard of each window, and whether the whole window lies inside it."""
+        offsets = self.reader.token_offsets
+        first = np.searchsorted(offsets, starts, side="right") - 1
+        last = np.searchsorted(offsets, starts + self.sequence_length, side="right") - 1
+        return first, first == last
+
     def tokens(self, indices: np.ndarray) -> np.ndarray:
         """Windows ``indices`` stacked: shape ``[len(indices), L + 1]``, int64."""
-        out = np.empty((len(indices), self.sequence_length + 1), dtype=np.int64)
-        for row, i in enumerate(np.asarray(indices).tolist()):
-            if not 0 <= i < self.num_samples:
-                raise IndexError(f"window {i} outside [0, {self.num_samples}) of {self.folder}")
-            out[row] = self.reader.tokens(*self.token_range(i))
+        idx = self._check(indices)
+        out = np.empty((len(idx), self.sequence_length + 1), dtype=np.int64)
+        starts = idx * self.sequence_length
+        shard, inside = self._by_shard(starts)
+        width = self.sequence_length + 1
+        for row, (start, s, ok) in enumerate(zip(starts.tolist(), shard.tolist(), inside.tolist())):
+            if ok:
+                local = start - int(self.reader.token_offsets[s])
+                out[row] = self.reader.shards[s].tokens[local : local + width]
+            else:
+                out[row] = self.reader.tokens(start, start + width)
         return out
 
     def position_ids(self, indices: np.ndarray) -> np.ndarray:
         """Position of each token within its document, restarting at 0 at every document start.
 
         The first token of a window counts as position 0 when its document began earlier.
+        Vectorised per shard: two ``searchsorted`` calls find every document boundary of the batch.
         """
+        idx = self._check(indices)
         width = self.sequence_length + 1
-        out = np.empty((len(indices), width), dtype=np.int64)
-        ramp = np.arange(width, dtype=np.int64)
-        for row, i in enumerate(np.asarray(indices).tolist()):
-            start, stop = self.token_range(i)
-            rel = self.reader.document_starts(start, stop) - start
-            base = np.zeros(width, dtype=np.int64)
-            base[rel] = rel
-            out[row] = ramp - np.maximum.accumulate(base)
-        return out
+        starts = idx * self.sequence_length
+        shard, inside = self._by_shard(starts)
+        base = np.zeros((len(idx), width), dtype=np.int64)
+        for s in np.unique(shard[inside]).tolist():
+            rows = np.flatnonzero(inside & (shard == s))
+            local = starts[rows] - int(self.reader.token_offsets[s])
+            ends = self.reader.shards[s].ends
+            lo = np.searchsorted(ends, local, side="right")
+            counts = np.searchsorted(ends, local + width, side="left") - lo
+            first = np.repeat(np.cumsum(counts) - counts, counts)
+            which = np.arange(int(counts.sum())) - first + np.repeat(lo, counts)
+            rel = ends[which].astype(np.int64) - np.repeat(local, counts)
+            base[np.repeat(rows, counts), rel] = rel
+        for row in np.flatnonzero(~inside).tolist():
+            rel = self.reader.document_starts(int(starts[row]), int(starts[row]) + width) - int(starts[row])
+            base[row, rel] = rel
+        return np.arange(width, dtype=np.int64) - np.maximum.accumulate(base, axis=1)
