@@ -1,0 +1,222 @@
+"""The distributed engine: a Llama model cut into pipeline chunks, tensor- and data-parallel,
+with AdamW and one ``train_step(batches) -> StepResult`` that the trainer calls.
+
+The loss is the mean cross-entropy over the unmasked label tokens of the whole global batch:
+every micro-batch contributes ``sum / N`` with ``N`` counted over all micro-batches and dp
+ranks, so the value (and the gradient) is the same whatever the layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.config import Config
+from runtime.models.llama import LlamaChunk, init_weights
+from runtime.parallel.context import ParallelContext
+from runtime.parallel.data_parallel import apply_fsdp
+from runtime.parallel.pipeline import build_schedule, chunk_layer_ranges, chunks_of_rank, num_chunks
+from runtime.parallel.tensor_parallel import apply_tensor_parallel
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class StepResult:
+    loss: float  # global mean over unmasked label tokens, identical on every rank
+    grad_norm: float  # before clipping
+    num_label_tokens: int
+
+
+def compute_dtype(config: Config, device: torch.device) -> torch.dtype:
+    if config.model.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, config.model.dtype)
+
+
+class Engine:
+    """Model chunks of this rank, optimizer and (with pp > 1) the pipeline schedule."""
+
+    def __init__(self, config: Config, parallel_context: ParallelContext) -> None:
+        self.config = config
+        self.ctx = ctx = parallel_context
+        par, args = config.parallelism, config.model
+        if (par.tp, par.pp, par.dp) != (ctx.tp_size, ctx.pp_size, ctx.dp_size):
+            raise ValueError(f"config parallelism (tp {par.tp}, pp {par.pp}, dp {par.dp}) differs from the "
+                             f"ParallelContext ({ctx.tp_size}, {ctx.pp_size}, {ctx.dp_size})")
+        if args.tie_word_embeddings and (par.pp > 1 or par.tp > 1):
+            raise ValueError("model.tie_word_embeddings needs pp = 1 and tp = 1 (a tied embedding cannot be split "
+                             "across pipeline stages or vocabulary shards); untie it or change parallelism")
+        self.device = ctx.device
+        self.dtype = compute_dtype(config, self.device)
+        total = num_chunks(par.pp, par.pp_engine, par.pp_virtual_stages)
+        ranges = chunk_layer_ranges(args.num_hidden_layers, total)
+        self.stage_ids = chunks_of_rank(ctx.pp_rank, par.pp, par.pp_engine, par.pp_virtual_stages)
+        self.total_stages = total
+        self.use_fsdp = par.dp > 1 or self.device.type == "cuda"
+        self.chunks: list[LlamaChunk] = []
+        for c in self.stage_ids:
+            chunk = LlamaChunk(args, *ranges[c]).to(self.device)
+            init_weights(chunk, args, config.general.seed)
+            apply_tensor_parallel(chunk, ctx.mesh["tp"])
+            if self.use_fsdp:
+                apply_fsdp(chunk, ctx.mesh["dp"], self.dtype)
+            self.chunks.append(chunk)
+        self.owns_inputs = self.chunks[0].has_embedding
+        self.owns_loss = self.chunks[-1].has_head
+        self.optimizer = self._build_optimizer()
+        self._schedules: dict[tuple, object] = {}
+        self._loss_scale = 1.0
+
+    # ------------------------------------------------------------------ construction ------------
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for c in self.chunks for p in c.parameters()]
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for c in self.chunks for n, p in c.named_parameters()]
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        o = self.config.optimizer
+        decay = [p for p in self.parameters() if p.ndim >= 2]
+        no_decay = [p for p in self.parameters() if p.ndim < 2]
+        groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        extra = {"fused": True} if self.device.type == "cuda" else {"foreach": True}
+        return torch.optim.AdamW(groups, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps, **extra)
+
+    def _schedule(self, key: tuple):
+        """One schedule per micro-batch shape: a stage change of sequence length gets its own."""
+        if key not in self._schedules:
+            par = self.config.parallelism
+            schedule = build_schedule(self.chunks, self.stage_ids, self.total_stages, self.ctx.pp_pg, self.device,
+                                      par.pp_engine, self.config.tokens.batch_accumulation_per_replica, self._loss)
+            self._schedules[key] = schedule
+        return self._schedules[key]
+
+    # ------------------------------------------------------------------ the step ----------------
+
+    def _loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Sum of token losses of one micro-batch, scaled to its share of the global mean."""
+        ce = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1), ignore_index=IGNORE_INDEX,
+                             reduction="sum")
+        return ce * self._loss_scale
+
+    def _loss_context(self):
+        if self.ctx.tp_size > 1 and self.owns_loss:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return contextlib.nullcontext()
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device, non_blocking=True)
+
+    def _inputs(self, batches: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.cat([b["input_ids"] for b in batches])
+        if "position_ids" in batches[0]:
+            pos = torch.cat([b["position_ids"] for b in batches])
+        else:
+            pos = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
+        return self._to_device(ids).contiguous(), self._to_device(pos).contiguous()
+
+    def _targets(self, batches: list[dict]) -> torch.Tensor:
+        labels = torch.cat([torch.where(b["label_mask"], b["label_ids"], IGNORE_INDEX) for b in batches])
+        return self._to_device(labels).contiguous()
+
+    def _count_label_tokens(self, batches: list[dict]) -> int:
+        """Unmasked label tokens of the whole global batch (all micro-batches, all dp ranks)."""
+        n = torch.zeros((), dtype=torch.int64, device=self.device)
+        if self.owns_loss:
+            n += sum(int(b["label_mask"].sum()) for b in batches)
+        if self.ctx.dp_size > 1:
+            dist.all_reduce(n, group=self.ctx.dp_pg)
+        return int(n)
+
+    def train_step(self, batches: list[dict]) -> StepResult:
+        """Forward, backward, clip and update on one global step's micro-batches (this rank's rows)."""
+        n_tokens = self._count_label_tokens(batches) if self.owns_loss else 0
+        # FSDP averages gradients over dp; scaling by dp turns that into the sum we want
+        self._loss_scale = self.ctx.dp_size / max(n_tokens, 1)
+        losses: list[torch.Tensor] = []
+        with self._loss_context():
+            if self.ctx.pp_size == 1:
+                self._run_accumulation(batches, losses)
+            else:
+                self._run_pipeline(batches, losses)
+        grad_norm = clip_grad_norm_(self.parameters(), self.config.optimizer.clip_grad, self.ctx)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(self._global_loss(losses), grad_norm, n_tokens)
+
+    def _run_accumulation(self, batches: list[dict], losses: list[torch.Tensor]) -> None:
+        chunk = self.chunks[0]
+        targets = self._targets(batches)
+        ids, pos = self._inputs(batches)
+        rows = batches[0]["input_ids"].shape[0]
+        for i in range(len(batches)):
+            if self.use_fsdp:
+                chunk.set_requires_gradient_sync(i == len(batches) - 1)
+            sl = slice(i * rows, (i + 1) * rows)
+            loss = self._loss(chunk(ids[sl], pos[sl]), targets[sl])
+            loss.backward()
+            losses.append(loss.detach())
+
+    def _run_pipeline(self, batches: list[dict], losses: list[torch.Tensor]) -> None:
+        shape = tuple(batches[0]["input_ids"].shape) if self.owns_inputs else tuple(batches[0]["label_ids"].shape) \
+            if self.owns_loss else ()
+        schedule = self._schedule(shape)
+        if self.owns_inputs:
+            schedule.step(*self._inputs(batches))
+        elif self.owns_loss:
+            schedule.step(target=self._targets(batches), losses=losses)
+        else:  # a middle rank: the batch dicts hold TensorPointers only and are never read
+            schedule.step()
+
+    def _global_loss(self, losses: list[torch.Tensor]) -> float:
+        """Σ micro-batch losses / dp, summed over dp, then sent from the last pp rank to all."""
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        if self.owns_loss:
+            total += sum(float(x) for x in losses) / self.ctx.dp_size
+            if self.ctx.dp_size > 1:
+                dist.all_reduce(total, group=self.ctx.dp_pg)
+        if self.ctx.pp_size > 1:
+            src = self.ctx.global_rank_of(self.ctx.pp_size - 1, self.ctx.dp_rank, self.ctx.tp_rank)
+            dist.broadcast(total, src=src, group=self.ctx.pp_pg)
+        return float(total)
+
+
+def clip_grad_norm_(params: list[nn.Parameter], max_norm: float | None, ctx: ParallelContext) -> float:
+    """Total L2 norm of all gradients of the model (every tp, dp shard and pp stage), then clip.
+
+    DTensor gradients are grouped by mesh and placement, so each group's norm reduces correctly
+    over its own shards and replicas; pipeline stages add their squares over the pp group.
+    """
+    groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+    for p in params:
+        if p.grad is not None:
+            g = p.grad
+            key = (g.device_mesh, tuple(g.placements)) if hasattr(g, "device_mesh") else ("local",)
+            groups[key].append(g)
+    total_sq = torch.zeros((), dtype=torch.float32, device=ctx.device)
+    for grads in groups.values():
+        norms = torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])
+        norm = torch.linalg.vector_norm(norms)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        total_sq += norm.to(ctx.device) ** 2
+    if ctx.pp_size > 1:
+        dist.all_reduce(total_sq, group=ctx.pp_pg)
+    total = float(total_sq.sqrt())
+    if max_norm is not None and max_norm > 0 and total > max_norm:
+        coef = max_norm / (total + 1e-6)
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return total
+

@@ -1,0 +1,144 @@
+"""A Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query SDPA attention) that splits into
+pipeline chunks.
+
+A chunk owns a contiguous range of layers, kept in a ModuleDict under their global index, so
+parameter names (``layers.7.attn.q_proj.weight``) are the same in every layout: initialisation
+and checkpoints do not depend on how the model is cut. The first chunk embeds, the last one
+normalises and projects to the vocabulary; inner chunks pass ``(hidden, position_ids)`` on.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.config import ModelArgs
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, ``[batch, seq, 1, head_dim / 2]``, for the given positions."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim))
+    angles = position_ids.float()[..., None] * inv_freq
+    return angles.cos()[:, :, None, :].to(dtype), angles.sin()[:, :, None, :].to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (first half, second half) of each head by the position's angles."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.head_dim = args.hidden_size // args.num_attention_heads
+        self.q_proj = nn.Linear(args.hidden_size, args.num_attention_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(args.hidden_size, args.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(args.hidden_size, args.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(args.num_attention_heads * self.head_dim, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # head counts come from the (possibly tensor-parallel, local) projections: -1
+        q = self.q_proj(x).view(b, s, -1, self.head_dim)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        groups = q.shape[1] // k.shape[1]
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.attn = Attention(args)
+        self.mlp_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class LlamaChunk(nn.Module):
+    """Layers ``[first_layer, last_layer)`` of the model, plus embedding and/or head at the ends."""
+
+    def __init__(self, args: ModelArgs, first_layer: int = 0, last_layer: int | None = None) -> None:
+        super().__init__()
+        last_layer = args.num_hidden_layers if last_layer is None else last_layer
+        self.args = args
+        self.has_embedding = first_layer == 0
+        self.has_head = last_layer == args.num_hidden_layers
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size) if self.has_embedding else None
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(args) for i in range(first_layer, last_layer)})
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps) if self.has_head else None
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False) if self.has_head else None
+        if args.tie_word_embeddings and self.has_embedding and self.has_head:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None):
+        """``x``: token ids on the first chunk, hidden states elsewhere. Returns logits on the last
+        chunk, else ``(hidden, position_ids)`` for the next one."""
+        if self.embed_tokens is not None:
+            if position_ids is None:
+                position_ids = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+            x = self.embed_tokens(x)
+        head_dim = self.args.hidden_size // self.args.num_attention_heads
+        cos, sin = rope_tables(position_ids, head_dim, self.args.rope_theta, x.dtype)
+        for layer in self.layers.values():
+            x = layer(x, cos, sin)
+        if self.lm_head is None:
+            return x, position_ids
+        return self.lm_head(self.norm(x))
+
+
+def init_weights(module: nn.Module, args: ModelArgs, seed: int) -> None:
+    """Seeded per parameter name, so the full weights are the same for every tp/pp/dp layout.
+
+    Linear and embedding weights ~ N(0, init_std); the projections that write into the residual
+    stream (o_proj, down_proj) use init_std / sqrt(2 · layers); norms start at 1.
+    """
+    import hashlib
+
+    scaled = args.init_std / (2 * args.num_hidden_layers) ** 0.5
+    for name, p in module.named_parameters():
+        if name.endswith("norm.weight"):
+            with torch.no_grad():
+                p.fill_(1.0)
+            continue
+        digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
+        gen = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+        std = scaled if name.endswith(("o_proj.weight", "down_proj.weight")) else args.init_std
+        full = torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
+        with torch.no_grad():
+            p.copy_(full.to(device=p.device, dtype=p.dtype))

@@ -1,0 +1,50 @@
+"""Pipeline parallelism with ``torch.distributed.pipelining``: how layers split into chunks, which
+chunks a rank owns, and the schedule (afab = GPipe, 1f1b, interleaved-1f1b) that runs them."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch
+from torch import nn
+
+SCHEDULES = {"afab": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"}
+
+
+def chunk_layer_ranges(num_layers: int, num_chunks: int) -> list[tuple[int, int]]:
+    """Balanced contiguous layer ranges: chunk c gets layers ``[c·n // C, (c+1)·n // C)``."""
+    if num_chunks > num_layers:
+        raise ValueError(f"{num_layers} layers cannot fill {num_chunks} pipeline chunks; lower pp or "
+                         f"pp_virtual_stages, or add layers")
+    return [(c * num_layers // num_chunks, (c + 1) * num_layers // num_chunks) for c in range(num_chunks)]
+
+
+def chunks_of_rank(pp_rank: int, pp_size: int, engine: str, virtual_stages: int) -> list[int]:
+    """Chunk (stage) indices this pipeline rank runs: one, or ``virtual_stages`` looped ones."""
+    if engine == "interleaved-1f1b":
+        return [pp_rank + v * pp_size for v in range(virtual_stages)]
+    return [pp_rank]
+
+
+def num_chunks(pp_size: int, engine: str, virtual_stages: int) -> int:
+    return pp_size * (virtual_stages if engine == "interleaved-1f1b" else 1)
+
+
+def build_schedule(chunks: list[nn.Module], stage_ids: list[int], total_stages: int, pp_group, device: torch.device,
+                   engine: str, n_microbatches: int, loss_fn: Callable):
+    """PipelineStage objects for this rank's chunks and the schedule that drives them."""
+    from torch.distributed import pipelining
+
+    if engine not in SCHEDULES:
+        raise ValueError(f"parallelism.pp_engine {engine!r} is not one of {list(SCHEDULES)}")
+    stages = [pipelining.PipelineStage(c, i, total_stages, device, group=pp_group) for c, i in zip(chunks, stage_ids)]
+    cls = getattr(pipelining, SCHEDULES[engine])
+    kwargs = {"n_microbatches": n_microbatches, "loss_fn": loss_fn}
+    if "scale_grads" in inspect.signature(cls.__init__).parameters:
+        kwargs["scale_grads"] = False  # the loss is already each micro-batch's share (older torch never scales)
+    try:
+        return cls(stages if engine == "interleaved-1f1b" else stages[0], **kwargs)
+    except ValueError as e:  # the schedule's own constraints (e.g. micro-batches vs stages)
+        raise ValueError(f"pipeline schedule {engine}: {e}; adjust tokens.batch_accumulation_per_replica "
+                         f"or parallelism.pp") from None

@@ -1,0 +1,102 @@
+"""Processes for the engine tests: train a tiny Llama 3 steps on fixed batches in a given layout."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import yaml
+
+from runtime.config import Config
+from runtime.config_loading import from_dict
+from runtime.data.collator import LABEL_KEYS
+from runtime.parallel.tensor_pointer import TensorPointer
+
+TINY = {
+    "general": {"project": "t", "run": "engine", "seed": 7},
+    "model": {"hidden_size": 32, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 64, "vocab_size": 128, "max_position_embeddings": 64},
+    "tokens": {"sequence_length": 16, "micro_batch_size": 2, "batch_accumulation_per_replica": 4, "train_steps": 3},
+    "optimizer": {"learning_rate": 1e-2, "weight_decay": 0.1, "clip_grad": 0.5},
+    "data_stages": [{"name": "s", "start_training_step": 1, "data": {"dataset": {"dataset_folder": "unused"}}}],
+}
+GLOBAL_BATCH = 8
+STEPS = 3
+
+
+def tiny_config(dp=1, tp=1, pp=1, engine="1f1b", accum=4, virtual=2, **model) -> Config:
+    d = copy.deepcopy(TINY)
+    d["parallelism"] = {"dp": dp, "tp": tp, "pp": pp, "pp_engine": engine, "pp_virtual_stages": virtual}
+    d["tokens"]["batch_accumulation_per_replica"] = accum
+    d["model"].update(model)
+    c = from_dict(Config, d, "config")
+    c.validate()
+    return c
+
+
+def global_batch(step: int) -> dict[str, torch.Tensor]:
+    """Fixed data: tokens, position ids that restart mid-window, and some masked labels."""
+    g = torch.Generator().manual_seed(100)  # the same batch every step: the loss must fall
+    tokens = torch.randint(0, 128, (GLOBAL_BATCH, 17), generator=g)
+    pos = torch.arange(17).repeat(GLOBAL_BATCH, 1)
+    pos[::2, 9:] -= 9  # every other row: a new document starts at token 9
+    mask = torch.rand(GLOBAL_BATCH, 16, generator=g) > 0.2
+    return {"input_ids": tokens[:, :-1], "label_ids": tokens[:, 1:], "position_ids": pos[:, :-1],
+            "input_mask": torch.ones(GLOBAL_BATCH, 16, dtype=torch.bool), "label_mask": mask}
+
+
+class Untouchable(dict):
+    """A middle pipeline rank's batch: reading any key is a test failure."""
+
+    def __getitem__(self, key):
+        raise AssertionError(f"a middle pipeline rank read {key!r}")
+
+
+def rank_batches(step: int, ctx, accum: int, mbs: int = 2) -> list[dict]:
+    """This rank's micro-batches: rows [m·dp·mbs + dp_rank·mbs, +mbs) of the global batch, per the contract."""
+    full = global_batch(step)
+    out = []
+    for m in range(accum):
+        start = m * ctx.dp_size * mbs + ctx.dp_rank * mbs
+        b = {k: v[start : start + mbs] for k, v in full.items()}
+        if ctx.pp_rank != 0:
+            for k in ("input_ids", "input_mask", "position_ids"):
+                b[k] = TensorPointer(0)
+        if ctx.pp_rank != ctx.pp_size - 1:
+            for k in LABEL_KEYS:
+                b[k] = TensorPointer(ctx.pp_size - 1)
+        out.append(b if ctx.pp_rank in (0, ctx.pp_size - 1) else Untouchable(b))
+    return out
+
+
+def train_and_dump(rank: int, world: int, layout: dict, out_path: str) -> None:
+    from runtime.engine import Engine
+    from runtime.parallel.context import ParallelContext
+
+    config = tiny_config(**layout)
+    p = config.parallelism
+    ctx = ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp)
+    engine = Engine(config, ctx)
+    losses = [engine.train_step(rank_batches(s, ctx, config.tokens.batch_accumulation_per_replica)).loss
+              for s in range(STEPS)]
+    weights = {}
+    for name, param in engine.named_parameters():
+        full = param.full_tensor() if hasattr(param, "full_tensor") else param.detach()
+        weights[name] = full.detach().clone()
+    if ctx.dp_rank == 0 and ctx.tp_rank == 0:
+        torch.save({"losses": losses, "weights": weights}, f"{out_path}.pp{ctx.pp_rank}")
+
+
+def build_expecting_error(rank: int, world: int, layout: dict, fragment: str) -> None:
+    """Building the context/engine for ``layout`` on ``world`` processes must fail with ``fragment``."""
+    from runtime.engine import Engine
+    from runtime.parallel.context import ParallelContext
+
+    try:
+        config = tiny_config(**layout)
+        p = config.parallelism
+        Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp))
+    except ValueError as e:
+        assert fragment in str(e), str(e)
+        return
+    raise AssertionError(f"no error for {layout} on {world} processes")
