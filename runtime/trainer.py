@@ -1,0 +1,230 @@
+"""The Trainer: multi-stage training loop, stage switching, checkpoint/resume and metrics.
+
+Both call styles of the seeds work: ``trainer.train(dataloader_or_dls=...)`` with a loader, or a
+dict of stage name → loader or zero-argument callable returning one (``None`` builds the loaders
+from the config's stages), and ``trainer.train_dataloader = loader; trainer.fit()``.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from runtime.checkpoint import CheckpointManager
+from runtime.config import Config, ConfigError
+from runtime.data import DataPlan, StageDataset, get_train_dataloader
+from runtime.data.hf_cache import resolve_stage_folders
+from runtime.data.plan import StagePlan
+from runtime.data.stages import training_metadata
+from runtime.engine import Engine
+from runtime.lr_schedule import LRSchedule
+from runtime.metrics import MetricsLogger, flops_per_token, peak_flops
+from runtime.parallel.context import ParallelContext
+
+KILL_AT_STEP_ENV = "NANOSET_FAULT_KILL_AT_STEP"  # fault injection for tests: SIGKILL rank 0 after this step
+
+
+@dataclass
+class TrainSummary:
+    last_step: int
+    final_loss_per_stage: dict[str, float] = field(default_factory=dict)
+    checkpoint: Path | None = None
+    metrics_file: Path | None = None
+
+
+class Trainer:
+    def __init__(self, config: Config | str | Path, parallel_context: ParallelContext | None = None,
+                 plan: DataPlan | None = None) -> None:
+        self.config = config = config if isinstance(config, Config) else Config.from_yaml(config)
+        # all data validation (I/O) happens before any process group exists
+        self.plan = plan if plan is not None else DataPlan(config, resolve_stage_folders(config))
+        p = config.parallelism
+        self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp)
+        self.is_main = self.parallel_context.world_rank == 0
+        self.run_dir = config.general.run_path
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(config.general.seed)
+        self.engine = Engine(config, self.parallel_context)
+        self.lr_schedule = LRSchedule(config.lr_scheduler, config.optimizer.learning_rate, config.tokens.train_steps)
+        ckpt_dir = Path(config.checkpoints.checkpoints_path or self.run_dir / "checkpoints")
+        self.checkpoints = CheckpointManager(ckpt_dir, config.checkpoints.keep_last, self.is_main)
+        self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard, config.logging.log_interval)
+        self.train_dataloader: Any = None
+        self.last_step = 0
+        self._stage: StagePlan | None = None
+        self._loader: Any = None
+        self._iterator: Iterator | None = None
+        self._peak = peak_flops(self.parallel_context.device)
+
+    # ------------------------------------------------------------------ public -----------------
+
+    def fit(self) -> TrainSummary:
+        """Seed style: train on ``self.train_dataloader`` (or the config's stages when it is None)."""
+        return self.train(self.train_dataloader)
+
+    def train(self, dataloader_or_dls: Any = None) -> TrainSummary:
+        sources = self._check_sources(dataloader_or_dls)
+        self.checkpoints.clean_stale()
+        self.last_step = self._resume()
+        summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
+        c = self.config
+        last_save = self.last_step
+        prev_end = time.perf_counter()
+        for step in range(self.last_step + 1, c.tokens.train_steps + 1):
+            stage = self.plan.stage_for_step(step)
+            if stage is not self._stage:
+                self._switch_stage(stage, step, sources)
+            t0 = time.perf_counter()
+            batches = self._next_batches(stage, step)
+            data_wait = time.perf_counter() - t0
+            lr = self.lr_schedule.apply(self.engine.optimizer, step)
+            result = self.engine.train_step(batches)
+            now = time.perf_counter()
+            tokens_per_s = c.global_batch_size * stage.sequence_length / (now - prev_end)
+            prev_end = now
+            self.last_step = step
+            summary.final_loss_per_stage[stage.name] = result.loss
+            self.metrics.log({
+                "step": step, "stage": stage.name, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
+                "tokens_per_s": tokens_per_s, "data_wait_ms": 1000 * data_wait,
+                "data_hash": self.plan.data_hash(step) if sources is None else None,
+                "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
+            })
+            if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
+                os.kill(os.getpid(), signal.SIGKILL)
+            interval = c.checkpoints.checkpoint_interval
+            if interval and step % interval == 0 and step < c.tokens.train_steps:
+                self._save(step)
+                last_save = step
+        if self.last_step > last_save:  # steps ran since the last save: the final checkpoint
+            self._save(self.last_step)
+        summary.checkpoint = self.checkpoints.resolve("latest")
+        summary.last_step = self.last_step
+        self._release_loader()
+        self._print_summary(summary)
+        return summary
+
+    def close(self) -> None:
+        self._release_loader()
+        self.metrics.close()
+        self.parallel_context.destroy()
+
+    # ------------------------------------------------------------------ data -------------------
+
+    def _check_sources(self, sources: Any) -> Any:
+        if isinstance(sources, dict):
+            names = [s.name for s in self.plan.stages]
+            unknown = sorted(set(sources) - set(names))
+            missing = [n for n in names if n not in sources]
+            if unknown or missing:
+                raise ConfigError(f"dataloader_or_dls: keys must be the stage names {names}; "
+                                  f"unknown {unknown}, missing {missing}")
+        return sources
+
+    def _switch_stage(self, stage: StagePlan, step: int, sources: Any) -> None:
+        """Release the previous stage's loader (and its workers), then build this stage's."""
+        consumed = stage.consumed_samples(step - 1)
+        if not (sources is not None and not isinstance(sources, dict) and self._iterator is not None):
+            self._release_loader()
+            self._loader = self._build_loader(stage, consumed, sources)
+            self._iterator = iter(self._loader)
+        self._stage = stage
+        folders = ", ".join(f"{self.plan.datasets[d].folder} ({w:g})" for d, w in zip(stage.dataset_ids, stage.weights))
+        self.metrics.info(f"stage {stage.name!r} at step {step} (steps {stage.start_step}-{stage.end_step - 1}): "
+                          f"datasets {folders}, sequence length {stage.sequence_length}, "
+                          f"{consumed} of {stage.num_samples} samples already consumed")
+
+    def _build_loader(self, stage: StagePlan, consumed: int, sources: Any) -> Any:
+        if sources is None:
+            ctx = self.parallel_context
+            return get_train_dataloader(
+                StageDataset(self.plan, stage), stage.sequence_length, ctx, input_pp_rank=0,
+                output_pp_rank=ctx.pp_size - 1, micro_batch_size=self.config.tokens.micro_batch_size,
+                consumed_train_samples=consumed, dataloader_num_workers=stage.num_loading_workers,
+                use_position_ids=stage.use_position_ids)
+        source = sources[stage.name] if isinstance(sources, dict) else sources
+        if callable(source) and not hasattr(source, "__iter__"):
+            return _call_loader_factory(source, consumed)
+        return source
+
+    def _next_batches(self, stage: StagePlan, step: int) -> list[dict]:
+        try:
+            return [next(self._iterator) for _ in range(self.config.tokens.batch_accumulation_per_replica)]
+        except StopIteration:
+            raise RuntimeError(f"the data loader of stage {stage.name!r} ran out at step {step}; give it at least "
+                               f"{stage.num_steps} steps of micro-batches (e.g. a larger dataset or a looping "
+                               f"sampler)") from None
+
+    def _release_loader(self) -> None:
+        it = self._iterator
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        self._iterator = self._loader = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ checkpoints -------------
+
+    def _save(self, step: int) -> Path:
+        meta = {"training": training_metadata(self.plan, step).to_json(),
+                "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict()}
+        return self.checkpoints.save(self.engine, step, meta)
+
+    def _resume(self) -> int:
+        path = self.checkpoints.resolve(self.config.checkpoints.resume)
+        if path is None:
+            return 0
+        meta = self.checkpoints.load(self.engine, path)
+        training = meta["training"]
+        last = int(training["last_train_step"])
+        if not self.config.checkpoints.allow_data_change:
+            self._check_compatible(training, last, path)
+        self.metrics.truncate_after(last)
+        self.metrics.info(f"resumed from {path} at step {last}")
+        return last
+
+    def _check_compatible(self, training: dict, last: int, path: Path) -> None:
+        if training["data_fingerprint"] != self.plan.fingerprint:
+            raise ConfigError(f"{path}: the data changed since this checkpoint (fingerprint "
+                              f"{training['data_fingerprint']} → {self.plan.fingerprint}); resuming would not replay "
+                              f"the same samples. Set checkpoints.allow_data_change: true to resume anyway")
+        old_g, new_g = training["global_batch_size"], self.config.global_batch_size
+        if old_g != new_g and last < self.config.tokens.train_steps:
+            stage = self.plan.stage_for_step(last + 1)
+            if stage.start_step != last + 1:
+                raise ConfigError(f"{path}: global batch size changed mid-stage ({old_g} → {new_g}) in stage "
+                                  f"{stage.name!r}; keep dp · micro_batch_size · batch_accumulation_per_replica = "
+                                  f"{old_g}, or set checkpoints.allow_data_change: true")
+
+    # ------------------------------------------------------------------ reporting ---------------
+
+    def _mfu(self, tokens_per_s: float, sequence_length: int) -> float | None:
+        if self._peak is None:
+            return None
+        world = self.parallel_context.tp_size * self.parallel_context.pp_size * self.parallel_context.dp_size
+        return tokens_per_s * flops_per_token(self.config.model, sequence_length) / (self._peak * world)
+
+    def _print_summary(self, summary: TrainSummary) -> None:
+        losses = ", ".join(f"{name} {loss:.4f}" for name, loss in summary.final_loss_per_stage.items())
+        self.metrics.info(f"done: step {summary.last_step}/{self.config.tokens.train_steps}; final loss per stage: "
+                          f"{losses or 'none (nothing left to train)'}; checkpoint: {summary.checkpoint}; "
+                          f"metrics: {summary.metrics_file}")
+
+
+def _call_loader_factory(factory: Callable, consumed: int) -> Any:
+    """Call a stage's loader factory; pass ``consumed_train_samples`` when it takes it (for resume)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    return factory(consumed_train_samples=consumed) if "consumed_train_samples" in params else factory()
