@@ -160,9 +160,9 @@ class Trainer:
         try:
             return [next(self._iterator) for _ in range(self.config.tokens.batch_accumulation_per_replica)]
         except StopIteration:
-            raise RuntimeError(f"the data loader of stage {stage.name!r} ran out at step {step}; give it at least "
-                               f"{stage.num_steps} steps of micro-batches (e.g. a larger dataset or a looping "
-                               f"sampler)") from None
+            raise RuntimeError(f"the data loader of stage {stage.name!r} ran out at step {step}, but the stage runs "
+                               f"steps {stage.start_step}-{stage.end_step - 1}; give it more micro-batches (a larger "
+                               f"dataset or a looping sampler)") from None
 
     def _release_loader(self) -> None:
         it = self._iterator
