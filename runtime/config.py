@@ -89,6 +89,7 @@ class LRSchedulerArgs:
 @dataclass
 class CheckpointsArgs:
     checkpoint_interval: int = 0  # 0: only at the end
+    save_final: bool = True  # a checkpoint after the last step
     resume: str | None = "latest"  # latest | PATH | null
     keep_last: int = 3
     checkpoints_path: str | None = None  # default: <run_dir>/checkpoints

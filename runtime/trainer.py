@@ -105,7 +105,7 @@ class Trainer:
             if interval and step % interval == 0 and step < c.tokens.train_steps:
                 self._save(step)
                 last_save = step
-        if self.last_step > last_save:  # steps ran since the last save: the final checkpoint
+        if self.last_step > last_save and c.checkpoints.save_final:  # the final checkpoint
             self._save(self.last_step)
         summary.checkpoint = self.checkpoints.resolve("latest")
         summary.last_step = self.last_step
