@@ -78,6 +78,7 @@ class TokenizerInfo:
     eos_token: str | None = None
     bos_id: int | None = None
     sha256: str | None = None
+    path: str | None = None  # where the tokenizer was found when the dataset was made (for decoding)
 
 
 @dataclass

@@ -48,7 +48,7 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
     max_id = max((int(s.tokens[i : i + CHUNK_TOKENS].max()) for s in ds.shards
                   for i in range(0, s.num_tokens, CHUNK_TOKENS)), default=-1)
     tok_info = ds.tokenizer
-    decoder = _decoder(tokenizer or (tok_info.name if tok_info else None))
+    decoder = _decoder(tokenizer or (tok_info.path or tok_info.name if tok_info else None))
     picks = sorted(set(np.linspace(0, ds.num_documents - 1, samples).round().astype(int).tolist())) if samples else []
     sample_docs = []
     for i in picks:

@@ -169,9 +169,11 @@ class NanosetReader:
 
     @cached_property
     def fingerprint(self) -> str:
-        """A short hash of what the data is: manifest checksums, or datatrove names and sizes."""
+        """A short hash of what the data is (token and index checksums, or datatrove names and sizes);
+        the metadata file (which names the tokenizer) does not count."""
         if self.manifest is not None:
-            payload = [(s.name, s.num_tokens, s.num_documents, s.sha256) for s in self.manifest.shards]
+            payload = [(s.name, s.num_tokens, s.num_documents, s.sha256.get("ds"), s.sha256.get("index"))
+                       for s in self.manifest.shards]
         else:
             payload = [(s.name, s.num_tokens, s.num_documents) for s in self.shards]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]

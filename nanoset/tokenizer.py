@@ -81,6 +81,14 @@ def _special_tokens(tok) -> list[str]:
     return [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
 
 
+def canonical_name(spec: str, path: Path) -> str:
+    """The name recorded in the shards: a hub name as given, else the tokenizer's folder (or file) name,
+    so that the bytes written do not depend on where the tokenizer sits or how its path was typed."""
+    if not Path(spec).exists():
+        return spec
+    return path.parent.name if path.name == "tokenizer.json" else path.stem
+
+
 def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokenizer:
     """Load ``spec`` and settle the EOS id: ``--eos-token``, else the tokenizer's own, else an error."""
     path = find_tokenizer_file(spec)
@@ -104,11 +112,12 @@ def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokeni
         eos_id = tok.token_to_id(eos_token)
     bos = _config_token(path.parent, "bos_token") or next((n for n in BOS_NAMES if n in specials), None)
     info = TokenizerInfo(
-        name=spec,
+        name=canonical_name(spec, path),
         vocab_size=tok.get_vocab_size(with_added_tokens=True),
         eos_id=int(eos_id),
         eos_token=eos_token,
         bos_id=tok.token_to_id(bos) if bos else None,
         sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        path=str(path),
     )
     return ResolvedTokenizer(spec=spec, path=path, info=info)
