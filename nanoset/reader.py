@@ -31,9 +31,10 @@ from nanoset.format import (
 
 
 def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
+    """A read-only memory map, as a plain ndarray view: slicing it is ~2x cheaper than a np.memmap's."""
     if path.stat().st_size == 0:
         return np.empty(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r")
+    return np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
 
 
 class ShardReader:

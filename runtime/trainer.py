@@ -24,6 +24,7 @@ from runtime.data import DataPlan, StageDataset, get_train_dataloader
 from runtime.data.hf_cache import resolve_stage_folders
 from runtime.data.plan import StagePlan
 from runtime.data.stages import training_metadata
+from runtime.data.tp_broadcast import broadcast_batches
 from runtime.engine import Engine
 from runtime.lr_schedule import LRSchedule
 from runtime.metrics import MetricsLogger, flops_per_token, peak_flops
@@ -63,6 +64,7 @@ class Trainer:
         self._stage: StagePlan | None = None
         self._loader: Any = None
         self._iterator: Iterator | None = None
+        self._broadcast = False
         self._peak = peak_flops(self.parallel_context.device)
 
     # ------------------------------------------------------------------ public -----------------
@@ -133,10 +135,12 @@ class Trainer:
     def _switch_stage(self, stage: StagePlan, step: int, sources: Any) -> None:
         """Release the previous stage's loader (and its workers), then build this stage's."""
         consumed = stage.consumed_samples(step - 1)
+        self._broadcast = sources is None and self.parallel_context.tp_size > 1
         if not (sources is not None and not isinstance(sources, dict) and self._iterator is not None):
             self._release_loader()
-            self._loader = self._build_loader(stage, consumed, sources)
-            self._iterator = iter(self._loader)
+            if self._reads_data(sources):
+                self._loader = self._build_loader(stage, consumed, sources)
+                self._iterator = iter(self._loader)
         self._stage = stage
         folders = ", ".join(f"{self.plan.datasets[d].folder} ({w:g})" for d, w in zip(stage.dataset_ids, stage.weights))
         self.metrics.info(f"stage {stage.name!r} at step {step} (steps {stage.start_step}-{stage.end_step - 1}): "
@@ -156,13 +160,25 @@ class Trainer:
             return _call_loader_factory(source, consumed)
         return source
 
+    def _reads_data(self, sources: Any) -> bool:
+        """With config-built loaders and tp > 1, only tp rank 0 of a replica reads (and broadcasts);
+        pipeline ranks that own no data build a loader of TensorPointers, which reads nothing."""
+        ctx = self.parallel_context
+        return sources is not None or ctx.tp_rank == 0 or not (ctx.is_first_pp_rank or ctx.is_last_pp_rank)
+
     def _next_batches(self, stage: StagePlan, step: int) -> list[dict]:
+        accum = self.config.tokens.batch_accumulation_per_replica
+        ctx = self.parallel_context
         try:
-            return [next(self._iterator) for _ in range(self.config.tokens.batch_accumulation_per_replica)]
+            batches = [next(self._iterator) for _ in range(accum)] if self._iterator is not None else None
         except StopIteration:
             raise RuntimeError(f"the data loader of stage {stage.name!r} ran out at step {step}, but the stage runs "
                                f"steps {stage.start_step}-{stage.end_step - 1}; give it more micro-batches (a larger "
                                f"dataset or a looping sampler)") from None
+        if self._broadcast and (ctx.is_first_pp_rank or ctx.is_last_pp_rank):
+            batches = broadcast_batches(batches, accum, self.config.tokens.micro_batch_size, stage.sequence_length,
+                                        stage.use_position_ids, ctx)
+        return batches
 
     def _release_loader(self) -> None:
         it = self._iterator

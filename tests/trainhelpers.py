@@ -22,7 +22,7 @@ def small_config(folder: Path, run_dir: Path, dp: int = 2, accum: int = 1, steps
     d = copy.deepcopy(BASE)
     d["general"]["run_dir"] = str(run_dir)
     d["parallelism"].update(dp=dp)
-    d["model"].update(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+    d["model"].update(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                       intermediate_size=64, vocab_size=1536, max_position_embeddings=64)
     d["tokens"].update(sequence_length=32, micro_batch_size=2, batch_accumulation_per_replica=accum, train_steps=steps)
     d["lr_scheduler"].update(warmup_steps=2)
