@@ -98,7 +98,7 @@ class Trainer:
             self.metrics.log({
                 "step": step, "stage": stage.name, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
                 "tokens_per_s": tokens_per_s, "data_wait_ms": 1000 * data_wait,
-                "data_hash": self.plan.data_hash(step) if sources is None else None,
+                "data_hash": self.plan.data_hash(step) if sources is None and self.is_main else None,
                 "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
             })
             if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:

@@ -1,0 +1,32 @@
+"""Import boundaries the deployment relies on: the toolkit without torch, the runtime without
+`datasets`/`zstandard` (the GPU machines do not have them)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def imports_without(blocked: tuple[str, ...], modules: tuple[str, ...]) -> subprocess.CompletedProcess:
+    code = ("import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in blocked)
+            + "".join(f"import {m}\n" for m in modules))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+
+def test_nanoset_never_imports_torch():
+    proc = imports_without(("torch",), ("nanoset", "nanoset.cli", "nanoset.tokenize", "nanoset.inspect",
+                                        "nanoset.verify"))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_runtime_needs_neither_datasets_nor_zstandard():
+    proc = imports_without(("datasets", "zstandard"), ("runtime.train", "runtime.trainer", "runtime.explain"))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_cli_errors_are_one_line_without_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "nanoset.cli", "inspect", str(tmp_path / "nope")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr == f"error: {tmp_path / 'nope'}: no such dataset folder (create it with `nanoset tokenize ... " \
+                          f"-o {tmp_path / 'nope'}`)\n"
