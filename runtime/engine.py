@@ -138,8 +138,11 @@ class Engine:
             dist.all_reduce(n, group=self.ctx.dp_pg)
         return int(n)
 
-    def train_step(self, batches: list[dict]) -> StepResult:
-        """Forward, backward, clip and update on one global step's micro-batches (this rank's rows)."""
+    def train_step(self, batches: list[dict], sequence_length: int | None = None) -> StepResult:
+        """Forward, backward, clip and update on one global step's micro-batches (this rank's rows).
+
+        ``sequence_length`` tells middle pipeline ranks (whose batches hold only TensorPointers) the
+        shape of this step, so that a stage with another sequence length gets its own schedule."""
         n_tokens = self._count_label_tokens(batches) if self.owns_loss else 0
         # FSDP averages gradients over dp; scaling by dp turns that into the sum we want
         self._loss_scale = self.ctx.dp_size / max(n_tokens, 1)
@@ -148,7 +151,7 @@ class Engine:
             if self.ctx.pp_size == 1:
                 self._run_accumulation(batches, losses)
             else:
-                self._run_pipeline(batches, losses)
+                self._run_pipeline(batches, losses, sequence_length)
         grad_norm = clip_grad_norm_(self.parameters(), self.config.optimizer.clip_grad, self.ctx)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -167,10 +170,10 @@ class Engine:
             loss.backward()
             losses.append(loss.detach())
 
-    def _run_pipeline(self, batches: list[dict], losses: list[torch.Tensor]) -> None:
-        shape = tuple(batches[0]["input_ids"].shape) if self.owns_inputs else tuple(batches[0]["label_ids"].shape) \
-            if self.owns_loss else ()
-        schedule = self._schedule(shape)
+    def _run_pipeline(self, batches: list[dict], losses: list[torch.Tensor], sequence_length: int | None) -> None:
+        if sequence_length is None and (self.owns_inputs or self.owns_loss):
+            sequence_length = batches[0]["input_ids" if self.owns_inputs else "label_ids"].shape[1]
+        schedule = self._schedule((sequence_length,))
         if self.owns_inputs:
             schedule.step(*self._inputs(batches))
         elif self.owns_loss:

@@ -89,7 +89,7 @@ class Trainer:
             batches = self._next_batches(stage, step)
             data_wait = time.perf_counter() - t0
             lr = self.lr_schedule.apply(self.engine.optimizer, step)
-            result = self.engine.train_step(batches)
+            result = self.engine.train_step(batches, stage.sequence_length)
             now = time.perf_counter()
             tokens_per_s = c.global_batch_size * stage.sequence_length / (now - prev_end)
             prev_end = now

@@ -210,3 +210,16 @@ def test_other_layouts_replay_the_same_data(reference, shards, tmp_path, nproc, 
     rows = metrics(run)
     assert [r["data_hash"] for r in rows] == [r["data_hash"] for r in ref_rows]
     assert losses(rows) == pytest.approx(losses(ref_rows), abs=1e-4)
+
+
+def test_four_stage_pipeline_switches_sequence_length(reference, shards, tmp_path):
+    """pp=4: the two middle ranks hold only TensorPointers and still follow the anneal stage's shorter
+    sequence (a new schedule per shape)."""
+    _, _, ref_rows, _ = reference
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, dp=1, accum=2, parallelism={"pp": 4, "pp_engine": "afab"},
+                       model={"num_hidden_layers": 4})
+    torchrun(cfg, 4, cwd=shards)
+    rows = metrics(run)
+    assert [r["data_hash"] for r in rows] == [r["data_hash"] for r in ref_rows]
+    assert rows[6]["loss"] < rows[0]["loss"] and [r["stage"] for r in rows][7] == "anneal"
