@@ -38,9 +38,6 @@ class DataCollatorForCLM:
         self.output_pp_rank = output_pp_rank
         self.pp_rank = _pp_rank(parallel_context, pp_rank)  # an int, so the collator pickles into workers
 
-    def _tokens(self, examples: list[dict[str, np.ndarray]], out: np.ndarray) -> None:
-        np.stack([np.asarray(ex["input_ids"]) for ex in examples], out=out, casting="unsafe")
-
     def _positions(self, examples: list[dict[str, np.ndarray]], out: np.ndarray) -> None:
         pass
 
@@ -56,7 +53,7 @@ class DataCollatorForCLM:
         # one int64 buffer (tokens, positions) and one bool buffer (masks): few storages to pass
         # from loader workers, every key a view
         ids = np.empty((len(self.input_keys) - 1, len(examples), width), dtype=np.int64)
-        self._tokens(examples, ids[0])
+        np.stack([np.asarray(ex["input_ids"]) for ex in examples], out=ids[0], casting="unsafe")
         self._positions(examples, ids[1:])
         t = torch.from_numpy(ids)
         masks = torch.ones((2, len(examples), self.sequence_length), dtype=torch.bool)
