@@ -30,6 +30,7 @@ LAYOUTS = {
     "pp2-afab": (2, {"pp": 2, "engine": "afab"}),
     "pp2-1f1b-4mb": (2, {"pp": 2, "engine": "1f1b"}),
     "pp2-interleaved": (2, {"pp": 2, "engine": "interleaved-1f1b"}),
+    "pp4-1f1b": (4, {"pp": 4, "engine": "1f1b"}),  # two middle ranks whose batch dicts raise if read
     "dp2-pp2": (4, {"dp": 2, "pp": 2, "accum": 2}),
     "dp2-tp2": (4, {"dp": 2, "tp": 2, "accum": 2}),
 }
