@@ -186,6 +186,11 @@ class Config:
     def stage_sequence_length(self, stage: DatasetStageArgs) -> int:
         return stage.sequence_length if stage.sequence_length is not None else self.tokens.sequence_length
 
+    def stage_end_step(self, stage: DatasetStageArgs) -> int:
+        """First global step after ``stage`` (exclusive end): the next stage's start, or train_steps + 1."""
+        later = [s.start_training_step for s in self.data_stages if s.start_training_step > stage.start_training_step]
+        return min(later) if later else self.tokens.train_steps + 1
+
     def stage_seed(self, stage: DatasetStageArgs) -> int:
         return stage.data.seed if stage.data.seed is not None else self.general.seed
 

@@ -136,7 +136,8 @@ class Trainer:
         """Release the previous stage's loader (and its workers), then build this stage's."""
         consumed = stage.consumed_samples(step - 1)
         self._broadcast = sources is None and self.parallel_context.tp_size > 1
-        if not (sources is not None and not isinstance(sources, dict) and self._iterator is not None):
+        one_loader_for_all = sources is not None and not isinstance(sources, dict)
+        if not (one_loader_for_all and self._iterator is not None):  # one loader for the run is kept
             self._release_loader()
             if self._reads_data(sources):
                 self._loader = self._build_loader(stage, consumed, sources)

@@ -18,6 +18,14 @@ INPUT_KEYS = ("input_ids", "input_mask")
 LABEL_KEYS = ("label_ids", "label_mask")
 
 
+def pointer_batch(input_pp_rank: int, output_pp_rank: int, use_position_ids: bool) -> dict[str, TensorPointer]:
+    """A batch of TensorPointers only: inputs on ``input_pp_rank``, labels on ``output_pp_rank``."""
+    keys = INPUT_KEYS + (("position_ids",) if use_position_ids else ())
+    batch = {k: TensorPointer(input_pp_rank) for k in keys}
+    batch.update({k: TensorPointer(output_pp_rank) for k in LABEL_KEYS})
+    return batch
+
+
 def _pp_rank(parallel_context: Any, pp_rank: int | None) -> int:
     if pp_rank is not None:
         return pp_rank
@@ -42,8 +50,8 @@ class DataCollatorForCLM:
         pass
 
     def __call__(self, examples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor | TensorPointer]:
-        batch: dict[str, torch.Tensor | TensorPointer] = {k: TensorPointer(self.input_pp_rank) for k in self.input_keys}
-        batch.update({k: TensorPointer(self.output_pp_rank) for k in LABEL_KEYS})
+        batch: dict[str, torch.Tensor | TensorPointer] = pointer_batch(
+            self.input_pp_rank, self.output_pp_rank, "position_ids" in self.input_keys)
         if self.pp_rank not in (self.input_pp_rank, self.output_pp_rank):
             return batch
         width = len(examples[0]["input_ids"])

@@ -10,9 +10,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from runtime.data.collator import LABEL_KEYS, DataCollatorForCLM, DataCollatorForCLMWithPositionIds
+from runtime.data.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
 from runtime.data.sampler import get_sampler
-from runtime.parallel.tensor_pointer import TensorPointer
 
 
 class TensorPointerLoader:
@@ -20,9 +19,7 @@ class TensorPointerLoader:
 
     def __init__(self, input_pp_rank: int, output_pp_rank: int, use_position_ids: bool,
                  num_batches: int | None = None) -> None:
-        keys = ("input_ids", "input_mask") + (("position_ids",) if use_position_ids else ())
-        self.batch = {k: TensorPointer(input_pp_rank) for k in keys}
-        self.batch.update({k: TensorPointer(output_pp_rank) for k in LABEL_KEYS})
+        self.batch = pointer_batch(input_pp_rank, output_pp_rank, use_position_ids)
         self.num_batches = num_batches
 
     def __iter__(self) -> Iterator[dict[str, TensorPointer]]:

@@ -78,7 +78,6 @@ class DataPlan:
         readers: dict[str, object] = {}
         self.stages: list[StagePlan] = []
         total_draws: dict[int, int] = {}
-        train_steps = config.tokens.train_steps
         for i, stage in enumerate(config.data_stages):
             seq = config.stage_sequence_length(stage)
             ids = []
@@ -96,7 +95,7 @@ class DataPlan:
                     self.datasets.append(windows)
                     self._seeds.append(config.stage_seed(stage))  # the first stage to use it keys its order
                 ids.append(self._keys[key])
-            end = config.data_stages[i + 1].start_training_step if i + 1 < len(config.data_stages) else train_steps + 1
+            end = config.stage_end_step(stage)
             weights = stage.data.dataset.weights if isinstance(stage.data.dataset, NanosetDatasetsArgs) else [1.0]
             plan = StagePlan(
                 index=i, name=stage.name, start_step=stage.start_training_step, end_step=end, sequence_length=seq,

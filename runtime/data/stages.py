@@ -43,12 +43,6 @@ class TrainingMetadata:
         return TrainingMetadata(**d)
 
 
-def stage_end_step(config: Config, stage: DatasetStageArgs) -> int:
-    """First global step after ``stage`` (exclusive end)."""
-    later = [s.start_training_step for s in config.data_stages if s.start_training_step > stage.start_training_step]
-    return min(later) if later else config.tokens.train_steps + 1
-
-
 def get_stage_for_step(config: Config, step: int) -> DatasetStageArgs:
     """The stage that global step ``step`` (1-based) belongs to."""
     if not 1 <= step <= config.tokens.train_steps:
@@ -71,7 +65,7 @@ def training_metadata(plan: DataPlan, last_step: int) -> TrainingMetadata:
 def compute_remain_train_steps_of_a_data_stage_from_ckp(stage: DatasetStageArgs, config: Config,
                                                         metadata: TrainingMetadata) -> int:
     """Steps of ``stage`` still to run after the checkpoint (its full length if it has not begun)."""
-    end = stage_end_step(config, stage)
+    end = config.stage_end_step(stage)
     return max(end - max(stage.start_training_step, metadata.last_train_step + 1), 0)
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from runtime.data.collator import INPUT_KEYS, LABEL_KEYS
-from runtime.parallel.tensor_pointer import TensorPointer
+from runtime.data.collator import INPUT_KEYS, LABEL_KEYS, pointer_batch
 
 INT_KEYS = ("input_ids", "label_ids", "position_ids")
 
@@ -42,10 +41,7 @@ def broadcast_batches(batches: list[dict] | None, num: int, rows: int, length: i
             dist.broadcast(t, src=src, group=ctx.tp_pg)
     out = []
     for i in range(num):
-        b: dict = {k: TensorPointer(0) for k in INPUT_KEYS}
-        if use_position_ids:
-            b["position_ids"] = TensorPointer(0)
-        b.update({k: TensorPointer(ctx.pp_size - 1) for k in LABEL_KEYS})
+        b: dict = pointer_batch(0, ctx.pp_size - 1, use_position_ids)
         b.update({k: ints[j, i] for j, k in enumerate(int_keys)})
         b.update({k: bools[j, i] for j, k in enumerate(bool_keys)})
         out.append(b)
