@@ -55,12 +55,17 @@ def find_tokenizer_file(spec: str) -> Path:
 
 
 def load_tokenizer(path: Path):  # -> tokenizers.Tokenizer
+    """The tokenizer at ``path``, set to encode whole documents: a ``truncation`` or ``padding`` section
+    in the file (meant for model inputs) would otherwise cut documents short or fill them with pad ids."""
     from tokenizers import Tokenizer
 
     try:
-        return Tokenizer.from_file(str(path))
+        tok = Tokenizer.from_file(str(path))
     except Exception as e:  # the Rust side raises a plain Exception for bad JSON
         raise NanosetError(f"{path}: not a valid tokenizers JSON file ({e})") from e
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
 
 
 def _config_token(folder: Path, key: str) -> str | None:
