@@ -83,13 +83,18 @@ class TokenizerInfo:
 
 @dataclass
 class ShardInfo:
-    """One shard as the manifest records it; sources say which input rows it came from."""
+    """One shard as the manifest records it; sources say which input rows it came from.
+
+    ``max_token_id`` (-1 for a shard without tokens) lets training check ids against the model's
+    vocabulary without reading the data; manifests written before it existed read as None.
+    """
 
     name: str
     num_tokens: int
     num_documents: int
     sha256: dict[str, str] = field(default_factory=dict)
     sources: list[dict[str, Any]] = field(default_factory=list)
+    max_token_id: int | None = None
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> ShardInfo:
@@ -116,6 +121,12 @@ class Manifest:
     def num_documents(self) -> int:
         return sum(s.num_documents for s in self.shards)
 
+    @property
+    def max_token_id(self) -> int | None:
+        """The largest id of the dataset, None when a shard's is not recorded (an older manifest)."""
+        ids = [s.max_token_id for s in self.shards]
+        return None if None in ids else max(ids, default=-1)
+
     def to_json(self) -> str:
         d = {
             "format": self.format,
@@ -123,6 +134,7 @@ class Manifest:
             "dtype": self.dtype,
             "num_tokens": self.num_tokens,
             "num_documents": self.num_documents,
+            "max_token_id": self.max_token_id,
             "tokenizer": asdict(self.tokenizer),
             "build": self.build,
             "skipped_lines": self.skipped_lines,

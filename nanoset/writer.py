@@ -66,6 +66,7 @@ class ShardWriter:
         self.tokenizer_name = tokenizer_name
         self.num_tokens = 0
         self.num_documents = 0
+        self.max_token_id = -1
         self.finalized = False
         self._final = {role: self.folder / f for role, f in shard_files(name).items()}
         tag = f"partial-{os.getpid()}"
@@ -91,13 +92,15 @@ class ShardWriter:
         if int(lengths.sum()) != len(flat_ids):
             raise NanosetError(f"shard {self.name}: lengths sum to {int(lengths.sum())}, got {len(flat_ids)} ids")
         ids = np.asarray(flat_ids)
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) > np.iinfo(self.dtype).max):
+        top = int(ids.max()) if ids.size else -1
+        if ids.size and (int(ids.min()) < 0 or top > np.iinfo(self.dtype).max):
             raise NanosetError(f"shard {self.name}: token id out of range for {self.dtype.name}")
         self._tokens.write(ids.astype(self.dtype, copy=False).tobytes())
         ends = np.cumsum(lengths, dtype=np.int64) + self.num_tokens
         self._index.write(ends.astype(INDEX_DTYPE).tobytes())
         self.num_tokens = int(ends[-1])
         self.num_documents += len(lengths)
+        self.max_token_id = max(self.max_token_id, top)
 
     def finalize(self, sources: list[dict] | None = None) -> ShardInfo:
         """Flush, fsync and rename the three files to their final names; return the shard's record."""
@@ -121,6 +124,7 @@ class ShardWriter:
                 "metadata": hashlib.sha256(meta).hexdigest(),
             },
             sources=list(sources or []),
+            max_token_id=self.max_token_id,
         )
 
     def abort(self) -> None:

@@ -1,0 +1,112 @@
+"""A process-wide, bounded LRU of read-only memory maps of shard files.
+
+Why: a reader must not keep a memory map (and, before Python 3.13, the file descriptor that
+``mmap`` duplicates) for every shard file it ever touched: 600 shards would need 1,200 descriptors,
+past the common ``ulimit -n 1024``, and ~32k shards would exhaust the kernel's map limit. At most
+``2 × max_open_shards`` maps are cached, whatever the number of readers; an evicted map is unmapped
+as soon as no array handed out still views it, so views stay valid after eviction.
+
+Each cached map is keyed by a number unique to one shard reader of this process (see
+:func:`new_key`), never by path: a reopened dataset never sees the map of a file replaced since.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import sys
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from nanoset.errors import NanosetError
+
+DEFAULT_MAX_OPEN_SHARDS = 64
+ENV_MAX_OPEN_SHARDS = "NANOSET_MAX_OPEN_SHARDS"
+# Python ≥ 3.13 can map a file without keeping a duplicate of its descriptor open.
+_MMAP_KWARGS = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+
+_keys = itertools.count()
+
+
+def new_key() -> int:
+    """A key no other shard reader of this process uses (a forked child continues the parent's count)."""
+    return next(_keys)
+
+
+def map_file(path: Path, dtype: np.dtype) -> np.ndarray:
+    """A read-only ndarray over the whole file; the descriptor used to map it is closed at once."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return np.empty(0, dtype=dtype)
+        if size % dtype.itemsize:
+            raise NanosetError(f"{path}: {size} bytes is not a multiple of {dtype.itemsize}; the file changed "
+                               f"while in use (run `nanoset verify {path.parent}`)")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ, **_MMAP_KWARGS)
+    return np.frombuffer(mm, dtype=dtype)
+
+
+def _env_capacity() -> int:
+    value = os.environ.get(ENV_MAX_OPEN_SHARDS)
+    try:
+        n = int(value) if value is not None else DEFAULT_MAX_OPEN_SHARDS
+    except ValueError:
+        raise NanosetError(f"environment variable {ENV_MAX_OPEN_SHARDS}={value!r} is not an integer") from None
+    if n < 1:
+        raise NanosetError(f"environment variable {ENV_MAX_OPEN_SHARDS}={n} must be ≥ 1")
+    return n
+
+
+class MapCache:
+    """Least-recently-used memory maps, at most ``capacity`` of them."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._maps: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, str], path: Path, dtype: np.dtype) -> np.ndarray:
+        with self._lock:
+            arr = self._maps.get(key)
+            if arr is not None:
+                self._maps.move_to_end(key)
+                return arr
+        arr = map_file(path, dtype)
+        with self._lock:
+            self._maps[key] = arr
+            while len(self._maps) > self.capacity:
+                self._maps.popitem(last=False)
+        return arr
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._maps.clear()
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # a lock held by another thread at fork time would never be released
+
+
+_cache = MapCache(2 * _env_capacity())
+os.register_at_fork(after_in_child=_cache._after_fork)
+
+
+def shared_cache() -> MapCache:
+    return _cache
+
+
+def set_max_open_shards(n: int) -> None:
+    """Bound the shards (two maps each: tokens and index) kept mapped by this process; default 64,
+    or ``$NANOSET_MAX_OPEN_SHARDS``."""
+    if n < 1:
+        raise NanosetError(f"max open shards must be ≥ 1, got {n}")
+    with _cache._lock:
+        _cache.capacity = 2 * n
+        while len(_cache._maps) > _cache.capacity:
+            _cache._maps.popitem(last=False)
