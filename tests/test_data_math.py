@@ -106,3 +106,36 @@ def test_position_ids_reset_exactly_at_document_starts(toy):
     assert pos[0].tolist() == [0, 1, 2, 0, 1, 2, 3]        # tokens 0..6
     assert pos[1].tolist() == [0, 1, 0, 1, 0, 1, 2]        # tokens 6..12: starts at 8, 10
     assert pos[2].tolist() == [0, 1, 0, 1, 2, 3, 4]        # tokens 12..18: start at 14 (crosses the shard)
+
+
+def test_public_helpers_take_scalars_and_arrays(toy):
+    """Issue 8 item 15: a scalar index gives the same value as the array form, with the scalar's shape."""
+    perm = FeistelPermutation(5, 1)
+    assert perm(np.arange(5)).tolist() == [0, 1, 3, 2, 4]
+    assert [perm(i) for i in range(5)] == [0, 1, 3, 2, 4] and np.shape(perm(2)) == ()
+    assert perm([[0, 1], [2, 3]]).tolist() == [[0, 1], [3, 2]] and perm(np.array([], dtype=np.int64)).shape == (0,)
+    assert FeistelPermutation(1, 7)(0) == 0
+    for bad in (-1, 5):
+        with pytest.raises(IndexError, match=f"permutation index {bad} outside"):
+            perm(bad)
+    blend = BlendSchedule([0.7, 0.3])
+    d, k = blend.locate(np.arange(10))
+    assert [tuple(map(int, blend.locate(j))) for j in range(10)] == list(zip(d.tolist(), k.tolist()))
+    reader, stream = toy
+    w = TokenWindows("toy", 3, reader)
+    assert w.tokens(2).tolist() == stream[6:10] == w.tokens(np.array([2]))[0].tolist()
+    assert w.position_ids(2).tolist() == [0, 1, 0, 1] and w.tokens([[0], [1]]).shape == (2, 1, 4)
+
+
+def test_blend_of_1200_datasets():
+    """More than 1,000 datasets in one stage: the period grows (10 slots per dataset), weights keep their meaning."""
+    weights = [5.0] * 200 + [1.0] * 1000
+    b = BlendSchedule(weights)
+    assert b.period == 12_000 and b.counts[:200].tolist() == [30] * 200 and b.counts[200:].tolist() == [6] * 1000
+    d, k = b.locate(np.arange(2 * b.period))
+    assert np.bincount(d, minlength=1200).tolist() == [60] * 200 + [12] * 1000
+    assert b.draws(2 * b.period + 5).tolist() == (np.bincount(d, minlength=1200) + np.bincount(
+        b.slots[:5], minlength=1200)).tolist()
+    for ds in (0, 199, 200, 1199):  # draw numbers of each dataset are 0, 1, 2, ... in stream order
+        np.testing.assert_array_equal(k[d == ds], np.arange((d == ds).sum()))
+    assert BlendSchedule([1.0] * 100).period == 1000 and BlendSchedule([1.0] * 101).period == 1010

@@ -4,6 +4,10 @@ Weights are rounded to integer counts over a period P (largest remainder, every 
 least once). One period is interleaved greedily - at each slot the dataset furthest behind its
 target share goes next (Megatron's rule) - so every prefix of the stream is within one sample of
 its target. Sample j of the blended stream is then (dataset, draw number) in O(1).
+
+P is 1000 up to 100 datasets and grows with their number beyond (10 slots per dataset on
+average), so any number of folders can be blended and weights keep their meaning; memory stays
+O(P), not O(P · datasets).
 """
 
 from __future__ import annotations
@@ -11,6 +15,12 @@ from __future__ import annotations
 import numpy as np
 
 DEFAULT_PERIOD = 1000
+SLOTS_PER_DATASET = 10
+
+
+def default_period(num_datasets: int) -> int:
+    """The blend period for ``num_datasets`` datasets: 1000, or 10 slots per dataset when more."""
+    return max(DEFAULT_PERIOD, SLOTS_PER_DATASET * num_datasets)
 
 
 def round_weights(weights: list[float], period: int) -> np.ndarray:
@@ -32,10 +42,10 @@ def round_weights(weights: list[float], period: int) -> np.ndarray:
 class BlendSchedule:
     """Maps blended sample ``j`` to (dataset index, draw number of that dataset) in O(1)."""
 
-    def __init__(self, weights: list[float], period: int = DEFAULT_PERIOD) -> None:
+    def __init__(self, weights: list[float], period: int | None = None) -> None:
         if len(weights) == 1:
             period = 1
-        self.counts = round_weights(weights, period)
+        self.counts = round_weights(weights, period if period is not None else default_period(len(weights)))
         self.period = int(self.counts.sum())
         d = len(self.counts)
         slots = np.empty(self.period, dtype=np.int64)
@@ -46,15 +56,17 @@ class BlendSchedule:
             slots[i] = k
             taken[k] += 1
         self.slots = slots
-        # prefix[k, r] = how many of the first r slots go to dataset k
-        self.prefix = np.zeros((d, self.period + 1), dtype=np.int64)
-        for k in range(d):
-            self.prefix[k, 1:] = np.cumsum(slots == k)
-        self.rank_in_period = self.prefix[slots, np.arange(self.period)]
+        # rank_in_period[i] = how many earlier slots of this period go to dataset slots[i]
+        order = np.argsort(slots, kind="stable")
+        first = np.concatenate(([0], np.cumsum(self.counts)[:-1]))
+        self.rank_in_period = np.empty(self.period, dtype=np.int64)
+        self.rank_in_period[order] = np.arange(self.period) - first[slots[order]]
 
-    def locate(self, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(dataset index, draw number within that dataset) of blended samples ``j``."""
+    def locate(self, j: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
+        """(dataset index, draw number within that dataset) of blended samples ``j`` (scalar or array)."""
         j = np.asarray(j, dtype=np.int64)
+        if j.size and int(j.min()) < 0:
+            raise IndexError(f"blended sample {int(j.min())} is negative")
         q, r = np.divmod(j, self.period)
         d = self.slots[r]
         return d, q * self.counts[d] + self.rank_in_period[r]
@@ -62,4 +74,4 @@ class BlendSchedule:
     def draws(self, num_samples: int) -> np.ndarray:
         """How many samples of each dataset the first ``num_samples`` blended samples take."""
         q, r = divmod(int(num_samples), self.period)
-        return q * self.counts + self.prefix[:, r]
+        return q * self.counts + np.bincount(self.slots[:r], minlength=len(self.counts))

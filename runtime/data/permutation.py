@@ -52,14 +52,16 @@ class FeistelPermutation:
         return (left << np.uint64(self.half)) | right
 
     def __call__(self, index: np.ndarray | int) -> np.ndarray:
-        x = np.asarray(index, dtype=np.uint64)
-        if x.size and int(x.max()) >= self.n:
-            raise IndexError(f"permutation index {int(x.max())} outside [0, {self.n})")
-        if self.n <= 1:
-            return x.astype(np.int64)
-        y = self._feistel(x)
-        out = y >= np.uint64(self.n)
-        while out.any():  # cycle-walk the few values that left [0, n)
-            y[out] = self._feistel(y[out])
-            out = y >= np.uint64(self.n)
-        return y.astype(np.int64)
+        """``perm(i)`` for an index or an array of indices; the result has the shape of ``index``."""
+        idx = np.asarray(index)
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.n):
+            bad = int(idx.max()) if int(idx.max()) >= self.n else int(idx.min())
+            raise IndexError(f"permutation index {bad} outside [0, {self.n})")
+        x = np.array(idx, dtype=np.uint64).reshape(-1)  # 1-d copy: cycle-walking assigns into it
+        if self.n > 1:
+            x = self._feistel(x)
+            out = x >= np.uint64(self.n)
+            while out.any():  # cycle-walk the few values that left [0, n)
+                x[out] = self._feistel(x[out])
+                out = x >= np.uint64(self.n)
+        return x.astype(np.int64).reshape(idx.shape)[()]

@@ -32,8 +32,9 @@ class TokenWindows:
         start = int(i) * self.sequence_length
         return start, start + self.sequence_length + 1
 
-    def _check(self, indices: np.ndarray) -> np.ndarray:
-        idx = np.asarray(indices, dtype=np.int64)
+    def _check(self, indices: np.ndarray | int) -> np.ndarray:
+        """Window indices as a flat int64 array (a scalar counts as one), each checked in range."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if len(idx) and (idx.min() < 0 or idx.max() >= self.num_samples):
             bad = idx[(idx < 0) | (idx >= self.num_samples)][0]
             raise IndexError(f"window {bad} outside [0, {self.num_samples}) of {self.folder}")
@@ -46,8 +47,8 @@ class TokenWindows:
         last = np.searchsorted(offsets, starts + self.sequence_length, side="right") - 1
         return first, first == last
 
-    def tokens(self, indices: np.ndarray) -> np.ndarray:
-        """Windows ``indices`` stacked: shape ``[len(indices), L + 1]``, int64."""
+    def tokens(self, indices: np.ndarray | int) -> np.ndarray:
+        """Windows ``indices`` stacked: shape ``[*indices.shape, L + 1]`` (``[L + 1]`` for one index), int64."""
         idx = self._check(indices)
         out = np.empty((len(idx), self.sequence_length + 1), dtype=np.int64)
         starts = idx * self.sequence_length
@@ -59,9 +60,9 @@ class TokenWindows:
                 out[row] = self.reader.shards[s].tokens[local : local + width]
             else:
                 out[row] = self.reader.tokens(start, start + width)
-        return out
+        return out.reshape(np.shape(indices) + (width,))
 
-    def position_ids(self, indices: np.ndarray) -> np.ndarray:
+    def position_ids(self, indices: np.ndarray | int) -> np.ndarray:
         """Position of each token within its document, restarting at 0 at every document start.
 
         The first token of a window counts as position 0 when its document began earlier.
@@ -85,4 +86,5 @@ class TokenWindows:
         for row in np.flatnonzero(~inside).tolist():
             rel = self.reader.document_starts(int(starts[row]), int(starts[row]) + width) - int(starts[row])
             base[row, rel] = rel
-        return np.arange(width, dtype=np.int64) - np.maximum.accumulate(base, axis=1)
+        positions = np.arange(width, dtype=np.int64) - np.maximum.accumulate(base, axis=1)
+        return positions.reshape(np.shape(indices) + (width,))
