@@ -50,16 +50,14 @@ class Engine:
         if (par.tp, par.pp, par.dp) != (ctx.tp_size, ctx.pp_size, ctx.dp_size):
             raise ValueError(f"config parallelism (tp {par.tp}, pp {par.pp}, dp {par.dp}) differs from the "
                              f"ParallelContext ({ctx.tp_size}, {ctx.pp_size}, {ctx.dp_size})")
-        if args.tie_word_embeddings and (par.pp > 1 or par.tp > 1):
-            raise ValueError("model.tie_word_embeddings needs pp = 1 and tp = 1 (a tied embedding cannot be split "
-                             "across pipeline stages or vocabulary shards); untie it or change parallelism")
         self.device = ctx.device
         self.dtype = compute_dtype(config, self.device)
         total = num_chunks(par.pp, par.pp_engine, par.pp_virtual_stages)
         ranges = chunk_layer_ranges(args.num_hidden_layers, total)
         self.stage_ids = chunks_of_rank(ctx.pp_rank, par.pp, par.pp_engine, par.pp_virtual_stages)
         self.total_stages = total
-        self.use_fsdp = par.dp > 1 or self.device.type == "cuda"
+        # FSDP's mixed-precision policy is what casts to the compute dtype, so bf16 needs it even with dp = 1
+        self.use_fsdp = par.dp > 1 or self.device.type == "cuda" or self.dtype != torch.float32
         self.chunks: list[LlamaChunk] = []
         for c in self.stage_ids:
             chunk = LlamaChunk(args, *ranges[c]).to(self.device)
@@ -91,12 +89,14 @@ class Engine:
         return torch.optim.AdamW(groups, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps, **extra)
 
     def _schedule(self, key: tuple):
-        """One schedule per micro-batch shape: a stage change of sequence length gets its own."""
+        """One schedule per micro-batch shape: a stage change of sequence length gets its own. Only the
+        current one is kept, so a finished stage's pipeline buffers are freed at the switch."""
         if key not in self._schedules:
             par = self.config.parallelism
-            schedule = build_schedule(self.chunks, self.stage_ids, self.total_stages, self.ctx.pp_pg, self.device,
-                                      par.pp_engine, self.config.tokens.batch_accumulation_per_replica, self._loss)
-            self._schedules[key] = schedule
+            self._schedules.clear()
+            self._schedules[key] = build_schedule(
+                self.chunks, self.stage_ids, self.total_stages, self.ctx.pp_pg, self.device, par.pp_engine,
+                self.config.tokens.batch_accumulation_per_replica, self._loss)
         return self._schedules[key]
 
     # ------------------------------------------------------------------ the step ----------------
@@ -117,17 +117,20 @@ class Engine:
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.device, non_blocking=True)
 
+    # The loader's tensors are copied to the device as they are (pinned on CUDA, so the copies are
+    # asynchronous); concatenating or masking them on the host first would make pageable copies.
+
     def _inputs(self, batches: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = torch.cat([b["input_ids"] for b in batches])
+        ids = torch.cat([self._to_device(b["input_ids"]) for b in batches])
         if "position_ids" in batches[0]:
-            pos = torch.cat([b["position_ids"] for b in batches])
+            pos = torch.cat([self._to_device(b["position_ids"]) for b in batches])
         else:
-            pos = torch.arange(ids.shape[1]).expand(ids.shape[0], -1)
-        return self._to_device(ids).contiguous(), self._to_device(pos).contiguous()
+            pos = torch.arange(ids.shape[1], device=self.device).expand(ids.shape[0], -1)
+        return ids.contiguous(), pos.contiguous()
 
     def _targets(self, batches: list[dict]) -> torch.Tensor:
-        labels = torch.cat([torch.where(b["label_mask"], b["label_ids"], IGNORE_INDEX) for b in batches])
-        return self._to_device(labels).contiguous()
+        dev = self._to_device
+        return torch.cat([torch.where(dev(b["label_mask"]), dev(b["label_ids"]), IGNORE_INDEX) for b in batches])
 
     def _count_label_tokens(self, batches: list[dict]) -> int:
         """Unmasked label tokens of the whole global batch (all micro-batches, all dp ranks)."""
@@ -185,7 +188,8 @@ class Engine:
         """Σ micro-batch losses / dp, summed over dp, then sent from the last pp rank to all."""
         total = torch.zeros((), dtype=torch.float64, device=self.device)
         if self.owns_loss:
-            total += sum(float(x) for x in losses) / self.ctx.dp_size
+            # the pipeline schedule returns losses still attached to the graph: detach (no UserWarning)
+            total += sum(float(x.detach()) for x in losses) / self.ctx.dp_size
             if self.ctx.dp_size > 1:
                 dist.all_reduce(total, group=self.ctx.dp_pg)
         if self.ctx.pp_size > 1:

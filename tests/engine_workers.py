@@ -100,3 +100,44 @@ def build_expecting_error(rank: int, world: int, layout: dict, fragment: str) ->
         assert fragment in str(e), str(e)
         return
     raise AssertionError(f"no error for {layout} on {world} processes")
+
+
+def bf16_and_host_copies(rank: int, world: int) -> None:
+    """dtype bfloat16 on CPU with dp = 1 computes in bf16, and the loader's tensors reach the device
+    as they are (no host-side cat/where, which would turn pinned memory into pageable copies)."""
+    from runtime.engine import Engine
+    from runtime.parallel.context import ParallelContext
+
+    config = tiny_config(dtype="bfloat16")
+    engine = Engine(config, ParallelContext())
+    seen: list[torch.dtype] = []
+    engine.chunks[0].layers["0"].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    copied: list[int] = []
+    to_device = engine._to_device
+    engine._to_device = lambda t: copied.append(t.data_ptr()) or to_device(t)
+    batches = rank_batches(0, engine.ctx, 4)
+    loss = engine.train_step(batches).loss
+    assert set(seen) == {torch.bfloat16}, seen
+    expected = [b[k].data_ptr() for k in ("label_mask", "label_ids") for b in batches[:1]]
+    assert copied[:2] == expected and len(copied) == 4 * 4, copied  # 4 micro-batches × 4 tensors, each as it is
+    assert abs(loss - torch.log(torch.tensor(128.0)).item()) < 0.2
+
+
+def schedule_per_length(rank: int, world: int) -> None:
+    """pp = 2: a new sequence length gets a new schedule and the previous one is freed; and a
+    pipeline step raises no warning from the engine."""
+    import warnings
+
+    from runtime.engine import Engine
+    from runtime.parallel.context import ParallelContext
+
+    config = tiny_config(pp=2, engine="1f1b")
+    engine = Engine(config, ParallelContext(pp=2))
+    for length in (16, 8, 16):
+        batches = [{k: v if isinstance(v, TensorPointer) else v[:, :length] for k, v in b.items()}
+                   for b in rank_batches(0, engine.ctx, 4)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine.train_step(batches, length)
+        assert [str(w.message) for w in caught if w.filename.endswith("engine.py")] == []
+        assert list(engine._schedules) == [(length,)], list(engine._schedules)

@@ -30,6 +30,7 @@ LAYOUTS = {
     "pp2-afab": (2, {"pp": 2, "engine": "afab"}),
     "pp2-1f1b-4mb": (2, {"pp": 2, "engine": "1f1b"}),
     "pp2-interleaved": (2, {"pp": 2, "engine": "interleaved-1f1b"}),
+    "pp1-interleaved": (1, {"engine": "interleaved-1f1b"}),  # pp = 1: the engine is irrelevant, one chunk
     "pp4-1f1b": (4, {"pp": 4, "engine": "1f1b"}),  # two middle ranks whose batch dicts raise if read
     "dp2-pp2": (4, {"dp": 2, "pp": 2, "accum": 2}),
     "dp2-tp2": (4, {"dp": 2, "tp": 2, "accum": 2}),
@@ -69,3 +70,15 @@ def test_layout_errors_are_clear(tmp_path, world, layout, fragment):
         assert "lm_head.weight" not in torch.load(f"{tmp_path / 'tied'}.pp0")["weights"]
         fragment, world, layout = "tie_word_embeddings needs pp = 1", 2, {"pp": 2, "tie_word_embeddings": True}
     run_distributed(world, build_expecting_error, layout, fragment)
+
+
+def test_bf16_on_cpu_and_device_copies_of_loader_tensors():
+    from engine_workers import bf16_and_host_copies
+
+    run_distributed(1, bf16_and_host_copies)
+
+
+def test_only_the_current_sequence_lengths_schedule_is_kept():
+    from engine_workers import schedule_per_length
+
+    run_distributed(2, schedule_per_length)

@@ -20,15 +20,20 @@ def chunk_layer_ranges(num_layers: int, num_chunks: int) -> list[tuple[int, int]
     return [(c * num_layers // num_chunks, (c + 1) * num_layers // num_chunks) for c in range(num_chunks)]
 
 
+def is_interleaved(pp_size: int, engine: str) -> bool:
+    """With pp = 1 there is no pipeline: the engine is irrelevant and the model is one chunk."""
+    return pp_size > 1 and engine == "interleaved-1f1b"
+
+
 def chunks_of_rank(pp_rank: int, pp_size: int, engine: str, virtual_stages: int) -> list[int]:
     """Chunk (stage) indices this pipeline rank runs: one, or ``virtual_stages`` looped ones."""
-    if engine == "interleaved-1f1b":
+    if is_interleaved(pp_size, engine):
         return [pp_rank + v * pp_size for v in range(virtual_stages)]
     return [pp_rank]
 
 
 def num_chunks(pp_size: int, engine: str, virtual_stages: int) -> int:
-    return pp_size * (virtual_stages if engine == "interleaved-1f1b" else 1)
+    return pp_size * (virtual_stages if is_interleaved(pp_size, engine) else 1)
 
 
 def build_schedule(chunks: list[nn.Module], stage_ids: list[int], total_stages: int, pp_group, device: torch.device,
