@@ -12,9 +12,10 @@ import gzip
 import io
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 from nanoset.errors import NanosetError
 
@@ -22,6 +23,7 @@ KINDS = {".jsonl": "jsonl", ".jsonl.gz": "jsonl.gz", ".jsonl.zst": "jsonl.zst", 
          ".parquet": "parquet", ".txt": "txt"}
 BATCH_CHARS = 1 << 20  # texts are yielded in batches of about this many characters
 READ_BLOCK = 4 << 20
+_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads keeps a lone "\\ud83d" escape: not encodable text
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,11 @@ def _expand(path: Path) -> list[Source]:
 
 
 def discover(inputs: list[str]) -> list[Source]:
-    """Expand files, folders and globs into the ordered list of sources; unknown files are errors."""
-    sources: list[Source] = []
+    """Expand files, folders and globs into the ordered list of sources; unknown files are errors.
+
+    A source reached twice (the same file under two spellings, or inside two given folders) is read once,
+    at its first place; the lookup is a dict so that 100k files cost a 100k steps."""
+    sources: dict[tuple[str, str | None], Source] = {}
     for spec in inputs:
         p = Path(spec)
         if p.is_file() and not kind_of(spec):
@@ -114,8 +119,9 @@ def discover(inputs: list[str]) -> list[Source]:
             found = [s for m in matches if Path(m).is_dir() or kind_of(m) for s in _expand(Path(m))]
         if not found:
             raise NanosetError(f"{spec}: holds no input files ({', '.join(KINDS)})")
-        sources.extend(s for s in found if s not in sources)
-    return sources
+        for s in found:
+            sources.setdefault((os.path.realpath(s.path), s.split), s)
+    return list(sources.values())
 
 
 def _first_byte(path: str) -> bytes:
@@ -157,6 +163,29 @@ def _load_hf(source: Source):
     return ds[source.split] if source.split is not None else ds
 
 
+def iter_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
+    """Split a stream of blocks into lines (without their ``\\n``; a last line without one too).
+
+    Each block is split once and a line spanning many blocks is joined once at its end, so reading is
+    linear in the input and a line costs about twice its own size in memory, however long it is."""
+    pending: list[bytes] = []  # the start of a line that has not ended yet
+    for block in blocks:
+        parts = block.split(b"\n")
+        if len(parts) == 1:
+            pending.append(block)
+            continue
+        if pending:
+            pending.append(parts[0])
+            parts[0] = b"".join(pending)
+            pending = []
+        last = parts.pop()
+        yield from parts
+        if last:
+            pending.append(last)
+    if pending:
+        yield b"".join(pending)
+
+
 class TextReader:
     """Yields the texts of one piece in batches, raising (or counting, with ``skip_bad``) bad rows."""
 
@@ -165,6 +194,8 @@ class TextReader:
         self.column = text_column
         self.skip_bad = skip_bad
         self.skipped = 0
+        self._start = 0  # byte offset of the piece's first line
+        self._lines_before: int | None = None  # lines of the file before it: counted when an error needs it
 
     def batches(self) -> Iterator[list[str]]:
         kind = self.piece.source.kind
@@ -181,9 +212,10 @@ class TextReader:
 
     # --- helpers -------------------------------------------------------------------------------
 
-    def _bad(self, message: str) -> None:
+    def _bad(self, message: Callable[[], str]) -> None:
+        """Raise the error ``message()`` names, or only count it: skipping never builds the message."""
         if not self.skip_bad:
-            raise NanosetError(message + " (pass --skip-bad-lines to skip and count such lines)")
+            raise NanosetError(message() + " (pass --skip-bad-lines to skip and count such lines)")
         self.skipped += 1
 
     @staticmethod
@@ -204,6 +236,11 @@ class TextReader:
             f"{where}: no column {self.column!r}; the columns there are: {', '.join(map(str, columns)) or 'none'} "
             f"(choose one with --text-column)"
         )
+
+    def _surrogate(self, text: str) -> str | None:
+        """The first lone UTF-16 surrogate in ``text`` as an escape (``\\ud83d``), if any."""
+        m = _SURROGATE.search(text)
+        return f"\\u{ord(m.group()):04x}" if m else None
 
     def _decode_whole(self) -> str:
         path = self.piece.source.path
@@ -234,94 +271,108 @@ class TextReader:
     def _lines(self) -> Iterator[tuple[bytes, int]]:
         """(line, byte offset) for every line that starts inside the piece."""
         f, pos = self._open_lines()
+        self._start = pos
         stop = self.piece.stop if self.piece.source.kind in ("jsonl", "json") else float("inf")
         with f:
-            rest = b""
-            while pos < stop:
-                block = f.read(READ_BLOCK)
-                if not block:
-                    if rest:
-                        yield rest, pos
+            for line in iter_lines(iter(lambda: f.read(READ_BLOCK), b"")):
+                if pos >= stop:
                     return
-                lines = (rest + block).split(b"\n")
-                rest = lines.pop()
-                for line in lines:
-                    if pos >= stop:
-                        return
-                    yield line, pos
-                    pos += len(line) + 1
+                yield line, pos
+                pos += len(line) + 1
 
-    def _line_number(self, offset: int) -> int:
-        """1-based line number of the line at ``offset``: counted only when an error needs it."""
-        src = self.piece.source
-        if src.kind != "jsonl" and src.kind != "json":
-            f, _ = self._open_lines()
-        else:
-            f = open(src.path, "rb")
-        count, done = 0, 0
-        with f:
-            while done < offset:
-                block = f.read(min(READ_BLOCK, offset - done))
-                if not block:
-                    break
-                count += block.count(b"\n")
-                done += len(block)
-        return count + 1
+    def _line_number(self, index: int) -> int:
+        """1-based file line number of the piece's line ``index``; the lines before the piece (a plain
+        file cut into ranges) are counted once per reader, the first time an error names a line."""
+        if self._lines_before is None:
+            self._lines_before = 0
+            if self._start > 0:
+                with open(self.piece.source.path, "rb") as f:
+                    for block in iter(lambda: f.read(min(READ_BLOCK, self._start - f.tell())), b""):
+                        self._lines_before += block.count(b"\n")
+        return self._lines_before + index + 1
 
     def _jsonl_texts(self) -> Iterator[str]:
         path = self.piece.source.path
-        for line, offset in self._lines():
-            if not line.strip():
+        column = self.column
+        for n, (line, offset) in enumerate(self._lines()):
+            if not line or line.isspace():
                 continue
             try:
                 row = json.loads(line)
             except UnicodeDecodeError as e:
-                self._bad(f"{path}: invalid UTF-8 at byte offset {offset + e.start} (line {self._line_number(offset)})")
+                self._bad(lambda: f"{path}: invalid UTF-8 at byte offset {offset + e.start} "
+                                  f"(line {self._line_number(n)})")
                 continue
             except json.JSONDecodeError as e:
-                self._bad(f"{path}:{self._line_number(offset)}: malformed JSON ({e.msg} at column {e.colno})")
+                self._bad(lambda: f"{path}:{self._line_number(n)}: malformed JSON ({e.msg} at column {e.colno})")
                 continue
             if not isinstance(row, dict):
-                self._bad(f"{path}:{self._line_number(offset)}: expected a JSON object, got {type(row).__name__}")
+                self._bad(lambda: f"{path}:{self._line_number(n)}: expected a JSON object, got {type(row).__name__}")
                 continue
-            text = row.get(self.column)
-            if self.column not in row:
-                raise self._missing_column(f"{path}:{self._line_number(offset)}", list(row))
+            if column not in row:
+                raise self._missing_column(f"{path}:{self._line_number(n)}", list(row))
+            text = row[column]
             if not isinstance(text, str):
-                self._bad(f"{path}:{self._line_number(offset)}: column {self.column!r} is {type(text).__name__}, not text")
+                self._bad(lambda: f"{path}:{self._line_number(n)}: column {column!r} is {type(text).__name__}, "
+                                  f"not text")
+                continue
+            if b"\\u" in line and (bad := self._surrogate(text)):
+                self._bad(lambda: f"{path}:{self._line_number(n)}: column {column!r} holds a lone surrogate "
+                                  f"{bad}, which is not valid Unicode")
                 continue
             yield text
 
     def _json_array(self) -> Iterator[list[str]]:
         path = self.piece.source.path
+        data = Path(path).read_bytes()
+        escapes = b"\\u" in data
         try:
-            rows = json.loads(Path(path).read_bytes())
+            rows = json.loads(data)
         except UnicodeDecodeError as e:
             raise NanosetError(f"{path}: invalid UTF-8 at byte offset {e.start}; convert the file to UTF-8") from e
         except json.JSONDecodeError as e:
             raise NanosetError(f"{path}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
+        del data
 
         def texts() -> Iterator[str]:
             for i, row in enumerate(rows):
                 if not isinstance(row, dict):
-                    self._bad(f"{path}: element {i} is {type(row).__name__}, expected a JSON object")
+                    self._bad(lambda: f"{path}: element {i} is {type(row).__name__}, expected a JSON object")
                     continue
                 if self.column not in row:
                     raise self._missing_column(f"{path}: element {i}", list(row))
-                if not isinstance(row[self.column], str):
-                    self._bad(f"{path}: element {i}: column {self.column!r} is not text")
+                text = row[self.column]
+                if not isinstance(text, str):
+                    self._bad(lambda: f"{path}: element {i}: column {self.column!r} is not text")
                     continue
-                yield row[self.column]
+                if escapes and (bad := self._surrogate(text)):
+                    self._bad(lambda: f"{path}: element {i}: column {self.column!r} holds a lone surrogate {bad}, "
+                                      f"which is not valid Unicode")
+                    continue
+                yield text
 
         yield from self._batched(texts())
 
-    def _checked_column(self, values: list, where: str) -> list[str]:
+    def _checked_column(self, column, first_row: int, where: str) -> list[str]:
+        """The texts of an Arrow column whose first value is row ``first_row`` of ``where`` (0-based)."""
+        try:
+            values = column.to_pylist()
+        except UnicodeDecodeError:  # a string column holding invalid UTF-8: find the rows, value by value
+            values = []
+            for i in range(len(column)):
+                try:
+                    values.append(column[i].as_py())
+                except UnicodeDecodeError as e:
+                    values.append(e)
         out = []
         for i, v in enumerate(values):
             if isinstance(v, str):
                 out.append(v)
+            elif isinstance(v, UnicodeDecodeError):
+                self._bad(lambda: f"{where}: row index {first_row + i}: column {self.column!r} holds invalid UTF-8")
             else:
-                self._bad(f"{where}: row {i}: column {self.column!r} is {type(v).__name__}, not text")
+                self._bad(lambda: f"{where}: row index {first_row + i}: column {self.column!r} is "
+                                  f"{type(v).__name__}, not text")
         return out
 
     def _parquet(self) -> Iterator[list[str]]:
@@ -332,20 +383,22 @@ class TextReader:
         if self.column not in pf.schema_arrow.names:
             raise self._missing_column(path, pf.schema_arrow.names)
         meta = pf.metadata
-        groups, row = [], 0
+        groups, row, first = [], 0, None
         for g in range(meta.num_row_groups):
             if self.piece.start <= row < self.piece.stop:
                 groups.append(g)
+                first = row if first is None else first
             row += meta.row_group(g).num_rows
+        row = first or 0
         for batch in pf.iter_batches(batch_size=1024, row_groups=groups, columns=[self.column]):
-            yield self._checked_column(batch.column(0).to_pylist(), path)
+            yield self._checked_column(batch.column(0), row, path)
+            row += batch.num_rows
 
     def _hf(self) -> Iterator[list[str]]:
         ds = _load_hf(self.piece.source)
         where = self.piece.source.path + (f"[{self.piece.source.split}]" if self.piece.source.split else "")
         if self.column not in ds.column_names:
             raise self._missing_column(where, ds.column_names)
-        ds = ds.select_columns([self.column])
+        ds = ds.select_columns([self.column]).with_format("arrow")  # Arrow values: bad UTF-8 is found per row
         for a in range(self.piece.start, self.piece.stop, 1024):
-            rows = ds[a : min(a + 1024, self.piece.stop)][self.column]
-            yield self._checked_column(rows, f"{where} rows {a}+")
+            yield self._checked_column(ds[a : min(a + 1024, self.piece.stop)].column(0), a, where)
