@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -79,6 +79,27 @@ class TokenizerInfo:
     bos_id: int | None = None
     sha256: str | None = None
     path: str | None = None  # where the tokenizer was found when the dataset was made (for decoding)
+
+    def same_as(self, other: TokenizerInfo) -> bool:
+        """One tokenizer? By sha256 when both know it (Nanoset manifests), else by name: datatrove
+        metadata holds only the name or path the tokenizer was given by."""
+        if self.sha256 and other.sha256:
+            return self.sha256 == other.sha256
+        return comparable_name(self.name) == comparable_name(other.name)
+
+    def describe(self) -> str:
+        return f"{self.name!r}" + (f" sha256 {self.sha256[:12]}" if self.sha256 else "")
+
+
+def comparable_name(name: str) -> str:
+    """A tokenizer name as ``nanoset tokenize`` records it (a hub name as given, a local tokenizer by its
+    folder's name, see ``nanoset.tokenizer.canonical_name``), also for a path that datatrove recorded."""
+    if not (name.startswith(("/", "./", "../", "~")) or name.endswith((".json", "/"))):
+        return name  # a hub name such as 'gpt2' or 'meta-llama/Llama-3.1-8B'
+    p = PurePosixPath(name.rstrip("/"))
+    if p.name == "tokenizer.json":
+        return p.parent.name
+    return p.stem if p.suffix == ".json" else p.name
 
 
 @dataclass

@@ -11,7 +11,6 @@ from nanoset.errors import NanosetError
 from nanoset.format import dtype_name
 from nanoset.reader import open_dataset
 
-CHUNK_TOKENS = 1 << 24
 SAMPLE_CHARS = 400
 
 
@@ -45,8 +44,7 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
         raise NanosetError(f"--samples must be ≥ 0, got {samples}")
     ds = open_dataset(path)
     lengths = np.concatenate([np.diff(np.asarray(s.ends, dtype=np.int64), prepend=0) for s in ds.shards])
-    max_id = max((int(s.tokens[i : i + CHUNK_TOKENS].max()) for s in ds.shards
-                  for i in range(0, s.num_tokens, CHUNK_TOKENS)), default=-1)
+    max_id = ds.max_token_id
     tok_info = ds.tokenizer
     decoder = _decoder(tokenizer or (tok_info.path or tok_info.name if tok_info else None))
     picks = sorted(set(np.linspace(0, ds.num_documents - 1, samples).round().astype(int).tolist())) if samples else []
@@ -79,13 +77,18 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
     }
 
 
+def _vocab_text(st: dict[str, Any]) -> str:
+    if st["vocab_size"] is None:  # a datatrove folder records neither vocabulary size nor EOS
+        return f"vocab unknown ({st['format']} folder; largest id {st['max_token_id']})   eos unknown"
+    return f"vocab {st['vocab_size']}   eos {st['eos_id']}   largest id {st['max_token_id']}"
+
+
 def render_text(st: dict[str, Any]) -> str:
     """The human-readable report of ``collect_stats``."""
     out = [
         f"{st['path']}  ({st['format']})",
         f"  shards {st['num_shards']:,}   documents {st['num_documents']:,}   tokens {st['num_tokens']:,}",
-        f"  dtype {st['dtype']}   tokenizer {st['tokenizer']}   vocab {st['vocab_size']}   eos {st['eos_id']}"
-        f"   largest id {st['max_token_id']}",
+        f"  dtype {st['dtype']}   tokenizer {st['tokenizer']}   " + _vocab_text(st),
     ]
     if st["skipped_lines"]:
         out.append(f"  skipped bad lines while tokenizing: {st['skipped_lines']:,}")

@@ -55,7 +55,8 @@ class Plan:
 
     def state_json(self) -> str:
         """What a rerun compares: the build plus input modification times (not in the manifest)."""
-        return json.dumps({"build": self.build, "mtimes": [s.mtime_ns for s in self.sources]}, sort_keys=True)
+        return json.dumps({"build": self.build, "mtimes": [s.mtime_ns for s in self.sources],
+                           "num_tasks": len(self.tasks)}, sort_keys=True)
 
 
 def make_plan(sources: list[Source], options: dict, task_bytes: int = DEFAULT_TASK_BYTES) -> Plan:
@@ -74,6 +75,19 @@ def make_plan(sources: list[Source], options: dict, task_bytes: int = DEFAULT_TA
         tasks.append(Task(len(tasks), current))
     build = dict(options, task_bytes=task_bytes, inputs=[s.describe() for s in sources])
     return Plan(build=build, sources=sources, tasks=tasks)
+
+
+def work_progress(path: Path) -> tuple[int, int | None] | None:
+    """(tasks done, tasks planned) of an unfinished tokenize output; None when ``path`` has no work folder."""
+    work = Path(path) / WORK_DIR
+    if not work.is_dir():
+        return None
+    done = sum(1 for _ in work.glob("task-*.json"))
+    try:
+        total = json.loads((work / "plan.json").read_text()).get("num_tasks")
+    except (OSError, ValueError):
+        total = None
+    return done, total
 
 
 class OutputFolder:

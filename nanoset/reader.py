@@ -172,6 +172,13 @@ class NanosetReader:
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
     @cached_property
+    def max_token_id(self) -> int:
+        """The largest token id (-1 for no tokens): recorded in the manifest, else scanned once and cached."""
+        from nanoset.maxid import dataset_max_token_id
+
+        return dataset_max_token_id(self)
+
+    @cached_property
     def fingerprint(self) -> str:
         """A short hash of what the data is (token and index checksums, or datatrove names and sizes);
         the metadata file (which names the tokenizer) does not count."""
@@ -188,6 +195,8 @@ def open_dataset(path: str | Path) -> NanosetReader:
     folder = Path(path)
     if not folder.is_dir():
         raise NanosetError(f"{folder}: no such dataset folder (create it with `nanoset tokenize ... -o {folder}`)")
+    if not (folder / MANIFEST_NAME).is_file():
+        _refuse_unfinished(folder)
     if (folder / MANIFEST_NAME).is_file():
         manifest = Manifest.load(folder)
         dtype = dtype_from_name(manifest.dtype)
@@ -201,6 +210,21 @@ def open_dataset(path: str | Path) -> NanosetReader:
     for shard in shards:
         shard.check_sizes()
     return NanosetReader(folder, shards, tokenizer, manifest)
+
+
+def _refuse_unfinished(folder: Path) -> None:
+    """A tokenize output whose tasks are not all done holds shards but is no dataset yet."""
+    from nanoset.plan import work_progress
+
+    progress = work_progress(folder)
+    if progress is None:
+        return
+    done, total = progress
+    raise NanosetError(
+        f"{folder}: unfinished `nanoset tokenize` output ({done} of {total if total is not None else '?'} tasks done, "
+        f"no {MANIFEST_NAME} yet); finish it by rerunning the same tokenize command without --num-tasks/--task-index "
+        f"(finished tasks are kept), or run the missing --task-index values"
+    )
 
 
 def _open_datatrove(folder: Path) -> tuple[list[ShardReader], TokenizerInfo | None]:

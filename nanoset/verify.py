@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.errors import NanosetError
+from nanoset.format import ShardInfo
 from nanoset.reader import NanosetReader, ShardReader, open_dataset
 
 CHUNK_TOKENS = 1 << 24
@@ -25,8 +26,10 @@ def _fail(path: Path, what: str) -> NanosetError:
     return NanosetError(f"{path}: {what}; the shard is corrupt: re-create it with `nanoset tokenize ... --overwrite`")
 
 
-def verify_shard(ds: NanosetReader, shard: ShardReader, expected_sha: dict[str, str] | None) -> None:
-    """Raise on the first problem of ``shard``: checksum, index shape, token range or a missing EOS."""
+def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | None) -> int:
+    """Raise on the first problem of ``shard``: checksum, index shape, token range, the recorded
+    largest id or a missing EOS; returns the shard's largest token id (-1 when empty)."""
+    expected_sha = expected.sha256 if expected else None
     shard.check_sizes()
     if expected_sha:
         for role, path in (("ds", shard.tokens_path), ("index", shard.index_path), ("metadata", shard.metadata_path)):
@@ -43,25 +46,30 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected_sha: dict[str, 
     elif shard.num_tokens:
         raise _fail(shard.index_path, "empty index for a shard with tokens")
     tok = ds.tokenizer
-    if tok is not None and tok.vocab_size is not None:
-        for start in range(0, shard.num_tokens, CHUNK_TOKENS):
-            chunk = shard.tokens[start : start + CHUNK_TOKENS]
-            top = int(chunk.max())
-            if top >= tok.vocab_size:
-                pos = start + int(np.argmax(chunk >= tok.vocab_size))
-                raise _fail(shard.tokens_path, f"token id {top} at position {pos} is ≥ the vocab size {tok.vocab_size}")
+    largest = -1
+    for start in range(0, shard.num_tokens, CHUNK_TOKENS):
+        chunk = shard.tokens[start : start + CHUNK_TOKENS]
+        top = int(chunk.max())
+        if tok is not None and tok.vocab_size is not None and top >= tok.vocab_size:
+            pos = start + int(np.argmax(chunk >= tok.vocab_size))
+            raise _fail(shard.tokens_path, f"token id {top} at position {pos} is ≥ the vocab size {tok.vocab_size}")
+        largest = max(largest, top)
+    if expected is not None and expected.max_token_id is not None and expected.max_token_id != largest:
+        raise _fail(shard.tokens_path, f"largest token id {largest} differs from the manifest's {expected.max_token_id}")
     if tok is not None and tok.eos_id is not None and len(ends):
         last = np.asarray(shard.tokens[ends - 1])
         missing = np.flatnonzero(last != tok.eos_id)
         if len(missing):
             d = int(missing[0])
             raise _fail(shard.tokens_path, f"document {d} ends with token {int(last[d])}, not EOS {tok.eos_id}")
+    return largest
 
 
 def verify_dataset(path: Path) -> str:
     """Verify every shard of the dataset at ``path``; returns a one-line report, raises on a problem."""
     ds = open_dataset(path)
-    for i, shard in enumerate(ds.shards):
-        verify_shard(ds, shard, ds.manifest.shards[i].sha256 if ds.manifest else None)
+    largest = max(verify_shard(ds, shard, ds.manifest.shards[i] if ds.manifest else None)
+                  for i, shard in enumerate(ds.shards))
     kind = "checksums, index, token ids and EOS" if ds.manifest else "sizes and index (datatrove folder: no checksums)"
-    return f"OK: {path}: {len(ds.shards)} shards, {ds.num_documents:,} documents, {ds.num_tokens:,} tokens verified ({kind})"
+    return (f"OK: {path}: {len(ds.shards)} shards, {ds.num_documents:,} documents, {ds.num_tokens:,} tokens, "
+            f"largest id {largest} verified ({kind})")

@@ -92,3 +92,13 @@ def test_verify_catches_missing_eos_and_big_ids(tmp_path):
             info = w.finalize()
         write_manifest(folder, Manifest(TokenizerInfo("toy", 500, eos_id=0), "uint16", [info]))
         verify_fails(folder, msg)
+
+
+def test_verify_checks_the_recorded_largest_id(copy):
+    manifest = json.loads((copy / "nanoset.json").read_text())
+    shard = manifest["shards"][0]
+    actual = int(np.fromfile(copy / (shard["name"] + ".ds"), dtype="<u2").max())
+    assert shard["max_token_id"] == actual  # tokenize records it per shard
+    shard["max_token_id"] = actual - 1
+    (copy / "nanoset.json").write_text(json.dumps(manifest))
+    verify_fails(copy, f"{copy / shard['name']}.ds: largest token id {actual} differs from the manifest's {actual - 1}")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nanoset import NanosetError, open_dataset
+from nanoset import NanosetError, TokenizerInfo, open_dataset
 from runtime.config import Config, ConfigError, DatasetStageArgs, NanosetDatasetsArgs
 from runtime.data.blend import BlendSchedule
 from runtime.data.permutation import FeistelPermutation
@@ -172,20 +172,30 @@ class DataPlan:
         return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
     def _check_tokenizers(self) -> None:
-        """All datasets share one tokenizer, whose vocabulary fits the model's."""
-        seen: dict[str, str] = {}
+        """All datasets share one tokenizer, and every token id fits the model's vocabulary.
+
+        Tokenizers are compared by sha256 when both folders record one, else by name (a datatrove
+        folder records only the name); the largest id comes from the manifest or a cached scan.
+        """
         vocab = self.config.model.vocab_size
+        kinds: list[tuple[TokenizerInfo, str]] = []  # one (tokenizer, first folder) per distinct record
         for w in self.datasets:
             tok = w.reader.tokenizer
-            ident = (tok.sha256 or tok.name) if tok else "unknown"
-            seen.setdefault(ident, w.folder)
+            if tok is not None:
+                for other, folder in kinds:
+                    if not tok.same_as(other):
+                        raise ConfigError(f"data_stages: datasets were tokenized with different tokenizers: "
+                                          f"{folder} ({other.describe()}) and {w.folder} ({tok.describe()}); "
+                                          f"re-tokenize them with one tokenizer")
+                if all((tok.name, tok.sha256) != (o.name, o.sha256) for o, _ in kinds):
+                    kinds.append((tok, w.folder))
             if tok and tok.vocab_size and tok.vocab_size > vocab:
                 raise ConfigError(f"model.vocab_size {vocab} < vocab size {tok.vocab_size} of the tokenizer of "
                                   f"{w.folder}; raise model.vocab_size to at least {tok.vocab_size}")
-        if len(seen) > 1:
-            pairs = ", ".join(f"{folder} ({ident[:12]})" for ident, folder in seen.items())
-            raise ConfigError(f"data_stages: datasets were tokenized with different tokenizers: {pairs}; "
-                              f"re-tokenize them with one tokenizer")
+            top = w.reader.max_token_id
+            if top >= vocab:
+                raise ConfigError(f"{w.folder}: holds token id {top}, ≥ model.vocab_size {vocab}; raise "
+                                  f"model.vocab_size to at least {top + 1}, or use data made with the model's tokenizer")
 
 
 def _nanoset_folders(config: Config, stage: DatasetStageArgs, i: int) -> list[str]:

@@ -1,0 +1,73 @@
+"""The largest token id of a dataset folder, known before training starts.
+
+Nanoset manifests record it per shard. A datatrove folder (or a manifest older than that field)
+does not: its shards are scanned once and the result recorded in a small JSON file keyed by the
+token files' names, sizes and modification times, so an unchanged folder is never rescanned and
+a changed one always is. The record lives in the user's cache (``$NANOSET_CACHE_DIR``, else
+``$XDG_CACHE_HOME/nanoset``, else ``~/.cache/nanoset``) because dataset folders are often
+read-only; when that is not writable either, the scan is simply not recorded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nanoset.format import atomic_write_text
+
+SCAN_CHUNK = 1 << 24  # tokens per max() call: bounded memory whatever the shard size
+
+
+def cache_dir() -> Path:
+    if os.environ.get("NANOSET_CACHE_DIR"):
+        return Path(os.environ["NANOSET_CACHE_DIR"])
+    base = Path(os.environ["XDG_CACHE_HOME"]) if os.environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "nanoset"
+
+
+def scan_max(tokens: np.ndarray) -> int:
+    """The largest id of a shard's tokens, -1 when it has none."""
+    return max((int(tokens[i : i + SCAN_CHUNK].max()) for i in range(0, len(tokens), SCAN_CHUNK)), default=-1)
+
+
+def _record_path(folder: Path) -> Path:
+    return cache_dir() / "max-token-id" / (hashlib.sha256(str(folder).encode()).hexdigest()[:32] + ".json")
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def dataset_max_token_id(reader: Any) -> int:
+    """The largest id of a ``NanosetReader``'s data: from the manifest, else a recorded or new scan."""
+    shards = reader.shards
+    recorded = [s.max_token_id for s in reader.manifest.shards] if reader.manifest else [None] * len(shards)
+    unknown = [i for i, v in enumerate(recorded) if v is None]
+    known = [v for v in recorded if v is not None]
+    if not unknown:
+        return max(known, default=-1)
+    folder = Path(reader.folder).resolve()
+    files = []
+    for i in unknown:
+        st = shards[i].tokens_path.stat()
+        files.append([shards[i].name, st.st_size, st.st_mtime_ns])
+    path = _record_path(folder)
+    saved = _load(path)
+    if saved and saved.get("folder") == str(folder) and saved.get("files") == files:
+        found = saved["max_token_ids"]
+    else:
+        found = [scan_max(shards[i].tokens) for i in unknown]
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, json.dumps({"folder": str(folder), "files": files, "max_token_ids": found}))
+        except OSError:
+            pass  # nowhere writable: correct all the same, only rescanned next time
+    return max(known + found, default=-1)
