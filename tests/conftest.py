@@ -45,6 +45,12 @@ def read_texts_in_corpus_order() -> list[str]:
     return texts
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _nanoset_cache_dir(tmp_path_factory):
+    """Largest-token-id scan records (nanoset.maxid) go to a temporary cache, never the user's."""
+    os.environ["NANOSET_CACHE_DIR"] = str(tmp_path_factory.mktemp("nanoset-cache"))
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from tokenizers import Tokenizer

@@ -90,8 +90,9 @@ SCRIPT = textwrap.dedent('''
 def run_limited(folder: Path, tmp_path: Path) -> dict:
     script = tmp_path / "limited.py"
     script.write_text(SCRIPT.format(tests=str(ROOT / "tests")))
-    proc = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True, text=True,
-                          env={"NANOSET_MAX_OPEN_SHARDS": "16", "PATH": "/usr/bin:/bin"}, cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True, text=True, cwd=ROOT,
+                          env={"NANOSET_MAX_OPEN_SHARDS": "16", "NANOSET_CACHE_DIR": str(tmp_path / "cache"),
+                               "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -148,7 +149,8 @@ def test_loader_workers_read_5000_shards_under_ulimit_256(tmp_path):
     script = tmp_path / "loader.py"
     script.write_text(LOADER_SCRIPT.format(tests=str(ROOT / "tests")))
     proc = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True, text=True, cwd=ROOT,
-                          env={"NANOSET_MAX_OPEN_SHARDS": "16", "PATH": "/usr/bin:/bin"})
+                          env={"NANOSET_MAX_OPEN_SHARDS": "16", "NANOSET_CACHE_DIR": str(tmp_path / "cache"),
+                               "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     windows = (NUM_SHARDS * 5 - 1) // 16
     assert proc.stdout.split() == [str(windows), str(-(-windows // 8))]
