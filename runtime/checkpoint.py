@@ -23,8 +23,8 @@ import torch.distributed.checkpoint as dcp
 
 from nanoset.format import atomic_write_text
 from runtime.engine import Engine
+from runtime.run_start import LATEST, checkpoint_step, resolve_checkpoint
 
-LATEST = "latest"
 FAULT_ENV = "NANOSET_FAULT_KILL_IN_CHECKPOINT"  # fault injection for tests: SIGKILL before the rename
 
 
@@ -55,7 +55,11 @@ def _app_state(engine: Engine) -> dict:
 
 
 def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """Every generator's state as tensors, lists and numbers only, so it loads with ``weights_only=True``."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, mt, gauss_next = random.getstate()
+    state = {"torch": torch.get_rng_state(), "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss,
+                                                       gauss], "python": [version, list(mt), gauss_next]}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -63,8 +67,10 @@ def _rng_state() -> dict:
 
 def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, mt, gauss_next = state["python"]
+    random.setstate((version, tuple(mt), gauss_next))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 
@@ -104,30 +110,24 @@ class CheckpointManager:
             os.replace(tmp, final)
             _fsync_dir(self.folder)
             atomic_write_text(self.folder / LATEST, final.name + "\n")
-            self._prune()
+            self._prune(keep=final.name)
         dist.barrier()
         return final
 
-    def _prune(self) -> None:
-        done = sorted(p for p in self.folder.glob("step-*") if p.is_dir())
-        for old in done[: -self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+    def _prune(self, keep: str) -> None:
+        """Keep the ``keep_last`` newest by step number (not by name: step-1000000 > step-998000),
+        and never ``keep`` (just written) or the checkpoint ``latest`` names."""
+        pointer = self.folder / LATEST
+        protected = {keep, pointer.read_text().strip() if pointer.is_file() else keep}
+        done = sorted((step, p) for p in self.folder.iterdir()
+                      if p.is_dir() and (step := checkpoint_step(p.name)) is not None)
+        for _, old in done[: -self.keep_last]:
+            if old.name not in protected:
+                shutil.rmtree(old, ignore_errors=True)
 
     def resolve(self, resume: str | None) -> Path | None:
         """The checkpoint to load: ``latest`` (None when there is none yet), a path, or None."""
-        if resume is None:
-            return None
-        if resume == LATEST:
-            pointer = self.folder / LATEST
-            if not pointer.is_file():
-                return None
-            path = self.folder / pointer.read_text().strip()
-        else:
-            path = Path(resume)
-        if not (path / "metadata.json").is_file():
-            raise FileNotFoundError(f"checkpoint {path}: no metadata.json; it is not a complete checkpoint "
-                                    f"(checkpoints.resume: latest | PATH | null)")
-        return path
+        return resolve_checkpoint(self.folder, resume)
 
     def load(self, engine: Engine, path: Path) -> dict:
         """Load model and optimizer (resharding to this layout), RNG states; return the metadata."""
@@ -136,7 +136,7 @@ class CheckpointManager:
         dcp.load(state, checkpoint_id=str(path))  # in place: into the parameters and AdamW state
         rng = path / f"rng-rank{dist.get_rank()}.pt"
         if metadata.get("world_size") == dist.get_world_size() and rng.is_file():
-            _set_rng_state(torch.load(rng, weights_only=False))
+            _set_rng_state(torch.load(rng, weights_only=True))
         return metadata
 
 

@@ -4,11 +4,12 @@ TensorBoard events when the package is installed. Global rank 0 writes; others s
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
+
+from nanoset.format import atomic_write_text
 
 # dense bf16 peak FLOP/s by device name fragment, for MFU
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
@@ -41,16 +42,25 @@ class MetricsLogger:
 
                 self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
             except ImportError:
-                self.tb = None
+                self.info("note: TensorBoard events are off: the tensorboard package is not installed "
+                          "(pip install 'nanoset[tensorboard]', or set logging.tensorboard: false)")
 
     def truncate_after(self, step: int) -> None:
-        """On resume: drop lines of steps after the checkpoint (a killed run may have logged them)."""
+        """On every start (``step`` = the resumed step, 0 when fresh): keep one line per step ≤ ``step``.
+
+        A killed run may have logged steps after its checkpoint, or half a line (a torn tail); the
+        steps about to be trained again must not appear twice. Rewritten atomically."""
         if not self.enabled or not self.path.is_file():
             return
-        keep = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, self.path)
+        rows: dict[int, str] = {}
+        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                s = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):  # a torn (half-written) line
+                continue
+            if isinstance(s, int) and s <= step:
+                rows[s] = line  # the last line of a step is the one its checkpoint followed
+        atomic_write_text(self.path, "".join(rows[s] + "\n" for s in sorted(rows)))
 
     def log(self, record: dict) -> None:
         if not self.enabled:

@@ -52,3 +52,24 @@ def torchrun(config: Path, nproc: int, cwd: Path, env: dict | None = None, scrip
 
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_one(config: Path, cwd: Path, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """``python -m runtime.train`` as one process (no torchrun: a world of one)."""
+    proc = subprocess.run([sys.executable, "-m", "runtime.train", "--config", str(config)], capture_output=True,
+                          text=True, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def worker_stderr(stderr: str) -> str:
+    """The workers' part of torchrun's stderr: what precedes torchrun's own failure report (which
+    always holds the launcher's traceback, ``ChildFailedError``)."""
+    lines = stderr.splitlines()
+    cut = next((i for i, line in enumerate(lines) if "torch/distributed/elastic" in line), len(lines))
+    return "\n".join(lines[:cut])

@@ -1,0 +1,141 @@
+"""Where a run starts, decided on every rank before any process group exists (no torch needed).
+
+The checkpoint to resume from is resolved and its ``metadata.json`` read here, the model it was
+saved with compared to the config, and a fresh start in a folder that already holds a run refused
+(unless ``checkpoints.replace_run`` moves the old run aside): every such mistake is one line,
+printed once, instead of a traceback from every rank after start-up. Two runs are never mixed in
+one folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.config import Config, ConfigError
+
+LATEST = "latest"
+# the model keys that shape the parameters; rope_theta, rms_norm_eps, max_position_embeddings,
+# init_std and dtype may change on resume (e.g. to extend the context)
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "vocab_size", "tie_word_embeddings")
+
+
+@dataclass
+class RunStart:
+    checkpoint: Path | None  # the checkpoint to resume from; None: step 0
+    metadata: dict | None  # its metadata.json
+    replace_old_run: bool = False  # a fresh start where a run exists: global rank 0 moves the old one aside
+
+
+def checkpoints_folder(config: Config) -> Path:
+    return Path(config.checkpoints.checkpoints_path or config.general.run_path / "checkpoints")
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step of a checkpoint folder name (``step-000040`` → 40), None for other names."""
+    m = re.fullmatch(r"step-(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+def saved_checkpoints(folder: Path) -> list[Path]:
+    """The complete checkpoints in ``folder``, oldest first by step number (not by name)."""
+    if not folder.is_dir():
+        return []
+    found = [(step, p) for p in folder.iterdir()
+             if (step := checkpoint_step(p.name)) is not None and (p / "metadata.json").is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def resolve_checkpoint(folder: Path, resume: str | None) -> Path | None:
+    """``checkpoints.resume``: ``latest`` (None when nothing was saved yet), a path, or None."""
+    if resume is None:
+        return None
+    if resume == LATEST:
+        pointer = folder / LATEST
+        if not pointer.is_file():
+            orphans = saved_checkpoints(folder)
+            if orphans:
+                raise FileNotFoundError(f"{folder}: checkpoints {', '.join(p.name for p in orphans)} but no `latest` "
+                                        f"pointer; set checkpoints.resume to one of them")
+            return None
+        path = folder / pointer.read_text().strip()
+        if not (path / "metadata.json").is_file():
+            there = ", ".join(p.name for p in saved_checkpoints(folder)) or "none"
+            raise FileNotFoundError(f"{pointer} names {path.name}, which is missing or incomplete (checkpoints there: "
+                                    f"{there}); set checkpoints.resume to one of them")
+        return path
+    path = Path(resume)
+    if not (path / "metadata.json").is_file():
+        what = "no such folder" if not path.exists() else "no metadata.json; it is not a complete checkpoint"
+        raise FileNotFoundError(f"checkpoints.resume: {path}: {what} (latest | PATH of a step-N folder | null)")
+    return path
+
+
+def read_metadata(path: Path) -> dict:
+    try:
+        return json.loads((path / "metadata.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise FileNotFoundError(f"{path / 'metadata.json'}: unreadable ({e}); choose another checkpoints.resume") from None
+
+
+def check_same_model(config: Config, metadata: dict, path: Path) -> None:
+    """Refuse a checkpoint saved with another model shape (it would load partly, or crash on every rank)."""
+    saved = dict(metadata.get("config", {}).get("model", {}))
+    now = config.to_dict()["model"]
+    for d in (saved, now):  # compare the effective number of key/value heads
+        if d.get("num_key_value_heads") is None:
+            d["num_key_value_heads"] = d.get("num_attention_heads")
+    diff = [f"{k} {saved.get(k)} → {now[k]}" for k in SHAPE_KEYS if saved.get(k) != now[k]]
+    if diff:
+        raise ConfigError(f"checkpoint {path} was saved with another model: model.{', model.'.join(diff)}; "
+                          f"use the checkpoint's model section, or another checkpoints.resume")
+
+
+def existing_run(config: Config) -> list[str]:
+    """What of a run the run folder (and checkpoints folder) already holds; empty when none."""
+    found = []
+    metrics = config.general.run_path / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        found.append(str(metrics))
+    folder = checkpoints_folder(config)
+    if folder.is_dir() and any(p.name == LATEST or checkpoint_step(p.name) is not None for p in folder.iterdir()):
+        found.append(str(folder))
+    return found
+
+
+def plan_start(config: Config) -> RunStart:
+    """Resolve the checkpoint, check it fits the model, and refuse to mix two runs in one folder."""
+    folder = checkpoints_folder(config)
+    path = resolve_checkpoint(folder, config.checkpoints.resume)
+    metadata = read_metadata(path) if path is not None else None
+    if path is not None:
+        check_same_model(config, metadata, path)
+    continues = config.checkpoints.resume == LATEST or (
+        path is not None and path.resolve().parent == folder.resolve())
+    found = [] if continues else existing_run(config)
+    if found and not config.checkpoints.replace_run:
+        how = "starts fresh" if path is None else f"starts from {path}"
+        raise ConfigError(f"{config.general.run_path}: holds a run ({', '.join(found)}) and this config {how}; "
+                          f"set checkpoints.resume: latest to continue it, checkpoints.replace_run: true to move it "
+                          f"aside, or another general.run_dir")
+    return RunStart(path, metadata, replace_old_run=bool(found))
+
+
+def move_aside(config: Config) -> list[Path]:
+    """Rename the old run folder (and its checkpoints folder when that is elsewhere) to ``NAME.old-<UTC time>``."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    run = config.general.run_path.resolve()
+    moved = []
+    for src in (run, checkpoints_folder(config).resolve()):
+        if src.exists() and (src == run or run not in src.parents):
+            dst = src.with_name(f"{src.name}.old-{stamp}")
+            n = 1
+            while dst.exists():
+                dst, n = src.with_name(f"{src.name}.old-{stamp}-{n}"), n + 1
+            src.rename(dst)
+            moved.append(dst)
+    return moved

@@ -1,0 +1,157 @@
+"""One run per folder, kept whole: pruning by step number, metrics without duplicate steps or torn
+tails, fresh starts refused where a run exists, checkpoints of another model refused, and every
+such mistake printed once, as one line, before any process group (issue 8 items 5, 14, 16, 17, 21)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from trainhelpers import error_lines, metrics, small_config, torchrun, train_one, worker_stderr
+
+from runtime.checkpoint import CheckpointManager
+from runtime.metrics import MetricsLogger
+
+
+def tree(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def losses(rows):
+    return [r["loss"] for r in rows]
+
+
+@pytest.fixture(scope="module")
+def reference(shards, tmp_path_factory):
+    """One process, one stage, 4 steps, checkpoints at steps 2 and 4."""
+    run = tmp_path_factory.mktemp("ref") / "run"
+    cfg = small_config(run.parent, run, dp=1, steps=4, interval=2, single_stage=True)
+    train_one(cfg, shards)
+    return run, metrics(run)
+
+
+def copy_of(reference, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(reference[0], run)
+    return run
+
+
+def make_checkpoints(folder, names, latest):
+    for name in names:
+        (folder / name).mkdir(parents=True)
+        (folder / name / "metadata.json").write_text("{}")
+    (folder / "latest").write_text(latest + "\n")
+
+
+def test_prune_sorts_by_step_number_and_keeps_latest(tmp_path):
+    a = tmp_path / "a"
+    make_checkpoints(a, ["step-997000", "step-998000", "step-999000", "step-1000000"], latest="step-1000000")
+    CheckpointManager(a, keep_last=3, is_writer=True)._prune(keep="step-1000000")
+    assert sorted(p.name for p in a.iterdir()) == ["latest", "step-1000000", "step-998000", "step-999000"]
+    # newer step folders than the one just written (and named by latest): it is kept all the same
+    b = tmp_path / "b"
+    make_checkpoints(b, ["step-000010", "step-000020", "step-000030", "step-000005"], latest="step-000005")
+    CheckpointManager(b, keep_last=2, is_writer=True)._prune(keep="step-000005")
+    assert sorted(p.name for p in b.iterdir()) == ["latest", "step-000005", "step-000020", "step-000030"]
+
+
+def test_metrics_keep_one_line_per_step_and_drop_a_torn_tail(tmp_path):
+    lines = [{"step": s, "loss": float(s)} for s in (1, 2, 3)] + [{"step": s, "loss": 10.0 + s} for s in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 3, "lo')
+    logger = MetricsLogger(tmp_path, enabled=True, tensorboard=False)
+    logger.truncate_after(2)
+    assert metrics(tmp_path) == [{"step": 1, "loss": 11.0}, {"step": 2, "loss": 12.0}]  # the rerun's lines
+    logger.truncate_after(0)
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    assert not [p.name for p in tmp_path.iterdir() if p.name != "metrics.jsonl"]  # no temporary file left
+
+
+def test_tensorboard_missing_is_said_once(tmp_path, monkeypatch, capsys):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name == "torch.utils.tensorboard":
+            raise ModuleNotFoundError("No module named 'tensorboard'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    logger = MetricsLogger(tmp_path, enabled=True, tensorboard=True)
+    assert logger.tb is None
+    assert capsys.readouterr().out.splitlines() == [
+        "note: TensorBoard events are off: the tensorboard package is not installed "
+        "(pip install 'nanoset[tensorboard]', or set logging.tensorboard: false)"]
+
+
+def test_crash_before_the_first_checkpoint_then_rerun(reference, shards, tmp_path):
+    """Killed at step 1 (no checkpoint yet) with half a line written: the rerun logs each step once."""
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, dp=1, steps=4, interval=2, single_stage=True)
+    killed = train_one(cfg, shards, env={"NANOSET_FAULT_KILL_AT_STEP": "1"}, check=False)
+    assert killed.returncode != 0 and [r["step"] for r in metrics(run)] == [1]
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "stage": "pretr')  # killed mid-write
+    train_one(cfg, shards)
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert losses(rows) == losses(reference[1])
+
+
+def test_fresh_start_in_a_run_folder_is_refused_unless_replaced(reference, shards, tmp_path):
+    run = copy_of(reference, tmp_path)
+    before = tree(run)
+    cfg = small_config(tmp_path, run, dp=1, steps=3, interval=2, single_stage=True, checkpoints={"resume": None})
+    proc = train_one(cfg, shards, check=False)
+    assert proc.returncode == 1 and proc.stderr.splitlines() == [
+        f"error: {run}: holds a run ({run}/metrics.jsonl, {run}/checkpoints) and this config starts fresh; set "
+        f"checkpoints.resume: latest to continue it, checkpoints.replace_run: true to move it aside, or another "
+        f"general.run_dir"]
+    assert tree(run) == before  # nothing touched
+    cfg = small_config(tmp_path, run, dp=1, steps=3, interval=2, single_stage=True,
+                       checkpoints={"resume": None, "replace_run": True})
+    proc = train_one(cfg, shards)
+    (old,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.old-")]
+    assert f"the previous run was moved to {old}" in proc.stdout
+    assert tree(old) == before
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3] and losses(rows)[:2] == losses(reference[1])[:2]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000002", "step-000003"]
+
+
+def test_checkpoint_of_another_model_is_refused_once(reference, shards, tmp_path):
+    run = copy_of(reference, tmp_path)
+    cfg = small_config(tmp_path, run, dp=2, steps=4, interval=2, single_stage=True,
+                       model={"num_hidden_layers": 4, "intermediate_size": 128})
+    proc = torchrun(cfg, 2, cwd=shards, check=False)
+    assert proc.returncode != 0
+    assert error_lines(proc.stderr) == [
+        f"error: checkpoint {run}/checkpoints/step-000004 was saved with another model: model.num_hidden_layers "
+        f"2 → 4, model.intermediate_size 64 → 128; use the checkpoint's model section, or another checkpoints.resume"]
+    assert "Traceback" not in worker_stderr(proc.stderr) and "/runtime/" not in worker_stderr(proc.stderr)
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("case", ["missing-path", "dangling-latest", "tied-tp2"])
+def test_user_mistakes_are_one_line_before_start_up(shards, tmp_path, case):
+    run = tmp_path / "run"
+    if case == "missing-path":
+        cfg = small_config(tmp_path, run, checkpoints={"resume": str(tmp_path / "nope" / "step-000040")})
+        expected = (f"error: checkpoints.resume: {tmp_path}/nope/step-000040: no such folder "
+                    f"(latest | PATH of a step-N folder | null)")
+    elif case == "dangling-latest":
+        make_checkpoints(run / "checkpoints", ["step-000020", "step-000030"], latest="step-000040")
+        cfg = small_config(tmp_path, run)
+        expected = (f"error: {run}/checkpoints/latest names step-000040, which is missing or incomplete "
+                    f"(checkpoints there: step-000020, step-000030); set checkpoints.resume to one of them")
+    else:
+        cfg = small_config(tmp_path, run, dp=1, parallelism={"tp": 2}, model={"tie_word_embeddings": True})
+        expected = (f"error: {cfg}: model.tie_word_embeddings needs pp = 1 and tp = 1 (a tied embedding cannot be "
+                    f"split across pipeline stages or vocabulary shards), got parallelism.pp 1, tp 2; untie it or "
+                    f"change parallelism")
+    proc = torchrun(cfg, 2, cwd=shards, check=False)
+    assert proc.returncode != 0
+    assert error_lines(proc.stderr) == [expected]
+    assert "Traceback" not in worker_stderr(proc.stderr) and "/runtime/" not in worker_stderr(proc.stderr)
+    assert not (run / "metrics.jsonl").exists()
