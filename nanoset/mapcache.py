@@ -70,11 +70,13 @@ class MapCache:
         self._lock = threading.Lock()
 
     def get(self, key: tuple[int, str], path: Path, dtype: np.dtype) -> np.ndarray:
-        with self._lock:
-            arr = self._maps.get(key)
-            if arr is not None:
+        arr = self._maps.get(key)  # the hot path takes no lock: each dict operation is atomic
+        if arr is not None:
+            try:
                 self._maps.move_to_end(key)
-                return arr
+            except KeyError:  # evicted by another thread meanwhile: the array stays valid all the same
+                pass
+            return arr
         arr = map_file(path, dtype)
         with self._lock:
             self._maps[key] = arr

@@ -31,6 +31,14 @@ from nanoset.format import (
 )
 from nanoset.mapcache import new_key, shared_cache
 
+_MAPS = shared_cache()
+
+
+def _map_keys() -> tuple[tuple[int, str], tuple[int, str]]:
+    """Cache keys of a shard reader's two maps, unique within this process."""
+    key = new_key()
+    return (key, "ds"), (key, "index")
+
 
 class ShardReader:
     """One shard: ``tokens`` and ``ends`` (cumulative document end offsets) as read-only memory maps.
@@ -49,7 +57,7 @@ class ShardReader:
         self.tokens_path = folder / files["ds"]
         self.index_path = folder / files["index"]
         self.metadata_path = folder / files["metadata"]
-        self._key = new_key()
+        self._map_keys = _map_keys()
 
     def check_sizes(self) -> None:
         """Cheap open-time check: the two data files have exactly the sizes the counts imply."""
@@ -69,15 +77,15 @@ class ShardReader:
     def __setstate__(self, state: dict) -> None:
         """Unpickled (e.g. in a DataLoader worker): a fresh cache key, maps reopen lazily there."""
         self.__dict__.update(state)
-        self._key = new_key()
+        self._map_keys = _map_keys()
 
     @property
     def tokens(self) -> np.ndarray:
-        return shared_cache().get((self._key, "ds"), self.tokens_path, self.dtype)
+        return _MAPS.get(self._map_keys[0], self.tokens_path, self.dtype)
 
     @property
     def ends(self) -> np.ndarray:
-        return shared_cache().get((self._key, "index"), self.index_path, INDEX_DTYPE)
+        return _MAPS.get(self._map_keys[1], self.index_path, INDEX_DTYPE)
 
 
 class NanosetReader:
