@@ -154,3 +154,28 @@ def test_loader_workers_read_5000_shards_under_ulimit_256(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     windows = (NUM_SHARDS * 5 - 1) // 16
     assert proc.stdout.split() == [str(windows), str(-(-windows // 8))]
+
+
+def test_views_outlive_eviction_and_pickled_readers_reopen(tmp_path):
+    import pickle
+
+    from nanoset import open_dataset
+    from nanoset.mapcache import DEFAULT_MAX_OPEN_SHARDS, set_max_open_shards, shared_cache
+
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for k in range(3):
+        (folder / f"{k}.ds").write_bytes(np.array([10 + k, 20 + k, 0], dtype="<u2").tobytes())
+        (folder / f"{k}.ds.index").write_bytes(np.array([3], dtype="<u8").tobytes())
+        (folder / f"{k}.ds.metadata").write_text("toy|2\n3\n3")
+    set_max_open_shards(1)
+    try:
+        ds = open_dataset(folder)
+        first = ds.tokens(0, 3)  # a view into shard 0's map
+        assert ds.tokens(3, 9).tolist() == [11, 21, 0, 12, 22, 0] and len(shared_cache()) == 2
+        assert first.tolist() == [10, 20, 0]  # shard 0 was evicted; its view still reads its map
+        copy = pickle.loads(pickle.dumps(ds))
+        assert [s._map_keys for s in copy.shards] != [s._map_keys for s in ds.shards]
+        assert copy.tokens(0, 9).tolist() == [10, 20, 0, 11, 21, 0, 12, 22, 0] and copy.document(2).tolist() == [12, 22, 0]
+    finally:
+        set_max_open_shards(DEFAULT_MAX_OPEN_SHARDS)
