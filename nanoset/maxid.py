@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,12 @@ SCAN_CHUNK = 1 << 24  # tokens per max() call: bounded memory whatever the shard
 def cache_dir() -> Path:
     if os.environ.get("NANOSET_CACHE_DIR"):
         return Path(os.environ["NANOSET_CACHE_DIR"])
-    base = Path(os.environ["XDG_CACHE_HOME"]) if os.environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    return base / "nanoset"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "nanoset"
+    try:
+        return Path.home() / ".cache" / "nanoset"
+    except (RuntimeError, KeyError):  # no home directory (some containers): a per-machine temporary cache
+        return Path(tempfile.gettempdir()) / "nanoset"
 
 
 def scan_max(tokens: np.ndarray) -> int:
