@@ -7,6 +7,7 @@ checks what needs the data: folders exist, one tokenizer, vocab sizes, enough to
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Union
@@ -93,7 +94,9 @@ class CheckpointsArgs:
     resume: str | None = "latest"  # latest | PATH | null
     keep_last: int = 3
     checkpoints_path: str | None = None  # default: <run_dir>/checkpoints
-    allow_data_change: bool = False  # resume even if the data fingerprint or global batch changed
+    # resume although the data of a stage that has begun (datasets, content, weights, seed) or the global batch
+    # size mid-stage changed: finished stages keep the checkpoint's record, the current one changes from the resume
+    allow_data_change: bool = False
 
 
 @dataclass
@@ -296,8 +299,11 @@ def _validate_stages(c: Config) -> None:
                                   f"{len(ds.folders)} folders; give one weight per folder")
             if any(not w > 0 for w in ds.weights):
                 raise ConfigError(f"{where}.data.dataset.dataset_weights: weights must be positive, got {ds.weights}")
-            if len(set(ds.folders)) != len(ds.folders):
-                raise ConfigError(f"{where}.data.dataset.dataset_folder: a folder is listed twice; merge the weights")
+            spelled = [os.path.normpath(os.path.abspath(f)) for f in ds.folders]  # A, ./A and /abs/A are one
+            for k, f in enumerate(spelled):
+                if spelled.index(f) != k:
+                    raise ConfigError(f"{where}.data.dataset.dataset_folder: {ds.folders[spelled.index(f)]!r} and "
+                                      f"{ds.folders[k]!r} are the same folder; list it once and merge the weights")
         elif c.tokenizer is None:
             raise ConfigError(f"{where}.data.dataset.hf_dataset_or_datasets needs a top-level "
                               f"tokenizer: {{tokenizer_name_or_path: ...}} to tokenize it")

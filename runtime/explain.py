@@ -1,8 +1,10 @@
-"""``python -m runtime.explain --config CFG --step N [--json]``: where a step's data comes from.
+"""``python -m runtime.explain --config CFG [--checkpoint CKPT] --step N [--json]``: where a step's data comes from.
 
-Computed from the config alone, without training: the stage, then every sample of the global
-batch in global order (the order the trainer uses) with its dataset folder, window index,
-epoch, shards, token range and document ids. Answers "what did the model see at step N?".
+Computed without training: the stage, then every sample of the global batch in global order
+(the order the trainer uses) with its dataset folder, window index, epoch, shards, token range
+and document ids, and the batch's ``data_hash`` (the one in ``metrics.jsonl``). Answers "what
+did the model see at step N?". With ``--checkpoint``, the run is the one resuming from that
+checkpoint with this config: the past comes from the checkpoint's record, as in the trainer.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import numpy as np
 from runtime.config import Config
 from runtime.data.hf_cache import resolve_stage_folders
 from runtime.data.plan import DataPlan
+from runtime.data.record import read_metadata_json
 
 
 def explain_step(plan: DataPlan, step: int) -> list[dict]:
     """One dict per sample of global step ``step``, in global batch order."""
     stage, loc = plan.global_batch(step)
+    data_hash = plan.data_hash(step)
     rows = []
     for pos, (d, s, e) in enumerate(zip(loc.dataset.tolist(), loc.sample.tolist(), loc.epoch.tolist())):
         w = plan.datasets[d]
@@ -29,7 +33,8 @@ def explain_step(plan: DataPlan, step: int) -> list[dict]:
         first = int(np.searchsorted(reader.token_offsets, start, side="right")) - 1
         last = int(np.searchsorted(reader.token_offsets, stop - 1, side="right")) - 1
         rows.append({
-            "step": step, "stage": stage.name, "position": pos, "dataset": w.folder, "sample": s, "epoch": e,
+            "step": step, "stage": stage.name, "data_hash": data_hash, "position": pos, "dataset": w.folder,
+            "sample": s, "epoch": e,
             "shards": [sh.name for sh in reader.shards[first : last + 1]], "tokens": [start, stop],
             "documents": reader.document_ids(start, stop).tolist(),
         })
@@ -39,21 +44,23 @@ def explain_step(plan: DataPlan, step: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m runtime.explain", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True)
+    ap.add_argument("--checkpoint", help="a checkpoint folder (step-N): explain the run that resumes from it")
     ap.add_argument("--step", required=True, type=int)
     ap.add_argument("--json", action="store_true", help="print a JSON list, one object per sample")
     args = ap.parse_args(argv)
     try:
         config = Config.from_yaml(args.config)
         plan = DataPlan(config, resolve_stage_folders(config))
+        if args.checkpoint:
+            plan = plan.resumed_from(args.checkpoint, read_metadata_json(args.checkpoint))
         rows = explain_step(plan, args.step)
-        data_hash = plan.data_hash(args.step)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"step {args.step}: stage {rows[0]['stage']!r}, {len(rows)} samples, data_hash {data_hash}")
+    print(f"step {args.step}: stage {rows[0]['stage']!r}, {len(rows)} samples, data_hash {rows[0]['data_hash']}")
     for r in rows:
         docs = r["documents"]
         doc_text = f"{docs[0]}..{docs[-1]}" if len(docs) > 2 else ",".join(map(str, docs))

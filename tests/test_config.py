@@ -70,6 +70,9 @@ def stage(d, i):
     (lambda d: stage(d, 1).update(start_training_step=41), "outside [1, tokens.train_steps=40]"),
     (lambda d: stage(d, 0)["data"]["dataset"].update(dataset_weights=[0.7, -0.3]), "weights must be positive"),
     (lambda d: stage(d, 0)["data"]["dataset"].update(dataset_weights=[1.0]), "1 weights for 2 folders"),
+    (lambda d: stage(d, 0)["data"]["dataset"].update(dataset_folder=["shards/web", "./shards/code/../web"]),
+     "data_stages[0] (pretrain).data.dataset.dataset_folder: 'shards/web' and './shards/code/../web' are the same "
+     "folder; list it once and merge the weights"),
     (lambda d: stage(d, 1).update(sequence_length=512), "sequence_length 512 > model.max_position_embeddings 256"),
     (lambda d: d["tokens"].update(sequence_length=300), "tokens.sequence_length 300 > model.max_position_embeddings"),
     (lambda d: d["parallelism"].update(tp=3), "parallelism.tp 3 must divide model.num_attention_heads 4"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 from conftest import CONFIGS
 from datahelpers import global_batches, make_config, stage_loader
 
-from runtime.config import Config
+from runtime.config import Config, ConfigError
 from runtime.data import (
     DataPlan,
     StageDataset,
@@ -213,7 +214,8 @@ def test_resume_helpers_mid_stage(in_shards):
         assert get_consumed_train_samples_of_a_data_stage_from_ckp(anneal, meta) == consumed[1]
     meta = training_metadata(plan, 35)
     assert meta.last_stage_idx == 1 and meta.consumed_train_samples == 280
-    assert meta.draws_per_dataset == {"shards/web@128": 168, "shards/code@128": 72, "shards/sft@64": 40}
+    assert meta.draws_per_dataset == {f"{Path.cwd() / 'shards' / name}": n for name, n in (
+        ("web@128", 168), ("code@128", 72), ("sft@64", 40))}
 
 
 def test_stage_dataset_bounds(in_shards):
@@ -246,3 +248,23 @@ def test_hf_dataset_stage_is_tokenized_once_into_a_cache(in_shards, tmp_path, to
     manifest = next((tmp_path / "cache").glob("hf-*")) / "nanoset.json"
     mtime = manifest.stat().st_mtime_ns
     assert resolve_stage_folders(c) == folders and manifest.stat().st_mtime_ns == mtime  # reused, not rebuilt
+
+
+def test_one_folder_under_two_spellings_is_one_dataset(in_shards, tmp_path):
+    """Issue 8 item 3: compared by resolved path in the plan, the fingerprint and across stages."""
+    link = tmp_path / "web-link"
+    link.symlink_to(Path.cwd() / "shards" / "web")
+    with pytest.raises(ConfigError) as e:
+        DataPlan(make_config(stages=[one_stage(["shards/web", str(link)])]))
+    assert str(e.value) == (f"data_stages[0] (s).data.dataset.dataset_folder: 'shards/web' and '{link}' are the same "
+                            f"dataset ({Path.cwd() / 'shards' / 'web'}); list it once and merge the weights")
+    relative = DataPlan(make_config(stages=[one_stage(["shards/web", "shards/code"], [0.7, 0.3])]))
+    absolute = DataPlan(make_config(stages=[one_stage([str(Path.cwd() / "shards/web"), "./shards/code"], [0.7, 0.3])]))
+    assert relative.fingerprint == absolute.fingerprint
+    assert [relative.data_hash(t) for t in (1, 2, 40)] == [absolute.data_hash(t) for t in (1, 2, 40)]
+    two = DataPlan(make_config(dp=1, mbs=4, train_steps=20, stages=[
+        one_stage("shards/web", name="a"), one_stage(str(link), name="b", start=11)]))
+    assert len(two.datasets) == 1 and two.stages[1].dataset_ids == two.stages[0].dataset_ids
+    assert two.stages[1].draw_offsets.tolist() == [40]  # stage b continues where stage a left the folder
+    drawn = [s for t in range(1, 21) for s in two.global_batch(t)[1].sample.tolist()]
+    assert len(set(drawn)) == 80

@@ -3,14 +3,21 @@
 Nothing here is stored or iterated from the beginning: sample ``j`` of stage ``s`` is located
 in O(1) - blend slot → dataset and draw number → epoch and position → permutation. Global step
 ``t`` of stage ``s`` uses stage samples ``[(t - start_s)·G, (t - start_s + 1)·G)``. A dataset
-(folder and sequence length) used by several stages continues its draws where the earlier
-stages left it, so nothing repeats before the dataset is exhausted.
+(resolved folder and sequence length) used by several stages continues its draws where the
+earlier stages left it, so nothing repeats before the dataset is exhausted.
+
+A resumed run passes the checkpoint's record (``history``): the stages that have begun are then
+taken from the record - their global batch size, datasets, weights, seed and the draws each
+dataset had taken - and only what follows is computed from the config. So a new global batch
+size at a stage boundary, or a stage added later, never repeats or skips data. A stage that a
+resume changed (with ``allow_data_change``) is split into two parts at the resume step.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,13 +26,19 @@ import numpy as np
 from nanoset import NanosetError, TokenizerInfo, open_dataset
 from runtime.config import Config, ConfigError, DatasetStageArgs, NanosetDatasetsArgs
 from runtime.data.blend import BlendSchedule
+from runtime.data.history import PartSpec, differences, refuse, started_stages
 from runtime.data.permutation import FeistelPermutation
+from runtime.data.record import DataStageMetadata, PartRecord, TrainingMetadata
 from runtime.data.windows import TokenWindows
 
 
 @dataclass
 class StagePlan:
-    """One data stage: global steps ``[start_step, end_step)`` and how its samples are drawn."""
+    """Global steps ``[start_step, end_step)`` of one data stage and how their samples are drawn.
+
+    Normally one per config stage; a stage whose data or global batch size a resume changed has
+    two (same ``index`` and ``name``): the recorded part and the part from the resume step on.
+    """
 
     index: int
     name: str
@@ -64,50 +77,124 @@ class SampleLocation:
     epoch: np.ndarray
 
 
-class DataPlan:
-    """All stages of a config over their opened datasets; ``locate`` any stage sample in O(1)."""
+def resolved(folder: str) -> str:
+    """The one spelling of a dataset folder: ``A``, ``./A`` and ``/abs/A`` (or a link to it) are one dataset."""
+    return os.path.realpath(folder)
 
-    def __init__(self, config: Config, stage_folders: list[list[str]] | None = None) -> None:
+
+class DataPlan:
+    """All stages of a config over their opened datasets; ``locate`` any stage sample in O(1).
+
+    ``history`` is the record of the checkpoint a run resumes from (``checkpoint`` names it in
+    errors); without it the whole order comes from the config.
+    """
+
+    def __init__(self, config: Config, stage_folders: list[list[str]] | None = None,
+                 history: TrainingMetadata | None = None, checkpoint: str | None = None,
+                 readers: dict[str, object] | None = None) -> None:
         self.config = config
         if stage_folders is None:
             stage_folders = [_nanoset_folders(config, s, i) for i, s in enumerate(config.data_stages)]
+        self.stage_folders = stage_folders
+        self.history = history
+        self.checkpoint = str(checkpoint) if history is not None else None
         self.datasets: list[TokenWindows] = []
+        self.folders: list[str] = []  # resolved folder of each dataset
         self._keys: dict[tuple[str, int], int] = {}
-        self._seeds: list[int] = []
+        self._seeds: dict[int, int] = {}  # the first part to draw from a dataset keys its order
         self._perms: dict[tuple[int, int], FeistelPermutation] = {}
-        readers: dict[str, object] = {}
+        self._readers: dict[str, object] = readers if readers is not None else {}
         self.stages: list[StagePlan] = []
-        total_draws: dict[int, int] = {}
+        records = started_stages(config, history, self.checkpoint) if history is not None else {}
+        totals: dict[int, int] = {}  # draws taken from each dataset so far
         for i, stage in enumerate(config.data_stages):
-            seq = config.stage_sequence_length(stage)
-            ids = []
-            for folder in stage_folders[i]:
-                key = (str(Path(folder).resolve()), seq)
-                if key not in self._keys:
-                    if key[0] not in readers:
-                        readers[key[0]] = _open(folder, i, stage)
-                    windows = TokenWindows(folder, seq, readers[key[0]])
-                    if windows.num_samples == 0:
-                        raise ConfigError(f"data_stages[{i}] ({stage.name}): {folder} has "
-                                          f"{windows.reader.num_tokens} tokens, too few for one window of "
-                                          f"{seq + 1}; lower sequence_length or add data")
-                    self._keys[key] = len(self.datasets)
-                    self.datasets.append(windows)
-                    self._seeds.append(config.stage_seed(stage))  # the first stage to use it keys its order
-                ids.append(self._keys[key])
-            end = config.stage_end_step(stage)
+            ids = [self._dataset(folder, i, stage) for folder in stage_folders[i]]
+            _check_unique(ids, stage_folders[i], i, stage)
             weights = stage.data.dataset.weights if isinstance(stage.data.dataset, NanosetDatasetsArgs) else [1.0]
-            plan = StagePlan(
-                index=i, name=stage.name, start_step=stage.start_training_step, end_step=end, sequence_length=seq,
-                global_batch_size=config.global_batch_size, seed=config.stage_seed(stage),
-                use_position_ids=stage.data.use_position_ids, num_loading_workers=stage.data.num_loading_workers,
-                dataset_ids=ids, weights=weights, blend=BlendSchedule(weights),
-                draw_offsets=np.array([total_draws.get(d, 0) for d in ids], dtype=np.int64),
-            )
-            for d, n in zip(ids, plan.blend.draws(plan.num_samples)):
-                total_draws[d] = total_draws.get(d, 0) + int(n)
-            self.stages.append(plan)
+            spec = PartSpec([self.folders[d] for d in ids], list(weights), config.stage_seed(stage),
+                            config.global_batch_size)
+            if i in records:
+                parts = self._recorded_parts(i, stage, records[i], spec, ids, totals)
+            else:
+                parts = [self._part(i, stage, stage.start_training_step, config.stage_end_step(stage), spec, ids,
+                                    [totals.get(d, 0) for d in ids])]
+            for part in parts:
+                _add_draws(totals, part)
+            self.stages.extend(parts)
         self._check_tokenizers()
+
+    def resumed_from(self, checkpoint: str | Path | None, metadata: dict | None) -> DataPlan:
+        """This plan for a run resuming from ``checkpoint`` (``metadata``: its metadata.json), the past taken
+        from the checkpoint's record; itself when there is no checkpoint or it has this one already."""
+        if checkpoint is None or self.checkpoint == str(checkpoint):
+            return self
+        history = TrainingMetadata.from_json(metadata["training"])
+        return DataPlan(self.config, self.stage_folders, history, str(checkpoint), self._readers)
+
+    # ---------------------------------------------------------------- construction --------------
+
+    def _dataset(self, folder: str, i: int, stage: DatasetStageArgs) -> int:
+        seq = self.config.stage_sequence_length(stage)
+        key = (resolved(folder), seq)
+        if key not in self._keys:
+            if key[0] not in self._readers:
+                self._readers[key[0]] = _open(folder, i, stage)
+            windows = TokenWindows(folder, seq, self._readers[key[0]])
+            if windows.num_samples == 0:
+                raise ConfigError(f"data_stages[{i}] ({stage.name}): {folder} has "
+                                  f"{windows.reader.num_tokens} tokens, too few for one window of "
+                                  f"{seq + 1}; lower sequence_length or add data")
+            self._keys[key] = len(self.datasets)
+            self.datasets.append(windows)
+            self.folders.append(key[0])
+        return self._keys[key]
+
+    def _part(self, i: int, stage: DatasetStageArgs, start: int, end: int, spec: PartSpec, ids: list[int],
+              offsets: list[int]) -> StagePlan:
+        for d in ids:
+            self._seeds.setdefault(d, spec.seed)
+        return StagePlan(
+            index=i, name=stage.name, start_step=start, end_step=end,
+            sequence_length=self.config.stage_sequence_length(stage), global_batch_size=spec.global_batch_size,
+            seed=spec.seed, use_position_ids=stage.data.use_position_ids,
+            num_loading_workers=stage.data.num_loading_workers, dataset_ids=ids, weights=spec.weights,
+            blend=BlendSchedule(spec.weights), draw_offsets=np.array(offsets, dtype=np.int64))
+
+    def _recorded_parts(self, i: int, stage: DatasetStageArgs, record: DataStageMetadata, spec: PartSpec,
+                        ids: list[int], totals: dict[int, int]) -> list[StagePlan]:
+        """The parts of a stage that has begun: as recorded, then (when the config changed the stage in
+        progress and ``allow_data_change`` is set) a new part from the resume step on."""
+        last = self.history.last_train_step
+        end = self.config.stage_end_step(stage)
+        recorded = record.parts or [_legacy_part(record, spec, self.history)]
+        parts, content = [], {}
+        after = dict(totals)
+        for k, r in enumerate(recorded):
+            stop = recorded[k + 1].start_step if k + 1 < len(recorded) else end
+            part_ids = [self._dataset(folder, i, stage) for folder in r.datasets]
+            for d, old in zip(part_ids, r.fingerprints):
+                new = self.datasets[d].reader.fingerprint
+                if old != new:
+                    content[d] = f"{self.folders[d]} has other content (fingerprint {old} → {new})"
+            offsets = r.draw_offsets if r.draw_offsets else [after.get(d, 0) for d in part_ids]
+            part = self._part(i, stage, r.start_step, stop, PartSpec(r.datasets, r.weights, r.seed,
+                                                                     r.global_batch_size), part_ids, offsets)
+            parts.append(part)
+            _add_draws(after, part)
+        in_progress = end > last + 1
+        changes = differences(self.config, i, spec, PartSpec(recorded[-1].datasets, recorded[-1].weights,
+                                                             recorded[-1].seed, recorded[-1].global_batch_size),
+                              in_progress)
+        if (changes or content) and not self.config.checkpoints.allow_data_change:
+            raise refuse(self.checkpoint, list(content.values()) + changes, stage.start_training_step, min(end - 1, last),
+                         in_progress)
+        if changes and in_progress:  # continue the stage from the resume step with the config's values
+            after = dict(totals)
+            parts[-1].end_step = last + 1
+            for part in parts:
+                _add_draws(after, part)
+            parts.append(self._part(i, stage, last + 1, end, spec, ids, [after.get(d, 0) for d in ids]))
+        return parts
 
     # ---------------------------------------------------------------- lookups -------------------
 
@@ -124,9 +211,10 @@ class DataPlan:
                                                   w.sequence_length, epoch)
         return self._perms[key]
 
-    def locate(self, stage: StagePlan, j: np.ndarray) -> SampleLocation:
-        """Dataset, window index and epoch of stage samples ``j`` (vectorised)."""
-        j = np.asarray(j, dtype=np.int64)
+    def locate(self, stage: StagePlan, j: np.ndarray | int) -> SampleLocation:
+        """Dataset, window index and epoch of stage samples ``j`` (a scalar or an array; same shape out)."""
+        shape = np.shape(j)
+        j = np.asarray(j, dtype=np.int64).reshape(-1)
         local, draw = stage.blend.locate(j)
         dataset = np.asarray(stage.dataset_ids, dtype=np.int64)[local]
         draw = draw + stage.draw_offsets[local]
@@ -136,7 +224,7 @@ class DataPlan:
         for d, e in set(zip(dataset.tolist(), epoch.tolist())):
             m = (dataset == d) & (epoch == e)
             sample[m] = self.permutation(d, e)(pos[m])
-        return SampleLocation(dataset, sample, epoch)
+        return SampleLocation(*(a.reshape(shape)[()] for a in (dataset, sample, epoch)))
 
     def global_batch(self, step: int) -> tuple[StagePlan, SampleLocation]:
         """The G samples of global step ``step``, in global order."""
@@ -154,21 +242,35 @@ class DataPlan:
             h.update(f"{w.reader.fingerprint}/{w.sequence_length}:{s};".encode())
         return h.hexdigest()[:16]
 
+    def consumed_samples(self, last_step: int) -> int:
+        """Samples of all stages used once global steps ``1..last_step`` are done."""
+        return sum(s.consumed_samples(last_step) for s in self.stages)
+
     def draws_after(self, last_step: int) -> dict[str, int]:
-        """Samples drawn from each dataset (folder@sequence length) once steps ``1..last_step`` are done."""
-        out: dict[str, int] = {}
-        for stage in self.stages:
-            counts = stage.blend.draws(stage.consumed_samples(last_step))
-            for d, n in zip(stage.dataset_ids, counts):
-                w = self.datasets[d]
-                name = f"{w.folder}@{w.sequence_length}"
-                out[name] = out.get(name, 0) + int(n)
+        """Samples drawn from each dataset (resolved folder@sequence length) once steps ``1..last_step`` are done."""
+        totals: dict[int, int] = {}
+        for part in self.stages:
+            if part.start_step <= last_step:
+                _add_draws(totals, part, part.consumed_samples(last_step))
+        return {f"{self.folders[d]}@{self.datasets[d].sequence_length}": n for d, n in sorted(totals.items())}
+
+    def record(self, last_step: int) -> list[DataStageMetadata]:
+        """Per config stage, what a checkpoint after ``last_step`` records (parts only for stages begun)."""
+        out = []
+        for i, stage in enumerate(self.config.data_stages):
+            parts = [p for p in self.stages if p.index == i]
+            out.append(DataStageMetadata(
+                stage.name, stage.start_training_step, sum(p.consumed_samples(last_step) for p in parts),
+                parts[0].sequence_length,
+                [PartRecord(p.start_step, p.global_batch_size, [self.folders[d] for d in p.dataset_ids],
+                            [self.datasets[d].reader.fingerprint for d in p.dataset_ids], list(p.weights), p.seed,
+                            p.draw_offsets.tolist()) for p in parts if p.start_step <= last_step]))
         return out
 
     @property
     def fingerprint(self) -> str:
         """Changes when any dataset's content changes (manifest checksums, or datatrove sizes)."""
-        payload = [(w.folder, w.sequence_length, w.reader.fingerprint) for w in self.datasets]
+        payload = [(folder, w.sequence_length, w.reader.fingerprint) for folder, w in zip(self.folders, self.datasets)]
         return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
     def _check_tokenizers(self) -> None:
@@ -196,6 +298,29 @@ class DataPlan:
             if top >= vocab:
                 raise ConfigError(f"{w.folder}: holds token id {top}, ≥ model.vocab_size {vocab}; raise "
                                   f"model.vocab_size to at least {top + 1}, or use data made with the model's tokenizer")
+
+
+def _add_draws(totals: dict[int, int], part: StagePlan, samples: int | None = None) -> None:
+    """Set ``totals`` to the draws of each dataset of ``part`` after its first ``samples`` samples (default all)."""
+    counts = part.blend.draws(part.num_samples if samples is None else samples)
+    for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), counts.tolist()):
+        totals[d] = offset + n
+
+
+def _check_unique(ids: list[int], folders: list[str], i: int, stage: DatasetStageArgs) -> None:
+    """One dataset listed twice in a stage (``A`` and ``./A``) would be read twice: refuse it."""
+    for b, d in enumerate(ids):
+        a = ids.index(d)
+        if a != b:
+            raise ConfigError(f"data_stages[{i}] ({stage.name}).data.dataset.dataset_folder: {folders[a]!r} and "
+                              f"{folders[b]!r} are the same dataset ({resolved(folders[a])}); list it once and merge "
+                              f"the weights")
+
+
+def _legacy_part(record: DataStageMetadata, spec: PartSpec, history: TrainingMetadata) -> PartRecord:
+    """A checkpoint written before parts were recorded: the config's data, the checkpoint's batch size."""
+    return PartRecord(record.start_training_step, history.global_batch_size, spec.folders, [], spec.weights,
+                      spec.seed, [])
 
 
 def _nanoset_folders(config: Config, stage: DatasetStageArgs, i: int) -> list[str]:

@@ -1,46 +1,19 @@
 """Stage bookkeeping and the seeds' resume helpers, all derived from the last completed step.
 
 The reference reports 0 remaining steps in the middle of a stage and lets per-stage counts
-drift after a stage change; here every count is computed from (config, last step), never
-accumulated, so it is right mid-stage, at boundaries and after any number of restarts.
+drift after a stage change; here every count is computed from the plan (the config, plus a
+checkpoint's record of what it trained) and the last step, never accumulated, so it is right
+mid-stage, at boundaries and after any number of restarts.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
 from runtime.config import Config, DatasetStageArgs
 from runtime.data.plan import DataPlan
+from runtime.data.record import DataStageMetadata, PartRecord, TrainingMetadata
 
-
-@dataclass
-class DataStageMetadata:
-    name: str
-    start_training_step: int
-    consumed_train_samples: int
-    sequence_length: int
-
-
-@dataclass
-class TrainingMetadata:
-    """What a checkpoint records about training progress (derived, kept for humans and checks)."""
-
-    last_train_step: int
-    consumed_train_samples: int
-    last_stage_idx: int
-    global_batch_size: int
-    data_stages: list[DataStageMetadata]
-    draws_per_dataset: dict[str, int] = field(default_factory=dict)
-    data_fingerprint: str = ""
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @staticmethod
-    def from_json(d: dict) -> TrainingMetadata:
-        d = dict(d)
-        d["data_stages"] = [DataStageMetadata(**s) for s in d["data_stages"]]
-        return TrainingMetadata(**d)
+__all__ = ["DataStageMetadata", "PartRecord", "TrainingMetadata", "compute_remain_train_steps_of_a_data_stage_from_ckp",
+           "get_consumed_train_samples_of_a_data_stage_from_ckp", "get_stage_for_step", "training_metadata"]
 
 
 def get_stage_for_step(config: Config, step: int) -> DatasetStageArgs:
@@ -51,14 +24,12 @@ def get_stage_for_step(config: Config, step: int) -> DatasetStageArgs:
 
 
 def training_metadata(plan: DataPlan, last_step: int) -> TrainingMetadata:
-    """The metadata of a run whose steps ``1..last_step`` are done."""
+    """The metadata of a run whose steps ``1..last_step`` are done, with the record of what they trained."""
     config = plan.config
-    stages = [DataStageMetadata(s.name, s.start_step, s.consumed_samples(last_step), s.sequence_length)
-              for s in plan.stages]
     current = plan.stage_for_step(min(max(last_step, 1), config.tokens.train_steps))
     return TrainingMetadata(
-        last_train_step=last_step, consumed_train_samples=last_step * config.global_batch_size,
-        last_stage_idx=current.index, global_batch_size=config.global_batch_size, data_stages=stages,
+        last_train_step=last_step, consumed_train_samples=plan.consumed_samples(last_step),
+        last_stage_idx=current.index, global_batch_size=config.global_batch_size, data_stages=plan.record(last_step),
         draws_per_dataset=plan.draws_after(last_step), data_fingerprint=plan.fingerprint)
 
 
