@@ -13,7 +13,6 @@ from pathlib import Path
 import click
 
 from nanoset.errors import NanosetError
-from nanoset.plan import DEFAULT_TASK_BYTES
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -40,14 +39,15 @@ def _env_int(name: str, default: int) -> int:
 @click.option("--max-tokens-per-shard", default=None, type=int, help="Start a new shard past this many tokens.")
 @click.option("--num-tasks", default=None, type=int, help="Split the job across machines (default: $WORLD_SIZE or 1).")
 @click.option("--task-index", default=None, type=int, help="This machine's index (default: $RANK or 0).")
-@click.option("--task-bytes", default=DEFAULT_TASK_BYTES, show_default=True, type=int,
-              help="Input bytes per task (sets shard boundaries, never the token stream).")
+@click.option("--task-bytes", default=None, type=int,
+              help="Input bytes per task (sets shard boundaries, never the token stream); "
+                   "default: chosen from the total input size, at most 2,000 tasks.")
 @click.option("--skip-bad-lines", is_flag=True, help="Skip and count malformed rows instead of failing.")
 @click.option("--overwrite", is_flag=True, help="Replace an output folder that holds another dataset.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: str | None, text_column: str,
              workers: int, max_tokens_per_shard: int | None, num_tasks: int | None, task_index: int | None,
-             task_bytes: int, skip_bad_lines: bool, overwrite: bool, quiet: bool) -> None:
+             task_bytes: int | None, skip_bad_lines: bool, overwrite: bool, quiet: bool) -> None:
     """Tokenize INPUTS (files, folders, globs) into a Nanoset dataset folder."""
     from nanoset.tokenize import TokenizeOptions, tokenize as run
 

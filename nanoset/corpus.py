@@ -129,30 +129,44 @@ def _first_byte(path: str) -> bytes:
         return f.read(4096).lstrip()[:1]
 
 
-def split_source(source: Source, target_bytes: int) -> list[Piece]:
-    """Cut a source into pieces of about ``target_bytes``; compressed files and JSON arrays stay whole."""
+def _cuts(size: int, target: int, room: int) -> list[int]:
+    """Offsets cutting ``[0, size)`` into a first piece of ``room``, then pieces of ``target`` (the rest last)."""
+    cuts = [0]
+    at = room
+    while at < size:
+        cuts.append(at)
+        at += target
+    return cuts + [size]
+
+
+def split_source(source: Source, target_bytes: int, room: int | None = None) -> list[Piece]:
+    """Cut a source into pieces that fill tasks of ``target_bytes``: the first one the ``room`` left in the
+    task being filled, the next ones whole tasks. Compressed files and JSON arrays stay whole; parquet
+    files are cut at row groups (weighed in file bytes, as the task size is)."""
+    room = target_bytes if room is None else room
     if source.kind in ("jsonl", "json") and not (source.kind == "json" and _first_byte(source.path) == b"["):
-        n = max(1, -(-source.bytes // target_bytes))
-        bounds = [i * source.bytes // n for i in range(n + 1)]
-        return [Piece(source, a, b, b - a) for a, b in zip(bounds, bounds[1:])]
+        cuts = _cuts(source.bytes, target_bytes, room)
+        return [Piece(source, a, b, b - a) for a, b in zip(cuts, cuts[1:])]
     if source.kind == "parquet":
         import pyarrow.parquet as pq
 
         meta = pq.ParquetFile(source.path).metadata
-        pieces, row, start, acc = [], 0, 0, 0
-        for g in range(meta.num_row_groups):
-            rg = meta.row_group(g)
+        groups = [meta.row_group(g) for g in range(meta.num_row_groups)]
+        unpacked = max(1, sum(rg.total_byte_size for rg in groups))
+        pieces, row, start, weight, filled = [], 0, 0, 0, target_bytes - room
+        for g, rg in enumerate(groups):
             row += rg.num_rows
-            acc += rg.total_byte_size
-            if acc >= target_bytes or g == meta.num_row_groups - 1:
-                pieces.append(Piece(source, start, row, acc))
-                start, acc = row, 0
+            w = rg.total_byte_size * source.bytes // unpacked
+            weight, filled = weight + w, filled + w
+            if filled >= target_bytes or g == len(groups) - 1:
+                pieces.append(Piece(source, start, row, weight))
+                start, weight, filled = row, 0, 0
         return pieces
     if source.kind == "hf":
         rows = len(_load_hf(source))
-        n = max(1, -(-source.bytes // target_bytes))
-        bounds = [i * rows // n for i in range(n + 1)]
-        return [Piece(source, a, b, max(1, source.bytes // n)) for a, b in zip(bounds, bounds[1:])]
+        cuts = _cuts(source.bytes, target_bytes, room)
+        bounds = [c * rows // max(1, source.bytes) for c in cuts[:-1]] + [rows]
+        return [Piece(source, a, b, y - x) for a, b, x, y in zip(bounds, bounds[1:], cuts, cuts[1:])]
     return [Piece(source, 0, source.bytes, source.bytes)]
 
 

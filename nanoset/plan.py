@@ -27,7 +27,18 @@ from nanoset.format import (
 )
 
 WORK_DIR = ".nanoset-work"
-DEFAULT_TASK_BYTES = 8 << 20
+MAX_TASKS = 2000  # tasks (so shard files, markers) of any corpus with the default task size
+SMALL_CORPUS_TASKS = 64  # a small corpus is still cut this fine, so that many workers all get work ...
+SMALL_TASK_CAP = 1 << 20  # ... while that keeps tasks under 1 MiB of input
+MIN_TASK_BYTES = 64 << 10  # below this, a task's fixed costs (its files and marker) dominate
+
+
+def auto_task_bytes(total_bytes: int) -> int:
+    """Input bytes per task from the corpus size alone: never from the number of workers or machines, so
+    the output is the same for any ``--workers`` and ``--num-tasks``. The smallest power of two (at least
+    64 KiB) that keeps the corpus within 2,000 tasks and, up to 1 MiB tasks, gives it 64 or fewer."""
+    want = max(-(-total_bytes // (MAX_TASKS - 1)), min(SMALL_TASK_CAP, -(-total_bytes // SMALL_CORPUS_TASKS)))
+    return 1 << (max(want, MIN_TASK_BYTES) - 1).bit_length()
 
 
 @dataclass
@@ -59,13 +70,17 @@ class Plan:
                            "num_tasks": len(self.tasks)}, sort_keys=True)
 
 
-def make_plan(sources: list[Source], options: dict, task_bytes: int = DEFAULT_TASK_BYTES) -> Plan:
-    """Group source pieces, in corpus order, into tasks of about ``task_bytes`` of input."""
+def make_plan(sources: list[Source], options: dict, task_bytes: int | None = None) -> Plan:
+    """Cut the corpus, in order, into tasks of ``task_bytes`` of input (by default ``auto_task_bytes`` of
+    its size): splittable sources are cut where a task is full, so each task but the last holds at least
+    ``task_bytes`` and no more than that plus one unsplittable file (or parquet row group)."""
+    if task_bytes is None:
+        task_bytes = auto_task_bytes(sum(s.bytes for s in sources))
     tasks: list[Task] = []
     current: list[Piece] = []
     weight = 0
     for source in sources:
-        for piece in split_source(source, task_bytes):
+        for piece in split_source(source, task_bytes, room=task_bytes - weight):
             current.append(piece)
             weight += piece.weight
             if weight >= task_bytes:
@@ -104,13 +119,16 @@ class OutputFolder:
         return Manifest.load(self.path) if (self.path / MANIFEST_NAME).is_file() else None
 
     def prepare(self, plan: Plan, overwrite: bool) -> bool:
-        """Make the folder ready for ``plan``; True when the dataset is already complete."""
+        """Make the folder ready for ``plan``; True when the dataset is already complete.
+
+        The saved plan is read before the manifest: a machine finishing the job at this moment writes the
+        manifest before it removes the work folder, so one of the two is always seen."""
+        saved = self.work / "plan.json"
+        ours = _read_text(saved) == plan.state_json()
         manifest = self.completed_manifest()
         if manifest is not None and manifest.build == plan.build and not overwrite:
-            shutil.rmtree(self.work, ignore_errors=True)
+            self.finish()
             return True
-        saved = self.work / "plan.json"
-        ours = saved.is_file() and saved.read_text() == plan.state_json()
         if not ours and self.path.is_dir() and any(self.path.iterdir()):
             if not overwrite:
                 what = "a different dataset" if manifest or saved.is_file() else "other files"
@@ -138,10 +156,10 @@ class OutputFolder:
 
     def done(self, task: Task, itemsize: int) -> TaskResult | None:
         """The result of a task completed earlier (marker present, shard files of the right size)."""
-        marker = self.marker(task.index)
-        if not marker.is_file():
+        text = _read_text(self.marker(task.index))  # None also when a finishing machine just removed it
+        if text is None:
             return None
-        result = TaskResult.from_json(json.loads(marker.read_text()))
+        result = TaskResult.from_json(json.loads(text))
         for s in result.shards:
             ds, index = (self.path / f for f in (s.name + TOKENS_SUFFIX, s.name + INDEX_SUFFIX))
             if not ds.is_file() or ds.stat().st_size != s.num_tokens * itemsize or not index.is_file():
@@ -152,10 +170,18 @@ class OutputFolder:
         atomic_write_text(self.marker(task.index), json.dumps(result.to_json(), sort_keys=True))
 
     def finish(self) -> None:
-        """After the manifest: drop the work folder and any temporary file left by a killed attempt."""
+        """After the manifest: drop the work folder and any temporary file left by a killed attempt.
+        Idempotent: every machine that finds the job complete may call it, at the same time."""
         shutil.rmtree(self.work, ignore_errors=True)
         for p in self.path.glob(".*.partial-*"):
             p.unlink(missing_ok=True)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
 
 
 @dataclass

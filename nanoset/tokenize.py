@@ -8,9 +8,9 @@ only on the plan, never on the number of workers or machines or on restarts.
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing as mp
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from nanoset.corpus import TextReader, discover
+from nanoset.corpus import Piece, TextReader, discover
 from nanoset.errors import NanosetError
 from nanoset.format import Manifest, dtype_for_vocab, dtype_name
-from nanoset.plan import DEFAULT_TASK_BYTES, OutputFolder, Plan, Task, TaskResult, make_plan
+from nanoset.plan import OutputFolder, Plan, Task, TaskResult, make_plan
+from nanoset.taskpool import TaskPool, WorkerDied
 from nanoset.tokenizer import ResolvedTokenizer, load_tokenizer, resolve_tokenizer
 from nanoset.writer import ShardWriter, write_manifest
 
@@ -39,9 +40,12 @@ class TokenizeOptions:
     task_index: int = 0
     overwrite: bool = False
     skip_bad_lines: bool = False
-    task_bytes: int = DEFAULT_TASK_BYTES
+    task_bytes: int | None = None  # input bytes per task; None: chosen from the corpus size (auto_task_bytes)
     splits: list[str] | None = None  # only these splits of Hugging Face DatasetDict inputs
     progress: bool = True
+
+
+FAULT_ENV = "NANOSET_FAULT_KILL_TASK"  # fault injection for tests: a worker SIGKILLs itself on this task
 
 
 @dataclass
@@ -80,14 +84,24 @@ def _init_worker(tokenizer_path: str, config: dict, counters: tuple, single_thre
 
 
 def _encode(tok, texts: list[str], eos_id: int, append_eos: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of ``texts`` (plus EOS each), flattened, and the document lengths."""
+    """Token ids of ``texts`` (plus EOS each), flattened, and the document lengths.
+
+    Each encoding becomes an array and is dropped at once: only one document's ids are ever a Python
+    list (the ``tokenizers`` API has no other way out), so a huge document is not held twice over."""
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
-    ids = [e.ids for e in encode(texts)]
+    encodings = encode(texts)
+    docs = []
+    for i, e in enumerate(encodings):
+        docs.append(np.array(e.ids, dtype=np.uint32))
+        encodings[i] = None
+    extra = 1 if append_eos else 0
+    lengths = np.fromiter((len(d) + extra for d in docs), dtype=np.int64, count=len(docs))
+    flat = np.empty(int(lengths.sum()), dtype=np.uint32)
+    ends = np.cumsum(lengths)
+    for d, end in zip(docs, ends.tolist()):
+        flat[end - len(d) - extra : end - extra] = d
     if append_eos:
-        for doc in ids:
-            doc.append(eos_id)
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.uint32, count=int(lengths.sum()))
+        flat[ends - 1] = eos_id
     return flat, lengths
 
 
@@ -115,6 +129,8 @@ def _write_split(writers: list[ShardWriter], new_writer, flat: np.ndarray, lengt
 
 def run_task(task: Task, out: str, prefix: str) -> TaskResult:
     """Tokenize one task into shards ``PREFIX_00000...`` (called in a worker process)."""
+    if os.environ.get(FAULT_ENV) == str(task.index):
+        os.kill(os.getpid(), signal.SIGKILL)
     cfg, tok = _worker["config"], _worker["tokenizer"]
     docs_counter, tokens_counter = _worker["counters"]
     dtype = np.dtype(cfg["dtype"])
@@ -152,6 +168,18 @@ def run_task(task: Task, out: str, prefix: str) -> TaskResult:
 # ---------------------------------------------------------------- driver side -----------------
 
 
+def describe_task(task: Task) -> str:
+    """The input range of a task, for messages: its piece, or its first and last pieces."""
+
+    def one(p: Piece) -> str:
+        unit = "rows" if p.source.kind in ("parquet", "hf") else "bytes"
+        return p.source.path + (f"[{p.source.split}]" if p.source.split else "") + f" {unit} {p.start}-{p.stop}"
+
+    if len(task.pieces) == 1:
+        return one(task.pieces[0])
+    return f"{one(task.pieces[0])} to {one(task.pieces[-1])}, {len(task.pieces)} pieces"
+
+
 def _appends_eos(tok, eos_id: int) -> bool:
     """True unless the tokenizer's post-processor already ends every encoding with EOS."""
     ids = tok.encode("a").ids
@@ -183,7 +211,7 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         raise NanosetError(f"--workers must be ≥ 1, got {opts.workers}")
     if not 0 <= opts.task_index < opts.num_tasks:
         raise NanosetError(f"--task-index must be in [0, {opts.num_tasks}), got {opts.task_index}")
-    if opts.task_bytes < 1:
+    if opts.task_bytes is not None and opts.task_bytes < 1:
         raise NanosetError(f"--task-bytes must be ≥ 1, got {opts.task_bytes}")
     if opts.max_tokens_per_shard is not None and opts.max_tokens_per_shard < 1:
         raise NanosetError(f"--max-tokens-per-shard must be ≥ 1, got {opts.max_tokens_per_shard}")
@@ -206,12 +234,23 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         "append_eos": _appends_eos(load_tokenizer(tokenizer.path), tokenizer.info.eos_id),
         "max_tokens_per_shard": opts.max_tokens_per_shard,
     }
-    _run_tasks(todo, plan, folder, tokenizer, config, opts)
+    try:
+        _run_tasks(todo, plan, folder, tokenizer, config, opts)
+    except WorkerDied as e:
+        raise NanosetError(
+            f"task {e.task.index} ({describe_task(e.task)}): its worker process {e.cause()}; the tasks finished "
+            f"so far are kept: rerun the same command to resume (with fewer --workers if memory ran out)"
+        ) from None
 
     results = [folder.done(t, itemsize) for t in plan.tasks]
-    if any(r is None for r in results):  # other --task-index runs have work left
+    if any(r is None for r in results):
+        finished = folder.completed_manifest()
+        if finished is not None and finished.build == plan.build:  # another machine finished it meanwhile
+            folder.finish()
+            return _summary(opts, plan, finished, len(todo), len(mine) - len(todo), True, t0)
+        # other --task-index runs have work left
         partial = Manifest(tokenizer.info, plan.build["dtype"],
-                           [s for t in mine for s in folder.done(t, itemsize).shards])
+                           [s for t in mine if results[t.index] is not None for s in results[t.index].shards])
         return _summary(opts, plan, partial, len(todo), len(mine) - len(todo), False, t0)
     manifest = Manifest(tokenizer=tokenizer.info, dtype=plan.build["dtype"],
                         shards=[s for r in results for s in r.shards], build=plan.build,
@@ -261,13 +300,11 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
             for task in todo:
                 record(task, run_task(task, str(folder.path), task.shard_prefix(plan.width)))
             return
-        with ctx.Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
-            pending = [(t, pool.apply_async(run_task, (t, str(folder.path), t.shard_prefix(plan.width))))
-                       for t in todo]
-            for task, result in pending:
-                while not result.ready():
-                    result.wait(0.25)
-                    refresh()
-                record(task, result.get())
+        pool = TaskPool(ctx, workers, _init_worker, initargs, run_task)
+        try:
+            for task, result in pool.run(todo, lambda t: (t, str(folder.path), t.shard_prefix(plan.width)), refresh):
+                record(task, result)
+        finally:
+            pool.close()
     finally:
         bar.close()

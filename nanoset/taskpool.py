@@ -1,0 +1,142 @@
+"""Worker processes that run one task at a time and notice when one of them dies.
+
+``multiprocessing.Pool`` waits forever for the result of a worker killed by a signal (the OOM killer's
+SIGKILL): it silently starts a replacement and the lost task never completes. Here every worker has its
+own pipe, and the driver watches each worker's pipe and process sentinel together, so it knows which
+task a dead worker was running and can stop at once with that task in the error.
+"""
+
+from __future__ import annotations
+
+import signal
+import traceback
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class WorkerDied(Exception):
+    """A worker process ended (killed by a signal, or exited) while it was running ``task``."""
+
+    def __init__(self, task: Any, exitcode: int | None) -> None:
+        super().__init__(task, exitcode)
+        self.task = task
+        self.exitcode = exitcode
+
+    def cause(self) -> str:
+        if self.exitcode is not None and self.exitcode < 0:
+            try:
+                name = signal.Signals(-self.exitcode).name
+            except ValueError:
+                name = f"signal {-self.exitcode}"
+            hint = " (the out-of-memory killer sends this)" if name == "SIGKILL" else ""
+            return f"was killed by {name}{hint}"
+        return f"exited with status {self.exitcode}"
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker, attached as the ``__cause__`` of the re-raise."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _worker_main(conn: Connection, initializer: Callable, initargs: tuple, fn: Callable) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle; it stops the workers
+    failed = None
+    try:
+        initializer(*initargs)
+    except BaseException as e:  # noqa: BLE001 - reported as the result of the first task
+        failed = (e, traceback.format_exc())
+    while True:
+        args = conn.recv()
+        if args is None:
+            return
+        if failed is not None:
+            _send_error(conn, *failed)
+            continue
+        try:
+            result = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - every failure goes back to the driver
+            _send_error(conn, e, traceback.format_exc())
+            continue
+        conn.send((True, result))
+
+
+def _send_error(conn: Connection, error: BaseException, text: str) -> None:
+    try:
+        conn.send((False, (error, text)))
+    except Exception:  # an exception that does not pickle: send its text
+        conn.send((False, (RuntimeError(f"{type(error).__name__}: {error}"), text)))
+
+
+class TaskPool(Generic[T]):
+    """``workers`` processes of ``ctx`` that each run ``initializer(*initargs)``, then ``fn(*args)`` per task."""
+
+    def __init__(self, ctx, workers: int, initializer: Callable, initargs: tuple, fn: Callable) -> None:
+        self.procs, self.conns = [], []
+        self.running: dict[int, T] = {}  # worker -> the task it is running
+        for _ in range(workers):
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(theirs, initializer, initargs, fn), daemon=True)
+            proc.start()
+            theirs.close()
+            self.procs.append(proc)
+            self.conns.append(ours)
+
+    def run(self, tasks: list[T], args_of: Callable[[T], tuple], on_tick: Callable[[], None],
+            tick: float = 0.25) -> Iterator[tuple[T, Any]]:
+        """Yield ``(task, result)`` as tasks complete; raise a worker's exception, or ``WorkerDied``."""
+        queue = list(reversed(tasks))
+        running = self.running
+        while queue or running:
+            for w in range(len(self.procs)):
+                if w not in running and queue:
+                    running[w] = queue.pop()
+                    try:
+                        self.conns[w].send(args_of(running[w]))
+                    except OSError:  # it died while idle
+                        self.procs[w].join()
+                        raise WorkerDied(running[w], self.procs[w].exitcode) from None
+            watched = {self.conns[w]: w for w in running} | {self.procs[w].sentinel: w for w in running}
+            ready = wait(list(watched), timeout=tick)
+            on_tick()
+            for w in sorted({watched[r] for r in ready}):
+                if w not in running:
+                    continue
+                if not self.conns[w].poll():  # the sentinel fired with no message: the process is gone
+                    self.procs[w].join()
+                    raise WorkerDied(running[w], self.procs[w].exitcode)
+                try:
+                    ok, value = self.conns[w].recv()
+                except EOFError:
+                    self.procs[w].join()
+                    raise WorkerDied(running[w], self.procs[w].exitcode) from None
+                task = running.pop(w)
+                if not ok:
+                    error, text = value
+                    raise error from RemoteTraceback(text)
+                yield task, value
+
+    def close(self) -> None:
+        """Stop every worker: one still running a task is terminated (a task writes temporary files only)."""
+        for w, (conn, proc) in enumerate(zip(self.conns, self.procs)):
+            if w in self.running:
+                proc.terminate()
+            elif proc.is_alive():
+                try:
+                    conn.send(None)
+                except OSError:
+                    proc.terminate()
+        for proc in self.procs:
+            proc.join(timeout=5.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self.conns:
+            conn.close()
