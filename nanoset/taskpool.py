@@ -53,24 +53,26 @@ def _worker_main(conn: Connection, initializer: Callable, initargs: tuple, fn: C
         initializer(*initargs)
     except BaseException as e:  # noqa: BLE001 - reported as the result of the first task
         failed = (e, traceback.format_exc())
-    while True:
-        args = conn.recv()
-        if args is None:
-            return
-        if failed is not None:
-            _send_error(conn, *failed)
-            continue
-        try:
-            result = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - every failure goes back to the driver
-            _send_error(conn, e, traceback.format_exc())
-            continue
-        conn.send((True, result))
+    try:
+        while (args := conn.recv()) is not None:
+            if failed is not None:
+                _send_error(conn, *failed)
+                continue
+            try:
+                result = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - every failure goes back to the driver
+                _send_error(conn, e, traceback.format_exc())
+                continue
+            conn.send((True, result))
+    except (EOFError, OSError):  # the driver is gone (killed): nobody to report to
+        return
 
 
 def _send_error(conn: Connection, error: BaseException, text: str) -> None:
     try:
         conn.send((False, (error, text)))
+    except (EOFError, OSError):
+        raise
     except Exception:  # an exception that does not pickle: send its text
         conn.send((False, (RuntimeError(f"{type(error).__name__}: {error}"), text)))
 
