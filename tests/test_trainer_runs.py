@@ -155,3 +155,20 @@ def test_user_mistakes_are_one_line_before_start_up(shards, tmp_path, case):
     assert error_lines(proc.stderr) == [expected]
     assert "Traceback" not in worker_stderr(proc.stderr) and "/runtime/" not in worker_stderr(proc.stderr)
     assert not (run / "metrics.jsonl").exists()
+
+
+def test_rng_state_loads_with_weights_only(tmp_path):
+    """The per-rank RNG file holds tensors, lists and numbers only: ``torch.load(weights_only=True)``."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from runtime.checkpoint import _rng_state, _set_rng_state
+
+    torch.manual_seed(3), np.random.seed(4), random.seed(5), np.random.standard_normal()  # a cached gaussian too
+    torch.save(_rng_state(), tmp_path / "rng.pt")
+    expected = (torch.rand(3).tolist(), np.random.standard_normal(3).tolist(), random.random())
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    _set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert (torch.rand(3).tolist(), np.random.standard_normal(3).tolist(), random.random()) == expected
