@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from nanoset.errors import NanosetError
+from nanoset.errors import MissingColumnError, NanosetError
 
 KINDS = {".jsonl": "jsonl", ".jsonl.gz": "jsonl.gz", ".jsonl.zst": "jsonl.zst", ".json": "json",
          ".parquet": "parquet", ".txt": "txt"}
@@ -246,10 +246,7 @@ class TextReader:
             yield batch
 
     def _missing_column(self, where: str, columns: list[str]) -> NanosetError:
-        return NanosetError(
-            f"{where}: no column {self.column!r}; the columns there are: {', '.join(map(str, columns)) or 'none'} "
-            f"(choose one with --text-column)"
-        )
+        return MissingColumnError(where, self.column, columns)
 
     def _surrogate(self, text: str) -> str | None:
         """The first lone UTF-16 surrogate in ``text`` as an escape (``\\ud83d``), if any."""

@@ -1,32 +1,50 @@
 """Stages that name a Hugging Face dataset (a local path or a ``save_to_disk`` folder) are
 tokenized once into a Nanoset cache folder keyed by a fingerprint of the data, the splits, the
-text column and the tokenizer; later runs (and every other rank) read the cache."""
+text column and the tokenizer; later runs (and every other rank) read the cache.
+
+Every process of a run may find the cache missing, on one node or on many sharing the cache
+folder. An exclusive lock file next to the cache (``fcntl`` record locks: across processes and,
+on NFS, across nodes) makes exactly one of them tokenize; the others wait for the lock, find the
+finished folder and read it. A process that dies releases its lock and the next one resumes the
+tokenize job. The fingerprint of the input files holds their size, mtime and ctime, so an input
+rewritten in place (even with its size and mtime restored) gets a new cache folder.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
+from nanoset.errors import MissingColumnError
 from runtime.config import Config, ConfigError, HFDatasetArgs
 
 WAIT_SECONDS = 3600
+MANIFEST = "nanoset.json"
 
 
 def _files_fingerprint(path: Path) -> list:
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    return [(str(p.relative_to(path) if p != path else p.name), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    out = []
+    for p in files:
+        st = p.stat()
+        out.append((str(p.relative_to(path) if p != path else p.name), st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return out
 
 
-def cache_folder(config: Config, ds: HFDatasetArgs) -> Path:
+def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset") -> Path:
     """Where the tokenized copy of ``ds`` lives; the name changes when anything that matters does."""
     from nanoset.tokenizer import find_tokenizer_file
 
     src = Path(ds.hf_dataset_or_datasets)
     if not src.exists():
-        raise ConfigError(f"hf_dataset_or_datasets {str(src)!r}: no such local file or folder (nothing is "
+        raise ConfigError(f"{where}.hf_dataset_or_datasets: {str(src)!r}: no such local file or folder (nothing is "
                           f"downloaded at run time; save the dataset locally first)")
     tok = config.tokenizer
     tok_file = find_tokenizer_file(tok.tokenizer_name_or_path)
@@ -42,40 +60,86 @@ def _splits(ds: HFDatasetArgs) -> list[str] | None:
     return [ds.hf_dataset_splits] if isinstance(ds.hf_dataset_splits, str) else list(ds.hf_dataset_splits)
 
 
-def prepare_hf_dataset(config: Config, ds: HFDatasetArgs, build: bool = True) -> Path:
-    """Tokenize ``ds`` into its cache folder unless it is there already; returns the folder.
+def _check_splits(ds: HFDatasetArgs, where: str) -> None:
+    """Requested splits exist in the saved ``DatasetDict``; the error lists those there are."""
+    wanted = _splits(ds)
+    if wanted is None:
+        return
+    src = Path(ds.hf_dataset_or_datasets)
+    index = src / "dataset_dict.json"
+    if not index.is_file():
+        raise ConfigError(f"{where}.hf_dataset_splits: {src} has no splits (it is not a DatasetDict saved with "
+                          f"save_to_disk); remove hf_dataset_splits")
+    there = json.loads(index.read_text())["splits"]
+    missing = [s for s in wanted if s not in there]
+    if missing:
+        raise ConfigError(f"{where}.hf_dataset_splits: no split {', '.join(map(repr, missing))} in {src}; the "
+                          f"splits there are: {', '.join(there)}")
 
-    With ``build=False`` (ranks other than the node's first) wait for another process to do it.
-    """
-    out = cache_folder(config, ds)
-    if (out / "nanoset.json").is_file():
-        return out
-    if not build:
-        deadline = time.time() + WAIT_SECONDS
-        while not (out / "nanoset.json").is_file():
-            if time.time() > deadline:
-                raise TimeoutError(f"{out}: waited {WAIT_SECONDS}s for local rank 0 to tokenize the dataset")
-            time.sleep(1.0)
-        return out
-    from nanoset.tokenize import TokenizeOptions, tokenize
 
-    tokenize(TokenizeOptions(inputs=[ds.hf_dataset_or_datasets], output=out,
-                             tokenizer=config.tokenizer.tokenizer_name_or_path, eos_token=config.tokenizer.eos_token,
-                             text_column=ds.text_column_name, splits=_splits(ds), progress=False))
+@contextmanager
+def _exclusive(lock: Path, out: Path) -> Iterator[None]:
+    """Hold the exclusive lock ``lock`` while preparing ``out``; waits at most ``WAIT_SECONDS`` for it."""
+    with open(lock, "a+") as f:
+        deadline = time.monotonic() + WAIT_SECONDS
+        while True:
+            try:
+                fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:  # held by another process
+                if time.monotonic() > deadline:
+                    f.seek(0)
+                    holder = f.read().strip() or "another process"
+                    raise TimeoutError(f"{out}: waited {WAIT_SECONDS}s for {holder} to tokenize the dataset; if "
+                                       f"it is gone, rerun") from None
+                time.sleep(0.5)
+        f.seek(0)
+        f.truncate()
+        f.write(f"{socket.gethostname()} pid {os.getpid()}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.lockf(f, fcntl.LOCK_UN)
+
+
+def prepare_hf_dataset(config: Config, ds: HFDatasetArgs, where: str = "data.dataset") -> Path:
+    """Tokenize ``ds`` into its cache folder unless it is there already (once per cache, whatever the
+    number of processes and nodes preparing it at the same time); returns the folder."""
+    out = cache_folder(config, ds, where)
+    if (out / MANIFEST).is_file():
+        return out
+    _check_splits(ds, where)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out.parent / f".{out.name}.lock", out):
+        if (out / MANIFEST).is_file():  # another process finished it while this one waited
+            return out
+        from nanoset.tokenize import TokenizeOptions, tokenize
+
+        try:
+            tokenize(TokenizeOptions(inputs=[ds.hf_dataset_or_datasets], output=out,
+                                     tokenizer=config.tokenizer.tokenizer_name_or_path,
+                                     eos_token=config.tokenizer.eos_token, text_column=ds.text_column_name,
+                                     splits=_splits(ds), progress=False))
+        except MissingColumnError as e:
+            raise ConfigError(f"{where}.text_column_name: {e.column!r} is not a column of {e.where}; the columns "
+                              f"there are: {', '.join(map(str, e.columns)) or 'none'}") from None
     return out
 
 
 def resolve_stage_folders(config: Config) -> list[list[str]]:
     """The dataset folders of every stage, tokenizing Hugging Face stages into the cache first."""
-    build = int(os.environ.get("LOCAL_RANK", "0")) == 0
     out = []
     for i, stage in enumerate(config.data_stages):
         ds = stage.data.dataset
         if isinstance(ds, HFDatasetArgs):
+            where = f"data_stages[{i}] ({stage.name}).data.dataset"
             try:
-                out.append([str(prepare_hf_dataset(config, ds, build))])
+                out.append([str(prepare_hf_dataset(config, ds, where))])
+            except ConfigError:
+                raise
             except ValueError as e:
-                raise ConfigError(f"data_stages[{i}] ({stage.name}).data.dataset: {e}") from None
+                raise ConfigError(f"{where}: {e}") from None
         else:
             out.append(ds.folders)
     return out
