@@ -21,21 +21,33 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
+def _fit(cls: type, data: dict) -> tuple[int, float]:
+    """How well the keys of ``data`` fit dataclass ``cls``: (keys it has, summed likeness of each key
+    to its closest field), so a typo is reported against the kind of entry it was meant for."""
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    known = sum(str(k) in names for k in data)
+    close = sum(max(difflib.SequenceMatcher(None, str(k), n).ratio() for n in names) for k in data)
+    return known, close
+
+
 def _convert(value: Any, tp: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
-        errors = []
+        errors = {}
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _convert(value, arg, path)
             except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[-1] if len(errors) == 1 else f"{path}: {value!r} matches none of "
+                errors[arg] = str(e)
+        records = [a for a in errors if dataclasses.is_dataclass(a)]
+        if isinstance(value, dict) and records:  # a mapping: the error of the kind its keys fit best
+            raise ConfigError(errors[max(records, key=lambda a: _fit(a, value))])
+        raise ConfigError(next(iter(errors.values())) if len(errors) == 1 else f"{path}: {value!r} matches none of "
                           f"{' | '.join(_type_name(a) for a in args)}")
     if origin is list:
         (item,) = typing.get_args(tp)

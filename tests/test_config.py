@@ -48,6 +48,14 @@ def test_unknown_key_names_path_and_closest(tmp_path):
     fails(tmp_path, lambda d: d["model"].pop("hidden_size"), "config.model.hidden_size: required key is missing")
     fails(tmp_path, lambda d: d["tokens"].update(train_steps="many"), "config.tokens.train_steps: expected an integer")
     fails(tmp_path, lambda d: d["parallelism"].update(pp_engine="zb"), "'zb' is not one of")
+    # inside a union-typed entry (Nanoset folders | Hugging Face dataset): the kind the keys fit best
+    fails(tmp_path, lambda d: stage(d, 1)["data"].update(dataset={"dataset_folders": ["shards/sft"]}),
+          "config.data_stages[1].data.dataset.dataset_folders: unknown key; did you mean 'dataset_folder'?")
+    fails(tmp_path, lambda d: stage(d, 1)["data"].update(dataset={"hf_dataset_or_dataset": "x"}),
+          "config.data_stages[1].data.dataset.hf_dataset_or_dataset: unknown key; did you mean "
+          "'hf_dataset_or_datasets'?")
+    fails(tmp_path, lambda d: stage(d, 1)["data"].update(dataset={"text_column_name": "x"}),
+          "config.data_stages[1].data.dataset.hf_dataset_or_datasets: required key is missing")
 
 
 def test_yaml_file_errors(tmp_path):
