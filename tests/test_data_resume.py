@@ -134,7 +134,8 @@ def test_a_stage_that_has_begun_cannot_move_or_vanish():
     with pytest.raises(ConfigError, match=r"data_stages\[2\] \(late\).start_training_step: 12 is not after the "
                                           r"checkpoint's step 12.*start it at step 13 or later"):
         DataPlan(config(8, stages=inserted)).resumed_from("ckpt", ckpt)
-    later = stages() + [{"name": "late", "start_training_step": 15, "data": {"dataset": {"dataset_folder": "shards/sft"}}}]
+    later = stages() + [{"name": "late", "start_training_step": 15,
+                         "data": {"dataset": {"dataset_folder": "shards/sft"}}}]
     assert [s.name for s in DataPlan(config(8, stages=later)).resumed_from("ckpt", ckpt).stages] == [
         "pretrain", "more", "late"]  # a stage that has not begun may be added
 

@@ -186,8 +186,8 @@ class DataPlan:
                                                              recorded[-1].seed, recorded[-1].global_batch_size),
                               in_progress)
         if (changes or content) and not self.config.checkpoints.allow_data_change:
-            raise refuse(self.checkpoint, list(content.values()) + changes, stage.start_training_step, min(end - 1, last),
-                         in_progress)
+            raise refuse(self.checkpoint, list(content.values()) + changes, stage.start_training_step,
+                         min(end - 1, last), in_progress)
         if changes and in_progress:  # continue the stage from the resume step with the config's values
             after = dict(totals)
             parts[-1].end_step = last + 1
