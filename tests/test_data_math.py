@@ -125,6 +125,7 @@ def test_public_helpers_take_scalars_and_arrays(toy):
     w = TokenWindows("toy", 3, reader)
     assert w.tokens(2).tolist() == stream[6:10] == w.tokens(np.array([2]))[0].tolist()
     assert w.position_ids(2).tolist() == [0, 1, 0, 1] and w.tokens([[0], [1]]).shape == (2, 1, 4)
+    assert w.token_range(2) == (6, 10) and [a.tolist() for a in w.token_range(np.array([1, 2]))] == [[3, 6], [7, 10]]
 
 
 def test_blend_of_1200_datasets():

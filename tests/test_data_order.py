@@ -88,6 +88,16 @@ def test_resume_from_consumed_samples_equals_continuous(in_shards):
         stage_loader(plan, plan.stages[0], 0, 2, consumed=3)
 
 
+def test_locate_takes_a_scalar_or_an_array(in_shards):
+    plan = DataPlan(make_config(stages=[one_stage(["shards/web", "shards/code"], [0.7, 0.3])]))
+    stage = plan.stages[0]
+    many = plan.locate(stage, np.arange(10))
+    one = [plan.locate(stage, j) for j in range(10)]
+    assert [(int(o.dataset), int(o.sample), int(o.epoch)) for o in one] == list(zip(
+        many.dataset.tolist(), many.sample.tolist(), many.epoch.tolist()))
+    assert plan.locate(stage, [[0, 1]]).sample.shape == (1, 2)
+
+
 def test_loader_workers_give_the_same_batches(in_shards):
     c = make_config(dp=1, accum=1, mbs=4, train_steps=6, stages=[one_stage(["shards/web", "shards/code"], [0.7, 0.3],
                                                                              positions=True)])

@@ -28,8 +28,12 @@ class TokenWindows:
     def __len__(self) -> int:
         return self.num_samples
 
-    def token_range(self, i: int) -> tuple[int, int]:
-        start = int(i) * self.sequence_length
+    def token_range(self, i: int | np.ndarray) -> tuple[int, int] | tuple[np.ndarray, np.ndarray]:
+        """``[start, stop)`` in the token stream of window ``i`` (ints), or of windows ``i`` (arrays)."""
+        if np.ndim(i) == 0:
+            start = int(i) * self.sequence_length
+            return start, start + self.sequence_length + 1
+        start = np.asarray(i, dtype=np.int64) * self.sequence_length
         return start, start + self.sequence_length + 1
 
     def _check(self, indices: np.ndarray | int) -> np.ndarray:
