@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -121,29 +123,56 @@ class OutputFolder:
     def prepare(self, plan: Plan, overwrite: bool) -> bool:
         """Make the folder ready for ``plan``; True when the dataset is already complete.
 
-        The saved plan is read before the manifest: a machine finishing the job at this moment writes the
-        manifest before it removes the work folder, so one of the two is always seen."""
-        saved = self.work / "plan.json"
-        ours = _read_text(saved) == plan.state_json()
+        Several machines may start, run and finish at the same time. Each creates the work folder with
+        its plan in one rename, writes the manifest before it removes the work folder, and reads the
+        folder's listing, then the saved plan, then the manifest: whatever another machine is doing,
+        a folder that is ours is seen as ours."""
+        state = plan.state_json()
+        entries = self._entries()
+        ours = _read_text(self.work / "plan.json") == state
         manifest = self.completed_manifest()
         if manifest is not None and manifest.build == plan.build and not overwrite:
             self.finish()
             return True
-        if not ours and self.path.is_dir() and any(self.path.iterdir()):
+        if not ours and entries:
             if not overwrite:
-                what = "a different dataset" if manifest or saved.is_file() else "other files"
+                what = "a different dataset" if manifest or self.work.exists() else "other files"
                 raise NanosetError(
                     f"{self.path}: holds {what}; pass --overwrite to replace it, or choose another output folder"
                 )
             self.clear()
-        self.work.mkdir(parents=True, exist_ok=True)
         if not ours:
-            atomic_write_text(saved, plan.state_json())
+            self._create_work(state)
         return False
+
+    def _remove_work(self) -> None:
+        """The work folder, and any a killed run left half created."""
+        for p in [self.work, *self.path.glob(WORK_DIR + ".tmp-*")]:
+            shutil.rmtree(p, ignore_errors=True)
+
+    def _entries(self) -> list[Path]:
+        """What the folder holds, but for work folders other machines are creating."""
+        if not self.path.is_dir():
+            return []
+        return [p for p in self.path.iterdir() if not p.name.startswith(WORK_DIR + ".tmp-")]
+
+    def _create_work(self, state: str) -> None:
+        """Create the work folder holding ``state`` as plan.json, in one rename (or find another machine's)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = self.path / f"{WORK_DIR}.tmp-{uuid.uuid4().hex}"
+        tmp.mkdir()
+        atomic_write_text(tmp / "plan.json", state)
+        try:
+            os.rename(tmp, self.work)
+        except OSError:  # another machine created it first
+            shutil.rmtree(tmp, ignore_errors=True)
+            if _read_text(self.work / "plan.json") != state:
+                raise NanosetError(f"{self.path}: another run is writing a different dataset there; "
+                                   f"give every machine the same inputs and options") from None
 
     def clear(self) -> None:
         """Remove what a tokenize job writes (shards, manifest, work files); leave anything else."""
-        shutil.rmtree(self.work, ignore_errors=True)
+        self._remove_work()
         for p in self.path.iterdir():
             n = p.name.lstrip(".")
             if p.is_file() and (n == MANIFEST_NAME or any(s in n for s in (TOKENS_SUFFIX, INDEX_SUFFIX, METADATA_SUFFIX))):
@@ -172,7 +201,7 @@ class OutputFolder:
     def finish(self) -> None:
         """After the manifest: drop the work folder and any temporary file left by a killed attempt.
         Idempotent: every machine that finds the job complete may call it, at the same time."""
-        shutil.rmtree(self.work, ignore_errors=True)
+        self._remove_work()
         for p in self.path.glob(".*.partial-*"):
             p.unlink(missing_ok=True)
 

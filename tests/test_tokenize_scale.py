@@ -170,3 +170,33 @@ def test_a_machine_finding_the_job_finished_meanwhile_reports_it_complete(tmp_pa
                                                     task_bytes=200_000, num_tasks=2, task_index=1, progress=False))
     assert summary.complete and summary.tasks_run > 0
     assert same_folder(fixture_dataset, out)
+
+
+@pytest.mark.parametrize("other_starts", ["after our listing", "just before our rename"])
+def test_machines_starting_together_share_one_work_folder(tmp_path, monkeypatch, other_starts):
+    """Machine A prepares the folder while machine B is preparing it: B must take it as its own (it used to
+    see A's half-made work folder as "other files"), and refuse only a different plan."""
+    from nanoset.errors import NanosetError
+    from nanoset.plan import OutputFolder
+
+    plan = make_plan(discover([str(CORPUS)]), {}, 200_000)
+    out = tmp_path / "out"
+    a, b = OutputFolder(out), OutputFolder(out)
+    hook = "_entries" if other_starts == "after our listing" else "_create_work"
+    real = getattr(OutputFolder, hook)
+
+    def other_machine_starts(self, *args):
+        if self is b:
+            assert a.prepare(plan, False) is False
+        return real(self, *args)
+
+    monkeypatch.setattr(OutputFolder, hook, other_machine_starts)
+    assert b.prepare(plan, False) is False
+    assert [p.name for p in out.iterdir()] == [".nanoset-work"]
+    assert (out / ".nanoset-work" / "plan.json").read_text() == plan.state_json()
+
+    monkeypatch.undo()
+    other = make_plan(discover([str(CORPUS / "web")]), {}, 200_000)
+    with pytest.raises(NanosetError, match="another run is writing a different dataset there"):
+        OutputFolder(out)._create_work(other.state_json())
+    assert [p.name for p in out.iterdir()] == [".nanoset-work"]
