@@ -6,7 +6,6 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import CORPUS, TOKENIZER, run_cli
 
