@@ -299,11 +299,12 @@ def _validate_stages(c: Config) -> None:
                                   f"{len(ds.folders)} folders; give one weight per folder")
             if any(not w > 0 for w in ds.weights):
                 raise ConfigError(f"{where}.data.dataset.dataset_weights: weights must be positive, got {ds.weights}")
-            spelled = [os.path.normpath(os.path.abspath(f)) for f in ds.folders]  # A, ./A and /abs/A are one
-            for k, f in enumerate(spelled):
-                if spelled.index(f) != k:
-                    raise ConfigError(f"{where}.data.dataset.dataset_folder: {ds.folders[spelled.index(f)]!r} and "
-                                      f"{ds.folders[k]!r} are the same folder; list it once and merge the weights")
+            first: dict[str, int] = {}
+            for k, folder in enumerate(ds.folders):
+                j = first.setdefault(os.path.normpath(os.path.abspath(folder)), k)  # A, ./A and /abs/A are one
+                if j != k:
+                    raise ConfigError(f"{where}.data.dataset.dataset_folder: {ds.folders[j]!r} and {folder!r} are "
+                                      f"the same folder; list it once and merge the weights")
         elif c.tokenizer is None:
             raise ConfigError(f"{where}.data.dataset.hf_dataset_or_datasets needs a top-level "
                               f"tokenizer: {{tokenizer_name_or_path: ...}} to tokenize it")

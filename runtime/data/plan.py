@@ -309,8 +309,9 @@ def _add_draws(totals: dict[int, int], part: StagePlan, samples: int | None = No
 
 def _check_unique(ids: list[int], folders: list[str], i: int, stage: DatasetStageArgs) -> None:
     """One dataset listed twice in a stage (``A`` and ``./A``) would be read twice: refuse it."""
+    first: dict[int, int] = {}
     for b, d in enumerate(ids):
-        a = ids.index(d)
+        a = first.setdefault(d, b)
         if a != b:
             raise ConfigError(f"data_stages[{i}] ({stage.name}).data.dataset.dataset_folder: {folders[a]!r} and "
                               f"{folders[b]!r} are the same dataset ({resolved(folders[a])}); list it once and merge "
