@@ -97,6 +97,7 @@ class CheckpointsArgs:
     # resume although the data of a stage that has begun (datasets, content, weights, seed) or the global batch
     # size mid-stage changed: finished stages keep the checkpoint's record, the current one changes from the resume
     allow_data_change: bool = False
+    replace_run: bool = False  # starting fresh where a run exists: move the old one to <run_dir>.old-<time>
 
 
 @dataclass

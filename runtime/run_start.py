@@ -79,7 +79,8 @@ def read_metadata(path: Path) -> dict:
     try:
         return json.loads((path / "metadata.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise FileNotFoundError(f"{path / 'metadata.json'}: unreadable ({e}); choose another checkpoints.resume") from None
+        raise FileNotFoundError(f"{path / 'metadata.json'}: unreadable ({e}); choose another "
+                                f"checkpoints.resume") from None
 
 
 def check_same_model(config: Config, metadata: dict, path: Path) -> None:

@@ -1,6 +1,8 @@
 """Train: ``torchrun --nproc_per_node=N runtime/train.py --config cfg.yaml`` (or ``python -m runtime.train``).
 
-Parse, validate everything (config and data, before any process group), build, train.
+Parse, validate everything (config, data, the checkpoint to resume and the run folder) before any
+process group, so a mistake is one line printed once; build, train. On SIGTERM or SIGUSR1 the run
+saves a checkpoint after the current step and exits 0; rerunning the same command resumes.
 """
 
 from __future__ import annotations
@@ -17,17 +19,22 @@ from nanoset.errors import NanosetError  # noqa: E402
 from runtime.config import Config, ConfigError  # noqa: E402
 from runtime.data.hf_cache import resolve_stage_folders  # noqa: E402
 from runtime.data.plan import DataPlan  # noqa: E402
+from runtime.run_start import RunStart, plan_start  # noqa: E402
+
+USER_ERRORS = (ConfigError, NanosetError, FileNotFoundError, TimeoutError)
 
 
-def prepare(config_path: str) -> tuple[Config, DataPlan]:
-    """Load and validate the config and its data; raises a one-line error for any user mistake."""
+def prepare(config_path: str) -> tuple[Config, DataPlan, RunStart]:
+    """Load and validate the config, its data and where the run starts; one-line errors for user mistakes."""
     config = Config.from_yaml(config_path)
     p = config.parallelism
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if p.tp * p.pp * p.dp != world:
         raise ConfigError(f"{config_path}: parallelism tp {p.tp} × pp {p.pp} × dp {p.dp} = {p.tp * p.pp * p.dp} "
                           f"processes, but {world} were launched; use torchrun --nproc_per_node={p.tp * p.pp * p.dp}")
-    return config, DataPlan(config, resolve_stage_folders(config))
+    start = plan_start(config)
+    plan = DataPlan(config, resolve_stage_folders(config)).resumed_from(start.checkpoint, start.metadata)
+    return config, plan, start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,18 +42,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="YAML config (see README: config keys)")
     args = ap.parse_args(argv)
     try:
-        config, plan = prepare(args.config)
-    except (ConfigError, NanosetError, FileNotFoundError, TimeoutError) as e:
-        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        config, plan, start = prepare(args.config)
+    except USER_ERRORS as e:
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # every rank finds it: print once (per node)
             print(f"error: {e}", file=sys.stderr)
         return 1
     from runtime.trainer import Trainer
 
-    trainer = Trainer(config, plan=plan)
+    trainer = Trainer(config, plan=plan, start=start)
     try:
         trainer.train()
-    except ConfigError as e:  # e.g. a checkpoint that does not fit the config
-        print(f"error: {e}", file=sys.stderr)
+    except USER_ERRORS as e:  # found after start-up (e.g. data that changed since the checkpoint)
+        if trainer.is_main:
+            print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
         trainer.close()

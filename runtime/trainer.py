@@ -8,19 +8,19 @@ from the config's stages), and ``trainer.train_dataloader = loader; trainer.fit(
 from __future__ import annotations
 
 import gc
-import inspect
 import os
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 
 from runtime.checkpoint import CheckpointManager
 from runtime.config import Config, ConfigError
 from runtime.data import DataPlan, StageDataset, get_train_dataloader
+from runtime.data.custom_loaders import loader_from_source
 from runtime.data.hf_cache import resolve_stage_folders
 from runtime.data.plan import StagePlan
 from runtime.data.stages import training_metadata
@@ -29,6 +29,8 @@ from runtime.engine import Engine
 from runtime.lr_schedule import LRSchedule
 from runtime.metrics import MetricsLogger, flops_per_token, peak_flops
 from runtime.parallel.context import ParallelContext
+from runtime.preemption import StopOnSignal
+from runtime.run_start import RunStart, move_aside, plan_start
 
 KILL_AT_STEP_ENV = "NANOSET_FAULT_KILL_AT_STEP"  # fault injection for tests: SIGKILL rank 0 after this step
 
@@ -39,18 +41,22 @@ class TrainSummary:
     final_loss_per_stage: dict[str, float] = field(default_factory=dict)
     checkpoint: Path | None = None
     metrics_file: Path | None = None
+    stopped_by_signal: bool = False  # preempted: a checkpoint of last_step was saved; rerun to resume
 
 
 class Trainer:
     def __init__(self, config: Config | str | Path, parallel_context: ParallelContext | None = None,
-                 plan: DataPlan | None = None) -> None:
+                 plan: DataPlan | None = None, start: RunStart | None = None) -> None:
         self.config = config = config if isinstance(config, Config) else Config.from_yaml(config)
-        # all data validation (I/O) happens before any process group exists
+        # all data validation (I/O), checkpoint resolution and run-folder checks happen before any process group
         self.plan = plan if plan is not None else DataPlan(config, resolve_stage_folders(config))
+        self.start = start if start is not None else plan_start(config)
+        self.plan = self.plan.resumed_from(self.start.checkpoint, self.start.metadata)  # the past from its record
         p = config.parallelism
         self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp)
         self.is_main = self.parallel_context.world_rank == 0
         self.run_dir = config.general.run_path
+        moved = move_aside(config) if self.is_main and self.start.replace_old_run else []
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.general.seed)
@@ -66,6 +72,8 @@ class Trainer:
         self._iterator: Iterator | None = None
         self._broadcast = False
         self._peak = peak_flops(self.parallel_context.device)
+        if moved:
+            self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
 
     # ------------------------------------------------------------------ public -----------------
 
@@ -77,42 +85,48 @@ class Trainer:
         sources = self._check_sources(dataloader_or_dls)
         self.checkpoints.clean_stale()
         self.last_step = self._resume()
+        self.metrics.truncate_after(self.last_step)  # a step is never logged twice, a torn tail is dropped
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config
         last_save = self.last_step
         prev_end = time.perf_counter()
-        for step in range(self.last_step + 1, c.tokens.train_steps + 1):
-            stage = self.plan.stage_for_step(step)
-            if stage is not self._stage:
-                self._switch_stage(stage, step, sources)
-            t0 = time.perf_counter()
-            batches = self._next_batches(stage, step)
-            data_wait = time.perf_counter() - t0
-            lr = self.lr_schedule.apply(self.engine.optimizer, step)
-            result = self.engine.train_step(batches, stage.sequence_length)
-            now = time.perf_counter()
-            tokens_per_s = c.global_batch_size * stage.sequence_length / (now - prev_end)
-            prev_end = now
-            self.last_step = step
-            summary.final_loss_per_stage[stage.name] = result.loss
-            self.metrics.log({
-                "step": step, "stage": stage.name, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
-                "tokens_per_s": tokens_per_s, "data_wait_ms": 1000 * data_wait,
-                "data_hash": self.plan.data_hash(step) if sources is None and self.is_main else None,
-                "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
-            })
-            if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
-                os.kill(os.getpid(), signal.SIGKILL)
-            interval = c.checkpoints.checkpoint_interval
-            if interval and step % interval == 0 and step < c.tokens.train_steps:
-                self._save(step)
-                last_save = step
-        if self.last_step > last_save and c.checkpoints.save_final:  # the final checkpoint
-            self._save(self.last_step)
+        with StopOnSignal(self.parallel_context.device) as stop:
+            for step in range(self.last_step + 1, c.tokens.train_steps + 1):
+                stage = self.plan.stage_for_step(step)
+                if stage is not self._stage:
+                    self._switch_stage(stage, step, sources)
+                t0 = time.perf_counter()
+                batches = self._next_batches(stage, step)
+                data_wait = time.perf_counter() - t0
+                lr = self.lr_schedule.apply(self.engine.optimizer, step)
+                result = self.engine.train_step(batches, stage.sequence_length)
+                now = time.perf_counter()
+                tokens_per_s = c.global_batch_size * stage.sequence_length / (now - prev_end)
+                prev_end = now
+                self.last_step = step
+                summary.final_loss_per_stage[stage.name] = result.loss
+                self.metrics.log({
+                    "step": step, "stage": stage.name, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
+                    "tokens_per_s": tokens_per_s, "data_wait_ms": 1000 * data_wait,
+                    "data_hash": self.plan.data_hash(step) if sources is None and self.is_main else None,
+                    "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
+                })
+                if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                # every rank stops after the same step; a signal during the last one changes nothing
+                summary.stopped_by_signal = stop.agreed() and step < c.tokens.train_steps
+                interval = c.checkpoints.checkpoint_interval
+                if summary.stopped_by_signal or interval and step % interval == 0 and step < c.tokens.train_steps:
+                    self._save(step)
+                    last_save = step
+                if summary.stopped_by_signal:
+                    break
+            if self.last_step > last_save and c.checkpoints.save_final:  # the final checkpoint
+                self._save(self.last_step)
         summary.checkpoint = self.checkpoints.resolve("latest")
         summary.last_step = self.last_step
         self._release_loader()
-        self._print_summary(summary)
+        self._print_summary(summary, stop.received)
         return summary
 
     def close(self) -> None:
@@ -156,10 +170,11 @@ class Trainer:
                 output_pp_rank=ctx.pp_size - 1, micro_batch_size=self.config.tokens.micro_batch_size,
                 consumed_train_samples=consumed, dataloader_num_workers=stage.num_loading_workers,
                 use_position_ids=stage.use_position_ids)
-        source = sources[stage.name] if isinstance(sources, dict) else sources
-        if callable(source) and not hasattr(source, "__iter__"):
-            return _call_loader_factory(source, consumed)
-        return source
+        if isinstance(sources, dict):
+            return loader_from_source(sources[stage.name], consumed, f"stage {stage.name!r}", self.last_step + 1)
+        # one loader for the whole run: it has delivered the samples of every stage so far
+        return loader_from_source(sources, self.plan.consumed_samples(self.last_step), "the run's data loader",
+                                  self.last_step + 1)
 
     def _reads_data(self, sources: Any) -> bool:
         """With config-built loaders and tp > 1, only tp rank 0 of a replica reads (and broadcasts);
@@ -198,30 +213,14 @@ class Trainer:
         return self.checkpoints.save(self.engine, step, meta)
 
     def _resume(self) -> int:
-        path = self.checkpoints.resolve(self.config.checkpoints.resume)
+        path = self.start.checkpoint
         if path is None:
             return 0
         meta = self.checkpoints.load(self.engine, path)
         training = meta["training"]
         last = int(training["last_train_step"])
-        if not self.config.checkpoints.allow_data_change:
-            self._check_compatible(training, last, path)
-        self.metrics.truncate_after(last)
         self.metrics.info(f"resumed from {path} at step {last}")
         return last
-
-    def _check_compatible(self, training: dict, last: int, path: Path) -> None:
-        if training["data_fingerprint"] != self.plan.fingerprint:
-            raise ConfigError(f"{path}: the data changed since this checkpoint (fingerprint "
-                              f"{training['data_fingerprint']} → {self.plan.fingerprint}); resuming would not replay "
-                              f"the same samples. Set checkpoints.allow_data_change: true to resume anyway")
-        old_g, new_g = training["global_batch_size"], self.config.global_batch_size
-        if old_g != new_g and last < self.config.tokens.train_steps:
-            stage = self.plan.stage_for_step(last + 1)
-            if stage.start_step != last + 1:
-                raise ConfigError(f"{path}: global batch size changed mid-stage ({old_g} → {new_g}) in stage "
-                                  f"{stage.name!r}; keep dp · micro_batch_size · batch_accumulation_per_replica = "
-                                  f"{old_g}, or set checkpoints.allow_data_change: true")
 
     # ------------------------------------------------------------------ reporting ---------------
 
@@ -231,17 +230,12 @@ class Trainer:
         world = self.parallel_context.tp_size * self.parallel_context.pp_size * self.parallel_context.dp_size
         return tokens_per_s * flops_per_token(self.config.model, sequence_length) / (self._peak * world)
 
-    def _print_summary(self, summary: TrainSummary) -> None:
+    def _print_summary(self, summary: TrainSummary, signal_name: str | None) -> None:
+        if summary.stopped_by_signal:
+            self.metrics.info(f"stopped by {signal_name or 'a signal to another rank'} after step "
+                              f"{summary.last_step}: checkpoint {summary.checkpoint}; rerun the same command to resume")
+            return
         losses = ", ".join(f"{name} {loss:.4f}" for name, loss in summary.final_loss_per_stage.items())
         self.metrics.info(f"done: step {summary.last_step}/{self.config.tokens.train_steps}; final loss per stage: "
                           f"{losses or 'none (nothing left to train)'}; checkpoint: {summary.checkpoint}; "
                           f"metrics: {summary.metrics_file}")
-
-
-def _call_loader_factory(factory: Callable, consumed: int) -> Any:
-    """Call a stage's loader factory; pass ``consumed_train_samples`` when it takes it (for resume)."""
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        params = {}
-    return factory(consumed_train_samples=consumed) if "consumed_train_samples" in params else factory()

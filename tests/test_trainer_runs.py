@@ -128,7 +128,8 @@ def test_checkpoint_of_another_model_is_refused_once(reference, shards, tmp_path
     assert proc.returncode != 0
     assert error_lines(proc.stderr) == [
         f"error: checkpoint {run}/checkpoints/step-000004 was saved with another model: model.num_hidden_layers "
-        f"2 → 4, model.intermediate_size 64 → 128; use the checkpoint's model section, or another checkpoints.resume"]
+        f"2 → 4, model.intermediate_size 64 → 128; use the checkpoint's model section, or another "
+        f"checkpoints.resume"]
     assert "Traceback" not in worker_stderr(proc.stderr) and "/runtime/" not in worker_stderr(proc.stderr)
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
 
