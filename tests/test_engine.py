@@ -82,3 +82,15 @@ def test_only_the_current_sequence_lengths_schedule_is_kept():
     from engine_workers import schedule_per_length
 
     run_distributed(2, schedule_per_length)
+
+
+def test_pp1_ignores_the_pipeline_engine():
+    """pp = 1: interleaved-1f1b asks for no virtual stages, so one layer is enough (one chunk)."""
+    from engine_workers import tiny_config
+
+    from runtime.parallel.pipeline import chunks_of_rank, num_chunks
+
+    config = tiny_config(engine="interleaved-1f1b", num_hidden_layers=1)
+    assert config.parallelism.pp == 1
+    assert (num_chunks(1, "interleaved-1f1b", 2), chunks_of_rank(0, 1, "interleaved-1f1b", 2)) == (1, [0])
+    assert (num_chunks(2, "interleaved-1f1b", 2), chunks_of_rank(1, 2, "interleaved-1f1b", 2)) == (4, [1, 3])
