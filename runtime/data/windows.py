@@ -46,49 +46,87 @@ class TokenWindows:
 
     def _by_shard(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Shard of each window, and whether the whole window lies inside it."""
-        offsets = self.reader.token_offsets
-        first = np.searchsorted(offsets, starts, side="right") - 1
-        last = np.searchsorted(offsets, starts + self.sequence_length, side="right") - 1
-        return first, first == last
+        return _shard_of(self.reader, starts, self.sequence_length + 1)
 
     def tokens(self, indices: np.ndarray | int) -> np.ndarray:
         """Windows ``indices`` stacked: shape ``[*indices.shape, L + 1]`` (``[L + 1]`` for one index), int64."""
-        idx = self._check(indices)
-        out = np.empty((len(idx), self.sequence_length + 1), dtype=np.int64)
-        starts = idx * self.sequence_length
-        shard, inside = self._by_shard(starts)
-        width = self.sequence_length + 1
-        for row, (start, s, ok) in enumerate(zip(starts.tolist(), shard.tolist(), inside.tolist())):
-            if ok:
-                local = start - int(self.reader.token_offsets[s])
-                out[row] = self.reader.shards[s].tokens[local : local + width]
-            else:
-                out[row] = self.reader.tokens(start, start + width)
-        return out.reshape(np.shape(indices) + (width,))
+        out = np.empty((np.size(indices), self.sequence_length + 1), dtype=np.int64)
+        self.read(indices, out)
+        return out.reshape(np.shape(indices) + (self.sequence_length + 1,))
 
     def position_ids(self, indices: np.ndarray | int) -> np.ndarray:
         """Position of each token within its document, restarting at 0 at every document start.
 
         The first token of a window counts as position 0 when its document began earlier.
-        Vectorised per shard: two ``searchsorted`` calls find every document boundary of the batch.
         """
+        out = np.empty((np.size(indices), self.sequence_length + 1), dtype=np.int64)
+        self.read(indices, None, out)
+        return out.reshape(np.shape(indices) + (self.sequence_length + 1,))
+
+    def read(self, indices: np.ndarray, tokens: np.ndarray | None, positions: np.ndarray | None = None) -> None:
+        """Write windows ``indices`` into ``tokens`` and/or their position ids into ``positions``
+        (each ``[len(indices), L + 1]`` int64, e.g. rows of a batch buffer): the batch path, which
+        locates the windows once and makes no intermediate arrays."""
         idx = self._check(indices)
-        width = self.sequence_length + 1
         starts = idx * self.sequence_length
         shard, inside = self._by_shard(starts)
-        base = np.zeros((len(idx), width), dtype=np.int64)
-        for s in np.unique(shard[inside]).tolist():
-            rows = np.flatnonzero(inside & (shard == s))
-            local = starts[rows] - int(self.reader.token_offsets[s])
-            ends = self.reader.shards[s].ends
-            lo = np.searchsorted(ends, local, side="right")
-            counts = np.searchsorted(ends, local + width, side="left") - lo
-            first = np.repeat(np.cumsum(counts) - counts, counts)
-            which = np.arange(int(counts.sum())) - first + np.repeat(lo, counts)
-            rel = ends[which].astype(np.int64) - np.repeat(local, counts)
-            base[np.repeat(rows, counts), rel] = rel
-        for row in np.flatnonzero(~inside).tolist():
-            rel = self.reader.document_starts(int(starts[row]), int(starts[row]) + width) - int(starts[row])
-            base[row, rel] = rel
-        positions = np.arange(width, dtype=np.int64) - np.maximum.accumulate(base, axis=1)
-        return positions.reshape(np.shape(indices) + (width,))
+        if tokens is not None:
+            self._read_tokens(starts, shard, inside, tokens)
+        if positions is not None:
+            position_ids_at(self.reader, starts, self.sequence_length + 1, positions, (shard, inside))
+
+    def _read_tokens(self, starts: np.ndarray, shard: np.ndarray, inside: np.ndarray, out: np.ndarray) -> None:
+        width = self.sequence_length + 1
+        offsets = self.reader.token_offsets
+        for row, (start, s, ok) in enumerate(zip(starts.tolist(), shard.tolist(), inside.tolist())):
+            if ok:
+                local = start - int(offsets[s])
+                out[row] = self.reader.shards[s].tokens[local : local + width]
+            else:
+                out[row] = self.reader.tokens(start, start + width)
+
+
+def _shard_of(reader: NanosetReader, starts: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shard of each range ``[start, start + width)``, and whether the whole range lies inside it."""
+    offsets = reader.token_offsets
+    first = np.searchsorted(offsets, starts, side="right") - 1
+    last = np.searchsorted(offsets, starts + (width - 1), side="right") - 1
+    return first, first == last
+
+
+def position_ids_at(reader: NanosetReader, starts: np.ndarray, width: int, out: np.ndarray | None = None,
+                    by_shard: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Position within its document of each token of the ranges ``[start, start + width)`` of the
+    stream, restarting at 0 at every document start; a range's first token is position 0 too.
+
+    Returns ``[len(starts), width]`` int64 (written into ``out`` when given). Vectorised per shard:
+    two ``searchsorted`` calls find every document start of the batch. The index holds uint64
+    offsets, so the searched values are uint64 too: int64 values would make numpy convert the
+    whole index to float64 on every call, a cost that grows with the shard.
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    base = np.empty((len(starts), width), dtype=np.int64) if out is None else out
+    base[...] = 0  # the offset of the latest document start, carried forward below
+    shard, inside = by_shard if by_shard is not None else _shard_of(reader, starts, width)
+    ins = shard[inside]
+    for s in [int(ins[0])] if len(ins) and ins.min() == ins.max() else np.unique(ins).tolist():
+        rows = np.flatnonzero(inside & (shard == s))
+        local = starts[rows] - int(reader.token_offsets[s])
+        ends = reader.shards[s].ends
+        local_u = local.astype(ends.dtype)
+        lo = np.searchsorted(ends, local_u, side="right")
+        counts = np.searchsorted(ends, local_u + width, side="left") - lo
+        n = int(counts.sum())
+        if n == 0:
+            continue
+        first = np.repeat(np.cumsum(counts) - counts, counts)
+        which = np.arange(n) - first + np.repeat(lo, counts)
+        rel = ends[which].astype(np.int64) - np.repeat(local, counts)
+        base[np.repeat(rows, counts), rel] = rel
+    for row in np.flatnonzero(~inside).tolist():
+        start = int(starts[row])
+        rel = reader.document_starts(start, start + width) - start
+        base[row, rel] = rel
+    np.maximum.accumulate(base, axis=1, out=base)
+    np.subtract(np.arange(width, dtype=np.int64), base, out=base)
+    return base

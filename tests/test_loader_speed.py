@@ -1,0 +1,69 @@
+"""The loader's fast paths give exactly what the plain definitions give (issue 11)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nanoset import Manifest, ShardWriter, TokenizerInfo, open_dataset, write_manifest
+from runtime.data.windows import TokenWindows, position_ids_at
+
+
+class _StrictIndex(np.ndarray):
+    """A document index that refuses searches with values of another dtype: numpy would convert
+    the whole index (uint64 against int64 values: to float64) on every such call."""
+
+    def searchsorted(self, v, side="left", sorter=None):  # noqa: D102
+        assert np.asarray(v).dtype == self.dtype, f"searched {np.asarray(v).dtype} values in a {self.dtype} index"
+        return np.asarray(self).searchsorted(v, side=side, sorter=sorter)
+
+
+def _random_folder(path, seed=0, shards=3):
+    """Shards of random documents (lengths 1-40, EOS 0 at each end); returns the reader and the stream."""
+    rng = np.random.default_rng(seed)
+    infos, stream, starts = [], [], []
+    for s in range(shards):
+        with ShardWriter(path, f"s{s}", np.uint16, "toy") as w:
+            for _ in range(int(rng.integers(5, 30))):
+                doc = rng.integers(1, 100, int(rng.integers(1, 41))).tolist()
+                doc[-1] = 0
+                starts.append(len(stream))
+                stream.extend(doc)
+                w.add_document(doc)
+            infos.append(w.finalize())
+    write_manifest(path, Manifest(TokenizerInfo("toy", 100, eos_id=0), "uint16", infos))
+    return open_dataset(path), stream, set(starts)
+
+
+def _reference_positions(doc_starts: set[int], start: int, width: int) -> list[int]:
+    out, p = [], 0
+    for t in range(start, start + width):
+        p = 0 if t == start or t in doc_starts else p + 1
+        out.append(p)
+    return out
+
+
+def test_position_ids_match_the_definition_across_shards(tmp_path):
+    reader, stream, doc_starts = _random_folder(tmp_path)
+    for L in (1, 4, 17, 64):
+        w = TokenWindows("toy", L, reader)
+        idx = np.random.default_rng(L).permutation(w.num_samples)
+        pos = w.position_ids(idx)
+        tok = np.empty((len(idx), L + 1), dtype=np.int64)
+        pos2 = np.full_like(tok, -7)
+        w.read(idx, tok, pos2)  # the batch path writes both into given buffers
+        for row, i in enumerate(idx.tolist()):
+            expected = _reference_positions(doc_starts, i * L, L + 1)
+            assert pos[row].tolist() == expected == pos2[row].tolist()
+            assert tok[row].tolist() == stream[i * L : i * L + L + 1]
+    starts = np.array([0, 5, len(stream) - 9])
+    assert position_ids_at(reader, starts, 9).tolist() == [_reference_positions(doc_starts, s, 9) for s in starts]
+
+
+def test_position_ids_search_the_index_in_its_own_dtype(tmp_path, monkeypatch):
+    """Position ids cost 3× the tokens because each search converted the whole uint64 index."""
+    reader, _, doc_starts = _random_folder(tmp_path, shards=1)
+    shard = reader.shards[0]
+    strict = np.asarray(shard.ends).view(_StrictIndex)
+    monkeypatch.setattr(type(shard), "ends", property(lambda self: strict))
+    pos = TokenWindows("toy", 8, reader).position_ids(np.array([3, 1, 2]))
+    assert pos.tolist() == [_reference_positions(doc_starts, i * 8, 9) for i in (3, 1, 2)]
