@@ -138,6 +138,7 @@ class DataArgs:
     dataset: Union[NanosetDatasetsArgs, HFDatasetArgs]
     seed: int | None = None  # default: general.seed
     num_loading_workers: int = 1
+    prefetch: int = 0  # micro-batches read ahead by a thread of the training process (0: none)
     use_position_ids: bool = False
 
 
@@ -291,6 +292,7 @@ def _validate_stages(c: Config) -> None:
             raise ConfigError(f"{where}.sequence_length {seq} > model.max_position_embeddings "
                               f"{c.model.max_position_embeddings}")
         _positive(s.data.num_loading_workers, f"{where}.data.num_loading_workers", allow_zero=True)
+        _positive(s.data.prefetch, f"{where}.data.prefetch", allow_zero=True)
         ds = s.data.dataset
         if isinstance(ds, NanosetDatasetsArgs):
             if not ds.folders:

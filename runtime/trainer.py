@@ -23,6 +23,7 @@ from runtime.data import DataPlan, StageDataset, get_train_dataloader
 from runtime.data.custom_loaders import loader_from_source
 from runtime.data.hf_cache import resolve_stage_folders
 from runtime.data.plan import StagePlan
+from runtime.data.prefetch import PrefetchIterator
 from runtime.data.stages import training_metadata
 from runtime.data.tp_broadcast import broadcast_batches
 from runtime.engine import Engine
@@ -82,6 +83,13 @@ class Trainer:
         return self.train(self.train_dataloader)
 
     def train(self, dataloader_or_dls: Any = None) -> TrainSummary:
+        try:
+            return self._train(dataloader_or_dls)
+        except BaseException:  # a failed run leaves no loader thread or worker behind
+            self._release_loader()
+            raise
+
+    def _train(self, dataloader_or_dls: Any) -> TrainSummary:
         sources = self._check_sources(dataloader_or_dls)
         self.checkpoints.clean_stale()
         self.last_step = self._resume()
@@ -169,7 +177,7 @@ class Trainer:
                 StageDataset(self.plan, stage), stage.sequence_length, ctx, input_pp_rank=0,
                 output_pp_rank=ctx.pp_size - 1, micro_batch_size=self.config.tokens.micro_batch_size,
                 consumed_train_samples=consumed, dataloader_num_workers=stage.num_loading_workers,
-                use_position_ids=stage.use_position_ids)
+                use_position_ids=stage.use_position_ids, prefetch=stage.prefetch)
         if isinstance(sources, dict):
             return loader_from_source(sources[stage.name], consumed, f"stage {stage.name!r}", self.last_step + 1)
         # one loader for the whole run: it has delivered the samples of every stage so far
@@ -200,6 +208,8 @@ class Trainer:
         it = self._iterator
         if it is not None and hasattr(it, "_shutdown_workers"):
             it._shutdown_workers()
+        if isinstance(it, PrefetchIterator):  # its thread stops and is joined (it shuts down the workers)
+            it.close()
         self._iterator = self._loader = None
         gc.collect()
         if torch.cuda.is_available():

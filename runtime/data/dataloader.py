@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 from runtime.data.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
 from runtime.data.sampler import get_sampler
 
+from runtime.data.prefetch import PrefetchLoader
 
 class TensorPointerLoader:
     """Yields ``num_batches`` batches (or endlessly) of TensorPointers only."""
@@ -45,8 +46,10 @@ def get_train_dataloader(train_dataset: Any, sequence_length: int, parallel_cont
                          output_pp_rank: int, micro_batch_size: int, consumed_train_samples: int = 0,
                          dataloader_num_workers: int = 0, seed_worker: Any = seed_worker,
                          dataloader_drop_last: bool = True, dataloader_pin_memory: bool = True,
-                         use_position_ids: bool = False, seed: int = 0, shuffle: bool = False) -> Any:
-    """The canonical loader: DP-sharded sampler, CLM collator, workers, pinned memory on CUDA.
+                         use_position_ids: bool = False, seed: int = 0, shuffle: bool = False,
+                         prefetch: int = 0) -> Any:
+    """The canonical loader: DP-sharded sampler, CLM collator, workers, pinned memory on CUDA;
+    with ``prefetch`` > 0, a thread keeps that many micro-batches ready (``runtime.data.prefetch``).
 
     ``parallel_context`` needs ``dp_rank``, ``dp_size`` and ``pp_rank``. Pipeline ranks that own
     neither inputs nor labels get a ``TensorPointerLoader`` of the same length and read nothing.
@@ -60,9 +63,10 @@ def get_train_dataloader(train_dataset: Any, sequence_length: int, parallel_cont
                                    num_batches=len(sampler) // micro_batch_size)
     collator_cls = DataCollatorForCLMWithPositionIds if use_position_ids else DataCollatorForCLM
     collator = collator_cls(sequence_length, input_pp_rank, output_pp_rank, pp_rank=pp_rank)
-    return DataLoader(
+    loader = DataLoader(
         train_dataset, batch_size=micro_batch_size, sampler=sampler, collate_fn=collator,
         num_workers=dataloader_num_workers, pin_memory=dataloader_pin_memory and torch.cuda.is_available(),
         drop_last=dataloader_drop_last, worker_init_fn=seed_worker,
         persistent_workers=False, prefetch_factor=4 if dataloader_num_workers > 0 else None,
     )
+    return PrefetchLoader(loader, prefetch) if prefetch > 0 else loader

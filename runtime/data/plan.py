@@ -50,6 +50,7 @@ class StagePlan:
     use_position_ids: bool
     num_loading_workers: int
     dataset_ids: list[int]  # indices into DataPlan.datasets, in the stage's folder order
+    prefetch: int
     weights: list[float]
     blend: BlendSchedule
     draw_offsets: np.ndarray = field(repr=False)  # draws taken by earlier stages, per stage dataset
@@ -157,7 +158,8 @@ class DataPlan:
             index=i, name=stage.name, start_step=start, end_step=end,
             sequence_length=self.config.stage_sequence_length(stage), global_batch_size=spec.global_batch_size,
             seed=spec.seed, use_position_ids=stage.data.use_position_ids,
-            num_loading_workers=stage.data.num_loading_workers, dataset_ids=ids, weights=spec.weights,
+            num_loading_workers=stage.data.num_loading_workers, prefetch=stage.data.prefetch,
+            dataset_ids=ids, weights=spec.weights,
             blend=BlendSchedule(spec.weights), draw_offsets=np.array(offsets, dtype=np.int64))
 
     def _recorded_parts(self, i: int, stage: DatasetStageArgs, record: DataStageMetadata, spec: PartSpec,
