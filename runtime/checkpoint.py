@@ -106,7 +106,7 @@ class CheckpointManager:
             if os.environ.get(FAULT_ENV) == str(step):
                 os.kill(os.getpid(), signal.SIGKILL)
             if final.exists():  # a rerun of the same step after a crash: replace it
-                shutil.rmtree(final)
+                self._discard(final)
             os.replace(tmp, final)
             _fsync_dir(self.folder)
             atomic_write_text(self.folder / LATEST, final.name + "\n")
@@ -123,7 +123,15 @@ class CheckpointManager:
                       if p.is_dir() and (step := checkpoint_step(p.name)) is not None)
         for _, old in done[: -self.keep_last]:
             if old.name not in protected:
-                shutil.rmtree(old, ignore_errors=True)
+                self._discard(old)
+
+    def _discard(self, checkpoint: Path) -> None:
+        """Delete a checkpoint folder; renamed first, so a kill midway never leaves a ``step-N`` folder
+        whose ``metadata.json`` outlived its shards (the remains are stale: removed on the next start)."""
+        doomed = self.folder / f".tmp-discard-{checkpoint.name}"
+        shutil.rmtree(doomed, ignore_errors=True)
+        os.replace(checkpoint, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
 
     def resolve(self, resume: str | None) -> Path | None:
         """The checkpoint to load: ``latest`` (None when there is none yet), a path, or None."""

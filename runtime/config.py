@@ -151,6 +151,25 @@ class DatasetStageArgs:
 
 
 @dataclass
+class ValidationArgs:
+    """Held-out loss during training: a fixed sample set per named dataset, never drawn from the training order."""
+
+    datasets: dict[str, Union[str, list[str]]] = field(default_factory=dict)  # name → folder or folders
+    interval: int = 0  # evaluate every N steps; 0: only at stage ends (at_stage_end)
+    samples: int = 64  # windows per dataset: the first `samples` of the dataset's seeded permutation
+    at_stage_end: bool = True  # also evaluate at the last step of every stage
+    seed: int | None = None  # default: general.seed
+
+    def folders(self, name: str) -> list[str]:
+        value = self.datasets[name]
+        return [value] if isinstance(value, str) else list(value)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.datasets) and (self.interval > 0 or self.at_stage_end)
+
+
+@dataclass
 class Config:
     general: GeneralArgs
     model: ModelArgs
@@ -162,6 +181,7 @@ class Config:
     checkpoints: CheckpointsArgs = field(default_factory=CheckpointsArgs)
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     tokenizer: TokenizerArgs | None = None
+    validation: ValidationArgs = field(default_factory=ValidationArgs)
 
     @staticmethod
     def from_yaml(path: str | Path) -> Config:
@@ -204,6 +224,7 @@ class Config:
         _validate_sizes(self)
         _validate_parallelism(self)
         _validate_stages(self)
+        _validate_validation(self)
 
 
 def _positive(value: int | float, path: str, allow_zero: bool = False) -> None:
@@ -315,6 +336,24 @@ def _validate_stages(c: Config) -> None:
         raise ConfigError("data_stages: one stage must start at step 1 (start_training_step: 1)")
     if starts != sorted(starts):
         raise ConfigError(f"data_stages: stages must be listed in order of start_training_step, got {starts}")
+
+
+def _validate_validation(c: Config) -> None:
+    v = c.validation
+    _positive(v.interval, "validation.interval", allow_zero=True)
+    if not v.datasets:
+        if v.interval > 0:
+            raise ConfigError(f"validation.interval is {v.interval} but validation.datasets is empty; name at least "
+                              f"one dataset (name: folder) or set interval: 0")
+        return
+    _positive(v.samples, "validation.samples")
+    for name in v.datasets:
+        folders = v.folders(name)
+        if not name or not folders or any(not f for f in folders):
+            raise ConfigError(f"validation.datasets.{name}: give a dataset name and at least one folder")
+        seen = {os.path.normpath(os.path.abspath(f)) for f in folders}
+        if len(seen) != len(folders):
+            raise ConfigError(f"validation.datasets.{name}: a folder is listed twice in {folders}; list it once")
 
 
 def get_config_from_yaml(path: str | Path) -> Config:

@@ -54,6 +54,11 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{path}: expected a list, got {value!r}")
         return [_convert(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        key_tp, value_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return {_convert(k, key_tp, f"{path} key {k!r}"): _convert(v, value_tp, f"{path}.{k}") for k, v in value.items()}
     if origin is typing.Literal:
         if value not in typing.get_args(tp):
             raise ConfigError(f"{path}: {value!r} is not one of {list(typing.get_args(tp))}")

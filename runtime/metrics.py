@@ -46,21 +46,23 @@ class MetricsLogger:
                           "(pip install 'nanoset[tensorboard]', or set logging.tensorboard: false)")
 
     def truncate_after(self, step: int) -> None:
-        """On every start (``step`` = the resumed step, 0 when fresh): keep one line per step ≤ ``step``.
+        """On every start (``step`` = the resumed step, 0 when fresh): keep one training line and at
+        most one validation line (``"val"``) per step ≤ ``step``, the training line first.
 
         A killed run may have logged steps after its checkpoint, or half a line (a torn tail); the
         steps about to be trained again must not appear twice. Rewritten atomically."""
         if not self.enabled or not self.path.is_file():
             return
-        rows: dict[int, str] = {}
+        rows: dict[tuple[int, bool], str] = {}
         for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
-                s = json.loads(line)["step"]
+                record = json.loads(line)
+                s = record["step"]
             except (ValueError, KeyError, TypeError):  # a torn (half-written) line
                 continue
             if isinstance(s, int) and s <= step:
-                rows[s] = line  # the last line of a step is the one its checkpoint followed
-        atomic_write_text(self.path, "".join(rows[s] + "\n" for s in sorted(rows)))
+                rows[s, "val" in record] = line  # the last line of a step is the one its checkpoint followed
+        atomic_write_text(self.path, "".join(rows[k] + "\n" for k in sorted(rows)))
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -76,6 +78,18 @@ class MetricsLogger:
             self.info(f"step {record['step']:>6} | {record['stage']} | loss {record['loss']:.4f} | lr {record['lr']:.3e} "
                       f"| grad_norm {record['grad_norm']:.3f} | tokens/s {record['tokens_per_s']:,.0f} "
                       f"| data_wait {record['data_wait_ms']:.1f} ms{mfu}")
+
+    def log_validation(self, step: int, stage: str, results: dict[str, dict], lines: list[str]) -> None:
+        """A validation row ``{"step", "stage", "val": {name: {"loss", "ppl", "tokens"}}}``, a log line,
+        and a TensorBoard scalar ``val/NAME/loss`` per dataset."""
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, "stage": stage, "val": results}) + "\n")
+        if self.tb is not None:
+            for name, r in results.items():
+                self.tb.add_scalar(f"val/{name}/loss", r["loss"], step)
+        self.info(f"val  {step:>6} | {stage} | " + " | ".join(lines))
 
     def info(self, message: str) -> None:
         if self.enabled:

@@ -1,4 +1,4 @@
-"""Where a run starts, decided on every rank before any process group exists (no torch needed).
+"""Where a run starts, decided on every rank before any process group exists.
 
 The checkpoint to resume from is resolved and its ``metadata.json`` read here, the model it was
 saved with compared to the config, and a fresh start in a folder that already holds a run refused
@@ -9,19 +9,20 @@ one folder.
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.config import Config, ConfigError
+from runtime.data.record import read_metadata_json
 
 LATEST = "latest"
 # the model keys that shape the parameters; rope_theta, rms_norm_eps, max_position_embeddings,
 # init_std and dtype may change on resume (e.g. to extend the context)
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "intermediate_size", "vocab_size", "tie_word_embeddings")
+              "intermediate_size", "vocab_size", "tie_word_embeddings", "head_dim")
 
 
 @dataclass
@@ -76,11 +77,16 @@ def resolve_checkpoint(folder: Path, resume: str | None) -> Path | None:
 
 
 def read_metadata(path: Path) -> dict:
+    """A checkpoint's ``metadata.json``, checked to hold a training record and the model it was saved with."""
     try:
-        return json.loads((path / "metadata.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        metadata = read_metadata_json(path)
+    except OSError as e:
         raise FileNotFoundError(f"{path / 'metadata.json'}: unreadable ({e}); choose another "
                                 f"checkpoints.resume") from None
+    if not isinstance(metadata.get("config"), dict) or not isinstance(metadata["config"].get("model"), dict):
+        raise ConfigError(f"{path / 'metadata.json'}: records no model section (config.model); give a step-N "
+                          f"folder that a run saved as checkpoints.resume")
+    return metadata
 
 
 def check_same_model(config: Config, metadata: dict, path: Path) -> None:
@@ -90,6 +96,8 @@ def check_same_model(config: Config, metadata: dict, path: Path) -> None:
     for d in (saved, now):  # compare the effective number of key/value heads
         if d.get("num_key_value_heads") is None:
             d["num_key_value_heads"] = d.get("num_attention_heads")
+        if d.get("head_dim") is None and d.get("hidden_size") and d.get("num_attention_heads"):
+            d["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
     diff = [f"{k} {saved.get(k)} → {now[k]}" for k in SHAPE_KEYS if saved.get(k) != now[k]]
     if diff:
         raise ConfigError(f"checkpoint {path} was saved with another model: model.{', model.'.join(diff)}; "
@@ -123,7 +131,23 @@ def plan_start(config: Config) -> RunStart:
         raise ConfigError(f"{config.general.run_path}: holds a run ({', '.join(found)}) and this config {how}; "
                           f"set checkpoints.resume: latest to continue it, checkpoints.replace_run: true to move it "
                           f"aside, or another general.run_dir")
+    check_writable(config.general.run_path, "general.run_dir", moving=bool(found))
+    check_writable(folder, "checkpoints.checkpoints_path", moving=bool(found))
     return RunStart(path, metadata, replace_old_run=bool(found))
+
+
+def check_writable(folder: Path, key: str, moving: bool) -> None:
+    """Refuse a run or checkpoints folder that cannot be created (or, ``moving`` an old run aside, renamed)
+    here, before any process group, instead of a traceback from rank 0 after start-up."""
+    target = Path(os.path.realpath(folder))
+    existing = target
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{key}: {folder}: {existing} is not a folder; choose another {key}")
+    for d in [existing] + ([target.parent] if moving and target.exists() else []):
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise ConfigError(f"{key}: {folder}: cannot write in {d}; choose another {key} or make it writable")
 
 
 def move_aside(config: Config) -> list[Path]:
@@ -138,5 +162,6 @@ def move_aside(config: Config) -> list[Path]:
             while dst.exists():
                 dst, n = src.with_name(f"{src.name}.old-{stamp}-{n}"), n + 1
             src.rename(dst)
+            src.mkdir()  # a run folder given as a link keeps pointing at a folder
             moved.append(dst)
     return moved

@@ -17,6 +17,7 @@ if __package__ in (None, ""):  # run as a script by torchrun: make the repositor
 
 from nanoset.errors import NanosetError  # noqa: E402
 from runtime.config import Config, ConfigError  # noqa: E402
+from runtime.data.heldout import open_heldout, training_tokenizers  # noqa: E402
 from runtime.data.hf_cache import resolve_stage_folders  # noqa: E402
 from runtime.data.plan import DataPlan  # noqa: E402
 from runtime.run_start import RunStart, plan_start  # noqa: E402
@@ -43,13 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         config, plan, start = prepare(args.config)
+        heldout = open_heldout(config, training_tokenizers(plan))  # validation data, checked before start-up
     except USER_ERRORS as e:
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # every rank finds it: print once (per node)
             print(f"error: {e}", file=sys.stderr)
         return 1
     from runtime.trainer import Trainer
 
-    trainer = Trainer(config, plan=plan, start=start)
+    trainer = Trainer(config, plan=plan, start=start, heldout=heldout)
     try:
         trainer.train()
     except USER_ERRORS as e:  # found after start-up (e.g. data that changed since the checkpoint)

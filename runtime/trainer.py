@@ -21,6 +21,7 @@ from runtime.checkpoint import CheckpointManager
 from runtime.config import Config, ConfigError
 from runtime.data import DataPlan, StageDataset, get_train_dataloader
 from runtime.data.custom_loaders import loader_from_source
+from runtime.data.heldout import HeldOutSet, open_heldout, training_tokenizers
 from runtime.data.hf_cache import resolve_stage_folders
 from runtime.data.plan import StagePlan
 from runtime.data.prefetch import PrefetchIterator
@@ -32,6 +33,7 @@ from runtime.metrics import MetricsLogger, flops_per_token, peak_flops
 from runtime.parallel.context import ParallelContext
 from runtime.preemption import StopOnSignal
 from runtime.run_start import RunStart, move_aside, plan_start
+from runtime.validation import describe, evaluate, is_due
 
 KILL_AT_STEP_ENV = "NANOSET_FAULT_KILL_AT_STEP"  # fault injection for tests: SIGKILL rank 0 after this step
 
@@ -47,12 +49,14 @@ class TrainSummary:
 
 class Trainer:
     def __init__(self, config: Config | str | Path, parallel_context: ParallelContext | None = None,
-                 plan: DataPlan | None = None, start: RunStart | None = None) -> None:
+                 plan: DataPlan | None = None, start: RunStart | None = None,
+                 heldout: list[HeldOutSet] | None = None) -> None:
         self.config = config = config if isinstance(config, Config) else Config.from_yaml(config)
         # all data validation (I/O), checkpoint resolution and run-folder checks happen before any process group
         self.plan = plan if plan is not None else DataPlan(config, resolve_stage_folders(config))
         self.start = start if start is not None else plan_start(config)
         self.plan = self.plan.resumed_from(self.start.checkpoint, self.start.metadata)  # the past from its record
+        self.heldout = heldout if heldout is not None else open_heldout(config, training_tokenizers(self.plan))
         p = config.parallelism
         self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp)
         self.is_main = self.parallel_context.world_rank == 0
@@ -119,6 +123,9 @@ class Trainer:
                     "data_hash": self.plan.data_hash(step) if sources is None and self.is_main else None,
                     "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
                 })
+                if is_due(c, step, stage.index):  # before a checkpoint of this step: a resume never repeats it
+                    results = evaluate(self.engine, self.heldout, stage.sequence_length, stage.use_position_ids)
+                    self.metrics.log_validation(step, stage.name, results, describe(results))
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
                 # every rank stops after the same step; a signal during the last one changes nothing

@@ -120,6 +120,51 @@ def test_fresh_start_in_a_run_folder_is_refused_unless_replaced(reference, shard
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000002", "step-000003"]
 
 
+def test_replace_run_through_a_symlinked_run_dir(reference, shards, tmp_path):
+    """run_dir is a link: the old run (the link's target) is moved aside and the new one written through
+    the link (was: FileExistsError traceback after start-up, the link left dangling)."""
+    real = copy_of(reference, tmp_path)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    before = tree(real)
+    cfg = small_config(tmp_path, link, dp=1, steps=2, interval=2, single_stage=True,
+                       checkpoints={"resume": None, "replace_run": True})
+    train_one(cfg, shards)
+    (old,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.old-")]
+    assert tree(old) == before and link.is_symlink() and link.resolve() == real
+    assert [r["step"] for r in metrics(real)] == [1, 2]
+    assert sorted(p.name for p in (real / "checkpoints").iterdir()) == ["latest", "step-000002"]
+
+
+def test_a_kill_while_deleting_a_checkpoint_leaves_no_half_checkpoint(tmp_path, monkeypatch):
+    """Pruning (or replacing a checkpoint of the same step) renames the folder before deleting it: a kill
+    midway leaves a stale temporary folder, removed on the next start, never a step-N folder whose
+    metadata.json outlived its shards."""
+    import runtime.checkpoint as checkpoint
+    from runtime.run_start import saved_checkpoints
+
+    folder = tmp_path / "checkpoints"
+    make_checkpoints(folder, ["step-000002", "step-000004", "step-000006"], latest="step-000006")
+    for name in ("step-000002", "step-000004", "step-000006"):
+        (folder / name / "__0_0.distcp").write_bytes(b"shard")
+    real_rmtree = shutil.rmtree
+
+    def killed_midway(path, ignore_errors=False):
+        if (path / "__0_0.distcp").exists():
+            (path / "__0_0.distcp").unlink()
+            raise KeyboardInterrupt  # the process dies here
+        real_rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed_midway)
+    manager = CheckpointManager(folder, keep_last=2, is_writer=True)
+    with pytest.raises(KeyboardInterrupt):
+        manager._prune(keep="step-000006")
+    assert [p.name for p in saved_checkpoints(folder)] == ["step-000004", "step-000006"]
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", real_rmtree)
+    manager.clean_stale()
+    assert sorted(p.name for p in folder.iterdir()) == ["latest", "step-000004", "step-000006"]
+
+
 def test_checkpoint_of_another_model_is_refused_once(reference, shards, tmp_path):
     run = copy_of(reference, tmp_path)
     cfg = small_config(tmp_path, run, dp=2, steps=4, interval=2, single_stage=True,
@@ -134,10 +179,22 @@ def test_checkpoint_of_another_model_is_refused_once(reference, shards, tmp_path
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("case", ["missing-path", "dangling-latest", "tied-tp2"])
+@pytest.mark.parametrize("case", ["missing-path", "dangling-latest", "tied-tp2", "not-a-checkpoint", "run-dir-in-a-file"])
 def test_user_mistakes_are_one_line_before_start_up(shards, tmp_path, case):
     run = tmp_path / "run"
-    if case == "missing-path":
+    if case == "not-a-checkpoint":  # a metadata.json that is no training record (was: AttributeError traceback)
+        (tmp_path / "other").mkdir()
+        (tmp_path / "other" / "metadata.json").write_text("[1]")
+        cfg = small_config(tmp_path, run, checkpoints={"resume": str(tmp_path / "other")})
+        expected = (f"error: {tmp_path}/other/metadata.json: not a training checkpoint's metadata (TypeError: list "
+                    f"indices must be integers or slices, not str); give a step-N folder that a run saved")
+    elif case == "run-dir-in-a-file":  # was: FileExistsError traceback from rank 0 after start-up
+        (tmp_path / "file").write_text("")
+        run = tmp_path / "file" / "run"
+        cfg = small_config(tmp_path, run)
+        expected = (f"error: general.run_dir: {run}: {tmp_path}/file is not a folder; choose another "
+                    f"general.run_dir")
+    elif case == "missing-path":
         cfg = small_config(tmp_path, run, checkpoints={"resume": str(tmp_path / "nope" / "step-000040")})
         expected = (f"error: checkpoints.resume: {tmp_path}/nope/step-000040: no such folder "
                     f"(latest | PATH of a step-N folder | null)")

@@ -15,6 +15,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from runtime.config import ConfigError
+
 
 @dataclass
 class PartRecord:
@@ -76,5 +78,6 @@ def read_metadata_json(checkpoint: str | Path) -> dict:
         metadata = json.loads(path.read_text(encoding="utf-8"))
         TrainingMetadata.from_json(metadata["training"])
     except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a training checkpoint's metadata ({type(e).__name__}: {e})") from None
+        raise ConfigError(f"{path}: not a training checkpoint's metadata ({type(e).__name__}: {e}); give a step-N "
+                          f"folder that a run saved") from None
     return metadata

@@ -1,0 +1,154 @@
+"""Held-out (validation) sets: per named dataset, a fixed list of windows and its batches.
+
+A set's folders are one index space (the windows of the first folder, then of the next, ...).
+Its samples are the first ``samples`` of a seeded permutation of that space - keyed by the seed,
+the folders' content and the sequence length, never by the training data order or stages - so
+every evaluation of a run, and ``runtime.evaluate`` on any of its checkpoints, reads the same
+windows. Batches follow the training contract (global rows split by micro-batch, then dp rank);
+rows past the end of the set are padding whose labels are all masked, so the loss and token
+count are the same whatever the layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from nanoset import NanosetError, NanosetReader, TokenizerInfo, open_dataset
+from runtime.config import Config, ConfigError
+from runtime.data.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
+from runtime.data.permutation import FeistelPermutation
+from runtime.data.windows import TokenWindows
+
+
+@dataclass
+class HeldOutSet:
+    """One named validation dataset over its opened folders."""
+
+    name: str
+    folders: list[str]
+    readers: list[NanosetReader]
+    samples: int  # the configured number; fewer when the set has fewer windows
+    seed: int
+    _windows: dict[int, list[TokenWindows]] = field(default_factory=dict, repr=False)
+
+    def windows(self, sequence_length: int) -> list[TokenWindows]:
+        if sequence_length not in self._windows:
+            self._windows[sequence_length] = [TokenWindows(f, sequence_length, r)
+                                              for f, r in zip(self.folders, self.readers)]
+        return self._windows[sequence_length]
+
+    def num_windows(self, sequence_length: int) -> int:
+        return sum(w.num_samples for w in self.windows(sequence_length))
+
+    def sample_ids(self, sequence_length: int) -> np.ndarray:
+        """The set's windows, in evaluation order: the first ``samples`` of its seeded permutation."""
+        n = self.num_windows(sequence_length)
+        perm = FeistelPermutation(n, "validation", self.seed, [r.fingerprint for r in self.readers], sequence_length)
+        return perm(np.arange(min(self.samples, n), dtype=np.int64))
+
+    def examples(self, sequence_length: int, ids: np.ndarray, use_position_ids: bool) -> list[dict[str, np.ndarray]]:
+        """Windows ``ids`` (indices into the set's index space) as the examples a stage dataset yields."""
+        windows = self.windows(sequence_length)
+        bounds = np.cumsum([0] + [w.num_samples for w in windows])
+        which = np.searchsorted(bounds, ids, side="right") - 1
+        tokens = np.empty((len(ids), sequence_length + 1), dtype=np.int64)
+        positions = np.empty_like(tokens) if use_position_ids else None
+        for k in np.unique(which).tolist():
+            rows = np.flatnonzero(which == k)
+            local = ids[rows] - bounds[k]
+            tokens[rows] = windows[k].tokens(local)
+            if positions is not None:
+                positions[rows] = windows[k].position_ids(local)
+        if positions is None:
+            return [{"input_ids": row} for row in tokens]
+        return [{"input_ids": row, "position_ids": pos} for row, pos in zip(tokens, positions)]
+
+    def batches(self, sequence_length: int, use_position_ids: bool, ctx: Any, micro_batch_size: int,
+                accumulation: int, reads: bool) -> Iterator[list[dict] | None]:
+        """Per evaluation step, this rank's ``accumulation`` micro-batches of the set (padded at the end).
+
+        ``ctx`` gives ``dp_rank``, ``dp_size``, ``pp_rank``, ``pp_size``. A rank that does not read
+        (``reads`` False: a tp rank that receives by broadcast) gets None per step; a middle
+        pipeline rank gets TensorPointers only."""
+        ids = self.sample_ids(sequence_length)
+        rows_per_step = ctx.dp_size * micro_batch_size * accumulation
+        steps = -(-len(ids) // rows_per_step)
+        last = ctx.pp_size - 1
+        owns_data = ctx.pp_rank in (0, last)
+        cls = DataCollatorForCLMWithPositionIds if use_position_ids else DataCollatorForCLM
+        collate = cls(sequence_length, 0, last, pp_rank=ctx.pp_rank)
+        for s in range(steps):
+            if not owns_data:
+                yield [pointer_batch(0, last, use_position_ids) for _ in range(accumulation)]
+                continue
+            if not reads:
+                yield None
+                continue
+            out = []
+            for m in range(accumulation):
+                first = s * rows_per_step + (m * ctx.dp_size + ctx.dp_rank) * micro_batch_size
+                pos = np.arange(first, first + micro_batch_size)
+                pad = pos >= len(ids)
+                batch = collate(self.examples(sequence_length, ids[np.where(pad, 0, pos)], use_position_ids))
+                if ctx.pp_rank == last and pad.any():
+                    batch["label_mask"][torch.from_numpy(pad)] = False  # padding rows count no label
+                out.append(batch)
+            yield out
+
+
+def open_heldout(config: Config, training_tokenizers: list[tuple[TokenizerInfo | None, str]] | None = None
+                 ) -> list[HeldOutSet]:
+    """Open and check ``validation.datasets`` (before any process group): folders exist, one tokenizer -
+    the training data's when ``training_tokenizers`` (tokenizer, folder) are given - ids within
+    ``model.vocab_size``, and at least one window at every stage's sequence length."""
+    v = config.validation
+    if not v.datasets:
+        return []
+    seed = v.seed if v.seed is not None else config.general.seed
+    longest = max(config.stage_sequence_length(s) for s in config.data_stages)
+    known = [(t, f) for t, f in (training_tokenizers or []) if t is not None]
+    sets = []
+    for name in v.datasets:
+        where = f"validation.datasets.{name}"
+        readers = []
+        for folder in v.folders(name):
+            try:
+                readers.append(open_dataset(folder))
+            except NanosetError as e:
+                raise ConfigError(f"{where}: {e}") from None
+            known = _check_reader(readers[-1], folder, where, known, config.model.vocab_size)
+        held = HeldOutSet(name, v.folders(name), readers, v.samples, seed)
+        if held.num_windows(longest) == 0:
+            tokens = sum(r.num_tokens for r in readers)
+            raise ConfigError(f"{where}: {tokens} tokens, too few for one window of {longest + 1} (the longest stage "
+                              f"sequence length + 1); add data or shorten the stages' sequence_length")
+        sets.append(held)
+    return sets
+
+
+def training_tokenizers(plan: Any) -> list[tuple[TokenizerInfo | None, str]]:
+    """(tokenizer, folder) of each training dataset of a ``DataPlan``: what validation data must match."""
+    return [(w.reader.tokenizer, w.folder) for w in plan.datasets]
+
+
+def _check_reader(reader: NanosetReader, folder: str, where: str, known: list[tuple[TokenizerInfo, str]],
+                  vocab: int) -> list[tuple[TokenizerInfo, str]]:
+    """The reader's tokenizer matches the ones seen so far (returned with it added), and its ids fit the model."""
+    tok = reader.tokenizer
+    if tok is not None:
+        for other, other_folder in known:
+            if not tok.same_as(other):
+                raise ConfigError(f"{where}: {folder} was tokenized with {tok.describe()}, but {other_folder} with "
+                                  f"{other.describe()}; validation data must be made with the training tokenizer")
+        known = known + [(tok, folder)]
+        if tok.vocab_size and tok.vocab_size > vocab:
+            raise ConfigError(f"{where}: the tokenizer of {folder} has {tok.vocab_size} ids > model.vocab_size {vocab}")
+    top = reader.max_token_id
+    if top >= vocab:
+        raise ConfigError(f"{where}: {folder} holds token id {top}, ≥ model.vocab_size {vocab}; use data made with "
+                          f"the model's tokenizer")
+    return known

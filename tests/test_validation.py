@@ -1,0 +1,246 @@
+"""Validation loss (issue 10): the fixed held-out sample set, layout-invariant values, metrics rows,
+``runtime.evaluate`` on a checkpoint, and one-line config errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from conftest import TOKENIZER, run_cli
+from dist_harness import run_distributed
+from trainhelpers import error_lines, metrics, small_config, torchrun, train_one
+from validation_workers import evaluate_in_layout
+
+from nanoset import open_dataset
+from runtime.config import Config, ConfigError
+from runtime.data.heldout import open_heldout
+from runtime.data.permutation import FeistelPermutation
+from runtime.metrics import MetricsLogger
+
+
+def with_validation(cfg: Path, **validation) -> Path:
+    d = yaml.safe_load(cfg.read_text())
+    d["validation"] = validation
+    cfg.write_text(yaml.safe_dump(d))
+    return cfg
+
+
+def evaluate_cli(cfg: Path, checkpoint: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "runtime.evaluate", "--config", str(cfg), "--checkpoint",
+                           str(checkpoint), *extra], capture_output=True, text=True, cwd=cwd, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+# ---------------------------------------------------------------- the sample set -------------------
+
+
+def test_sample_set_is_the_seeded_permutation_prefix_whatever_the_stages(shards, tmp_path, monkeypatch):
+    monkeypatch.chdir(shards)
+    cfg = with_validation(small_config(tmp_path, tmp_path / "run"), samples=5,
+                          datasets={"mix": ["shards/sft", "shards/code"]})
+    (held,) = open_heldout(Config.from_yaml(cfg))
+    sft, code = open_dataset("shards/sft"), open_dataset("shards/code")
+    n_sft, n_code = (sft.num_tokens - 1) // 16, (code.num_tokens - 1) // 16
+    ids = held.sample_ids(16)
+    expected = FeistelPermutation(n_sft + n_code, "validation", 42, [sft.fingerprint, code.fingerprint], 16)(
+        np.arange(5))
+    assert ids.tolist() == expected.tolist() and len(set(ids.tolist())) == 5
+    # each id reads the window of the concatenated folders: sft's windows, then code's
+    tokens = [ex["input_ids"].tolist() for ex in held.examples(16, ids, use_position_ids=False)]
+    for i, row in zip(ids.tolist(), tokens):
+        reader, w = (sft, i) if i < n_sft else (code, i - n_sft)
+        assert row == reader.tokens(w * 16, w * 16 + 17).tolist()
+    # a prefix: more samples extend the set; other training stages (folders, seed, batch) change nothing
+    other = with_validation(small_config(tmp_path, tmp_path / "run2", dp=1, accum=3, single_stage=True,
+                                         name="other.yaml", general={"seed": 42}), samples=9,
+                            datasets={"mix": ["shards/sft", "shards/code"]})
+    d = yaml.safe_load(other.read_text())
+    d["data_stages"][0]["data"].update(seed=7, dataset={"dataset_folder": "shards/web"})
+    other.write_text(yaml.safe_dump(d))
+    (held9,) = open_heldout(Config.from_yaml(other))
+    assert held9.sample_ids(16)[:5].tolist() == ids.tolist()
+    # the validation seed changes the set
+    reseeded = with_validation(small_config(tmp_path, tmp_path / "run3", name="seeded.yaml"), samples=5, seed=1,
+                               datasets={"mix": ["shards/sft", "shards/code"]})
+    assert open_heldout(Config.from_yaml(reseeded))[0].sample_ids(16).tolist() != ids.tolist()
+
+
+def test_batches_follow_the_contract_and_pad_with_masked_labels(shards, tmp_path, monkeypatch):
+    """5 samples, dp 2 × micro-batch 2 × accumulation 2 = 8 rows per step: one step, 3 padding rows."""
+    from types import SimpleNamespace
+
+    monkeypatch.chdir(shards)
+    cfg = with_validation(small_config(tmp_path, tmp_path / "run"), samples=5, datasets={"sft": "shards/sft"})
+    (held,) = open_heldout(Config.from_yaml(cfg))
+    ids = held.sample_ids(16)
+    rows, masks = {}, {}
+    for dp_rank in (0, 1):
+        ctx = SimpleNamespace(dp_rank=dp_rank, dp_size=2, pp_rank=0, pp_size=1)
+        (step,) = list(held.batches(16, True, ctx, micro_batch_size=2, accumulation=2, reads=True))
+        for m, batch in enumerate(step):
+            for i in range(2):
+                g = m * 4 + dp_rank * 2 + i  # the row's place in the global batch
+                rows[g] = batch["label_ids"][i].tolist()
+                masks[g] = batch["label_mask"][i].tolist()
+    expected = [ex["input_ids"][1:].tolist() for ex in held.examples(16, ids, True)]
+    assert [rows[g] for g in range(5)] == expected
+    assert [any(masks[g]) for g in range(8)] == [True] * 5 + [False] * 3
+    middle = SimpleNamespace(dp_rank=0, dp_size=2, pp_rank=1, pp_size=3)  # owns no data: pointers only
+    (step,) = list(held.batches(16, True, middle, micro_batch_size=2, accumulation=2, reads=True))
+    assert {type(v).__name__ for b in step for v in b.values()} == {"TensorPointer"}
+
+
+# ---------------------------------------------------------------- layouts -------------------------
+
+LAYOUTS = {
+    "dp2": ({"dp": 2}, False),
+    "tp2": ({"tp": 2}, False),
+    "pp2-1f1b": ({"pp": 2, "pp_engine": "1f1b"}, False),
+    "pp2-interleaved": ({"pp": 2, "pp_engine": "interleaved-1f1b", "pp_virtual_stages": 2}, False),
+    "pp2-without-schedule-eval": ({"pp": 2, "pp_engine": "afab"}, True),
+}
+
+
+@pytest.fixture(scope="module")
+def layout_config(shards, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("layouts")
+    cfg = small_config(folder, folder / "run", dp=1, accum=2, single_stage=True,
+                       model={"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2})
+    return with_validation(cfg, samples=7, datasets={"sft": [str(shards / "shards" / "sft")],
+                                                      "web": str(shards / "shards" / "web")})
+
+
+@pytest.fixture(scope="module")
+def single_process(layout_config, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "val"
+    run_distributed(1, evaluate_in_layout, str(layout_config), {}, str(out), False)
+    return json.loads(Path(f"{out}.rank0").read_text())
+
+
+def test_single_process_values(layout_config, single_process):
+    # 7 windows of 32 tokens, position ids on: the labels that do not start a new document count
+    assert list(single_process) == ["sft", "web"]
+    for held in open_heldout(Config.from_yaml(layout_config)):
+        r = single_process[held.name]
+        examples = held.examples(32, held.sample_ids(32), use_position_ids=True)
+        assert len(examples) == 7 and r["tokens"] == sum(int((ex["position_ids"][1:] != 0).sum()) for ex in examples)
+        assert abs(r["loss"] - math.log(1536)) < 0.5  # an untrained model: about uniform
+        assert r["ppl"] == pytest.approx(math.exp(r["loss"]), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_every_layout_gives_the_single_process_value(layout_config, single_process, tmp_path, name):
+    layout, without_eval = LAYOUTS[name]
+    world = layout.get("dp", 1) * layout.get("tp", 1) * layout.get("pp", 1)
+    run_distributed(world, evaluate_in_layout, str(layout_config), layout, str(tmp_path / "val"), without_eval)
+    for rank in range(world):
+        got = json.loads((tmp_path / f"val.rank{rank}").read_text())
+        assert list(got) == list(single_process)
+        for ds, ref in single_process.items():
+            assert got[ds]["tokens"] == ref["tokens"]
+            assert abs(got[ds]["loss"] - ref["loss"]) < 1e-5, (name, rank, ds, got[ds], ref)
+
+
+# ---------------------------------------------------------------- training and the CLI --------------
+
+
+@pytest.fixture(scope="module")
+def trained(shards, tmp_path_factory):
+    """dp 2, stages at steps 1-3 (seq 32) and 4-6 (seq 16), validation every 2 steps and at stage ends."""
+    folder = tmp_path_factory.mktemp("trained")
+    run = folder / "run"
+    cfg = with_validation(small_config(folder, run, steps=6, boundary=4, interval=3), interval=2, samples=5,
+                          datasets={"sft": "shards/sft", "web": "shards/web"})
+    proc = torchrun(cfg, 2, cwd=shards)
+    return cfg, run, proc
+
+
+def test_metrics_rows_and_log_lines(trained):
+    cfg, run, proc = trained
+    rows = metrics(run)
+    val = [r for r in rows if "val" in r]
+    assert [(r["step"], r["stage"]) for r in val] == [(2, "pretrain"), (3, "pretrain"), (4, "anneal"), (6, "anneal")]
+    assert [r["step"] for r in rows if "val" not in r] == [1, 2, 3, 4, 5, 6]
+    for r in val:
+        assert set(r) == {"step", "stage", "val"} and list(r["val"]) == ["sft", "web"]
+        for v in r["val"].values():
+            assert set(v) == {"loss", "ppl", "tokens"} and v["ppl"] == pytest.approx(math.exp(v["loss"]))
+    # one sample set: the same windows at every evaluation of a stage (5 windows of 32, then of 16 tokens)
+    assert val[0]["val"]["sft"]["tokens"] == val[1]["val"]["sft"]["tokens"] <= 5 * 32
+    assert val[2]["val"]["sft"]["tokens"] == val[3]["val"]["sft"]["tokens"] <= 5 * 16
+    assert val[3]["val"]["sft"]["loss"] < val[2]["val"]["sft"]["loss"]  # it trains on sft in the anneal stage
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("val ")]
+    assert len(lines) == 4 and lines[0].startswith("val       2 | pretrain | sft: loss ")
+
+
+@pytest.mark.parametrize("checkpoint", ["step-000003", "latest"])
+def test_evaluate_cli_gives_the_in_training_value(trained, shards, checkpoint):
+    cfg, run, _ = trained
+    step = 3 if checkpoint == "step-000003" else 6
+    path = run / "checkpoints" / (checkpoint if checkpoint != "latest" else "")
+    proc = evaluate_cli(cfg, path, shards, "--json")
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout)
+    (logged,) = [r for r in metrics(run) if "val" in r and r["step"] == step]
+    assert row["step"] == step and row["stage"] == logged["stage"]
+    for name, v in logged["val"].items():
+        assert row["val"][name]["tokens"] == v["tokens"]
+        assert abs(row["val"][name]["loss"] - v["loss"]) < 1e-5
+    text = evaluate_cli(cfg, path, shards)
+    assert [line.split(": loss")[0] for line in text.stdout.splitlines()] == ["sft", "web"]
+
+
+def test_resume_keeps_one_validation_row_per_step(tmp_path):
+    rows = [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0}, {"step": 2, "stage": "a", "val": {"x": 1}},
+            {"step": 3, "loss": 3.0}, {"step": 4, "loss": 4.0}, {"step": 4, "stage": "a", "val": {"x": 2}},
+            {"step": 2, "loss": 12.0}, {"step": 2, "stage": "a", "val": {"x": 3}}]  # step 2 trained again
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    MetricsLogger(tmp_path, enabled=True, tensorboard=False).truncate_after(3)
+    assert metrics(tmp_path) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 12.0},
+                                 {"step": 2, "stage": "a", "val": {"x": 3}}, {"step": 3, "loss": 3.0}]
+
+
+# ---------------------------------------------------------------- mistakes ------------------------
+
+
+@pytest.mark.parametrize("validation, fragment", [
+    ({"datasets": {"v": "shards/sft"}, "samples": 0}, "validation.samples: must be > 0, got 0"),
+    ({"datasets": {"v": "shards/sft"}, "interval": -1}, "validation.interval: must be ≥ 0, got -1"),
+    ({"interval": 10}, "validation.interval is 10 but validation.datasets is empty; name at least one dataset"),
+    ({"datasets": {"v": "shards/sft"}, "sample": 3}, "validation.sample: unknown key; did you mean 'samples'?"),
+    ({"datasets": ["shards/sft"]}, "validation.datasets: expected a mapping, got ['shards/sft']"),
+    ({"datasets": {"v": []}}, "validation.datasets.v: give a dataset name and at least one folder"),
+    ({"datasets": {"v": ["shards/sft", "./shards/sft"]}}, "validation.datasets.v: a folder is listed twice"),
+])
+def test_config_mistakes(shards, tmp_path, validation, fragment):
+    cfg = with_validation(small_config(tmp_path, tmp_path / "run"), **validation)
+    with pytest.raises(ConfigError, match=None) as e:
+        Config.from_yaml(cfg)
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_data_mistakes_are_one_line_before_start_up(shards, tmp_path):
+    cfg = with_validation(small_config(tmp_path, tmp_path / "run", dp=1), datasets={"v": "shards/nope"})
+    proc = train_one(cfg, shards, check=False)
+    assert proc.returncode == 1 and len(error_lines(proc.stderr)) == 1
+    assert error_lines(proc.stderr)[0].startswith("error: validation.datasets.v: shards/nope")
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run" / "metrics.jsonl").exists()
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "a.jsonl").write_text('{"text": "hi"}\n')
+    run_cli("tokenize", tmp_path / "tiny", "-o", tmp_path / "tiny-ds", "--tokenizer", TOKENIZER, "--quiet")
+    tokens = open_dataset(tmp_path / "tiny-ds").num_tokens
+    short = with_validation(small_config(tmp_path, tmp_path / "run", dp=1, name="short.yaml"),
+                            datasets={"t": str(tmp_path / "tiny-ds")})
+    proc = train_one(short, shards, check=False)
+    assert proc.returncode == 1 and error_lines(proc.stderr) == [
+        f"error: validation.datasets.t: {tokens} tokens, too few for one window of 33 (the longest stage sequence "
+        f"length + 1); add data or shorten the stages' sequence_length"]
+    bad = evaluate_cli(cfg, tmp_path / "missing", shards)
+    assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0 and "Traceback" not in bad.stderr

@@ -1,0 +1,30 @@
+"""Processes for the validation tests: evaluate the held-out sets of a config in a given layout."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from runtime.config import Config, ParallelismArgs
+
+
+def evaluate_in_layout(rank: int, world: int, config_path: str, layout: dict, out_path: str,
+                       without_schedule_eval: bool) -> None:
+    from runtime.data.heldout import open_heldout
+    from runtime.engine import Engine
+    from runtime.parallel.context import ParallelContext
+    from runtime.validation import evaluate
+
+    if without_schedule_eval:  # torch before 2.8: pipeline schedules have no eval()
+        from torch.distributed.pipelining import schedules
+
+        del schedules._PipelineSchedule.eval
+    config = Config.from_yaml(config_path)
+    config = dataclasses.replace(config, parallelism=ParallelismArgs(**layout))
+    config.validate()
+    p = config.parallelism
+    engine = Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp))
+    stage = config.data_stages[0]
+    results = evaluate(engine, open_heldout(config), config.stage_sequence_length(stage), stage.data.use_position_ids)
+    with open(f"{out_path}.rank{rank}", "w") as f:
+        json.dump(results, f)
