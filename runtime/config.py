@@ -55,6 +55,8 @@ class ModelArgs:
     rms_norm_eps: float = 1e-5
     init_std: float = 0.02
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
+    # document: a token attends only to earlier tokens of its own document (where position_ids restart)
+    attention: Literal["causal", "document"] = "causal"
 
     @property
     def kv_heads(self) -> int:
@@ -313,6 +315,9 @@ def _validate_stages(c: Config) -> None:
             raise ConfigError(f"{where}.sequence_length {seq} > model.max_position_embeddings "
                               f"{c.model.max_position_embeddings}")
         _positive(s.data.num_loading_workers, f"{where}.data.num_loading_workers", allow_zero=True)
+        if c.model.attention == "document" and not s.data.use_position_ids:
+            raise ConfigError(f"{where}.data.use_position_ids: model.attention: document finds document boundaries "
+                              f"where position ids restart; set use_position_ids: true in every stage")
         _positive(s.data.prefetch, f"{where}.data.prefetch", allow_zero=True)
         ds = s.data.dataset
         if isinstance(ds, NanosetDatasetsArgs):

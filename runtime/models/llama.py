@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.config import ModelArgs
+from runtime.models.document_attention import attend, document_mask
 
 
 class RMSNorm(nn.Module):
@@ -50,7 +51,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(args.hidden_size, args.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(args.num_attention_heads * self.head_dim, args.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
         b, s, _ = x.shape
         # head counts come from the (possibly tensor-parallel, local) projections: -1
         q = self.q_proj(x).view(b, s, -1, self.head_dim)
@@ -62,7 +63,7 @@ class Attention(nn.Module):
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = attend(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -85,8 +86,8 @@ class DecoderLayer(nn.Module):
         self.mlp_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -115,8 +116,9 @@ class LlamaChunk(nn.Module):
             x = self.embed_tokens(x)
         head_dim = self.args.hidden_size // self.args.num_attention_heads
         cos, sin = rope_tables(position_ids, head_dim, self.args.rope_theta, x.dtype)
+        mask = document_mask(position_ids) if self.args.attention == "document" else None
         for layer in self.layers.values():
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, mask)
         if self.lm_head is None:
             return x, position_ids
         return self.lm_head(self.norm(x))

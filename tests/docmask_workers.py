@@ -1,0 +1,63 @@
+"""Processes for the document-attention tests: logits of packed rows in a parallel layout."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from engine_workers import TINY
+
+from runtime.config import Config
+from runtime.config_loading import from_dict
+
+# four packed rows of 16 tokens (documents of these lengths; the rest is padding, one position-0 token each)
+ROWS = [[5, 7, 3], [9, 7], [16], [2, 2, 2, 4]]
+LENGTH = 16
+
+
+def docmask_config(attention: str = "document", dp=1, tp=1, pp=1, engine="1f1b") -> Config:
+    """The engine tests' tiny model with position ids and ``attention``; four micro-batches per step."""
+    d = copy.deepcopy(TINY)
+    d["parallelism"] = {"dp": dp, "tp": tp, "pp": pp, "pp_engine": engine}
+    d["model"]["attention"] = attention
+    d["data_stages"][0]["data"]["use_position_ids"] = True
+    c = from_dict(Config, d, "config")
+    c.validate()
+    return c
+
+
+def packed_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and position ids (restarting per document, 0 for every padding token) of ``ROWS``."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 128, (len(ROWS), LENGTH), generator=g)
+    pos = torch.zeros(len(ROWS), LENGTH, dtype=torch.int64)
+    for r, docs in enumerate(ROWS):
+        at = 0
+        for n in docs:
+            pos[r, at : at + n] = torch.arange(n)
+            at += n
+    return ids, pos
+
+
+def packed_logits(rank: int, world: int, layout: dict, out_path: str) -> None:
+    """Full logits of the packed rows under document attention, from the last pipeline rank."""
+    from runtime.engine import Engine
+    from runtime.parallel.context import ParallelContext
+    from runtime.parallel.pipeline import build_schedule
+
+    config = docmask_config(**layout)
+    p = config.parallelism
+    ctx = ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp)
+    engine = Engine(config, ctx)
+    ids, pos = packed_inputs()
+    with torch.no_grad():
+        if p.pp == 1:
+            logits = engine.chunks[0](ids, pos)
+        else:
+            schedule = build_schedule(engine.chunks, engine.stage_ids, engine.total_stages, ctx.pp_pg, ctx.device,
+                                      p.pp_engine, len(ROWS), None)
+            logits = schedule.eval(ids, pos) if ctx.pp_rank == 0 else schedule.eval()
+    if engine.owns_loss:
+        full = logits.full_tensor() if hasattr(logits, "full_tensor") else logits  # a collective: every tp rank
+        if ctx.tp_rank == 0:
+            torch.save(full, out_path)
