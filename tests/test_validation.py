@@ -97,6 +97,34 @@ def test_batches_follow_the_contract_and_pad_with_masked_labels(shards, tmp_path
     assert {type(v).__name__ for b in step for v in b.values()} == {"TensorPointer"}
 
 
+def test_loss_masks_of_chat_folders_count_as_in_training(shards, tmp_path, monkeypatch):
+    """A set of a chat folder (``.ds.loss``) and a plain one: a label counts when its target token is
+    trained on (``loss[1:]``) and, with position ids, does not start a document."""
+    from types import SimpleNamespace
+
+    from conftest import FIXTURES
+
+    run_cli("tokenize", FIXTURES / "chat", "-o", tmp_path / "chat", "--tokenizer", TOKENIZER, "--chat", "--quiet")
+    monkeypatch.chdir(shards)
+    cfg = with_validation(small_config(tmp_path, tmp_path / "run"), samples=6,
+                          datasets={"mixed": [str(tmp_path / "chat"), "shards/sft"]})
+    (held,) = open_heldout(Config.from_yaml(cfg))
+    chat, sft = open_dataset(tmp_path / "chat"), open_dataset("shards/sft")
+    n_chat = (chat.num_tokens - 1) // 16
+    ids = held.sample_ids(16)
+    assert 0 < (ids < n_chat).sum() < 6  # windows of both folders
+    ctx = SimpleNamespace(dp_rank=0, dp_size=1, pp_rank=0, pp_size=1)
+    (step,) = list(held.batches(16, True, ctx, micro_batch_size=3, accumulation=2, reads=True))
+    got = np.concatenate([b["label_mask"].numpy() for b in step])
+    for row, i in zip(got, ids.tolist()):
+        reader, w = (chat, i) if i < n_chat else (sft, i - n_chat)
+        start = w * 16
+        starts = set((reader.document_starts(start, start + 17) - start).tolist())
+        trained = reader.loss_mask(start + 1, start + 17) if reader is chat else np.ones(16, dtype=bool)
+        assert row.tolist() == [bool(trained[t]) and (t + 1) not in starts for t in range(16)]
+    assert 0 < got[ids < n_chat].sum() < (ids < n_chat).sum() * 16  # prompts are not counted
+
+
 # ---------------------------------------------------------------- layouts -------------------------
 
 LAYOUTS = {

@@ -51,21 +51,28 @@ class HeldOutSet:
         return perm(np.arange(min(self.samples, n), dtype=np.int64))
 
     def examples(self, sequence_length: int, ids: np.ndarray, use_position_ids: bool) -> list[dict[str, np.ndarray]]:
-        """Windows ``ids`` (indices into the set's index space) as the examples a stage dataset yields."""
+        """Windows ``ids`` (indices into the set's index space) as the examples a stage dataset yields:
+        ``input_ids``, ``position_ids`` when used, and ``label_mask`` (loss masks) when a folder has one."""
         windows = self.windows(sequence_length)
         bounds = np.cumsum([0] + [w.num_samples for w in windows])
         which = np.searchsorted(bounds, ids, side="right") - 1
         tokens = np.empty((len(ids), sequence_length + 1), dtype=np.int64)
         positions = np.empty_like(tokens) if use_position_ids else None
+        masks = np.ones((len(ids), sequence_length), dtype=bool) if any(w.has_label_mask for w in windows) else None
         for k in np.unique(which).tolist():
             rows = np.flatnonzero(which == k)
             local = ids[rows] - bounds[k]
             tokens[rows] = windows[k].tokens(local)
             if positions is not None:
                 positions[rows] = windows[k].position_ids(local)
-        if positions is None:
-            return [{"input_ids": row} for row in tokens]
-        return [{"input_ids": row, "position_ids": pos} for row, pos in zip(tokens, positions)]
+            if masks is not None and windows[k].has_label_mask:
+                masks[rows] = windows[k].label_mask(local)
+        out = [{"input_ids": row} for row in tokens]
+        for key, values in (("position_ids", positions), ("label_mask", masks)):
+            if values is not None:
+                for ex, v in zip(out, values):
+                    ex[key] = v
+        return out
 
     def batches(self, sequence_length: int, use_position_ids: bool, ctx: Any, micro_batch_size: int,
                 accumulation: int, reads: bool) -> Iterator[list[dict] | None]:
