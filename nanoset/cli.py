@@ -17,7 +17,7 @@ from nanoset.errors import NanosetError
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
-    """Nanoset: tokenize corpora into memory-mapped shards, inspect and verify them."""
+    """Nanoset: tokenize corpora into memory-mapped shards, inspect, verify and convert them."""
 
 
 def _env_int(name: str, default: int) -> int:
@@ -81,6 +81,23 @@ def verify(path: Path) -> None:
     from nanoset.verify import verify_dataset
 
     click.echo(verify_dataset(path))
+
+
+@cli.command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Output Nanoset dataset folder.")
+@click.option("--tokenizer", default=None,
+              help="The tokenizer the data was made with, recorded in the manifest (default: the name in the "
+                   "datatrove metadata, or 'unknown').")
+@click.option("--eos-token", default=None, help="EOS token, when the tokenizer declares none.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
+def convert(src: Path, output: Path, tokenizer: str | None, eos_token: str | None, overwrite: bool) -> None:
+    """Convert SRC (a Megatron PREFIX, a folder of Megatron pairs, or a datatrove folder) into a Nanoset
+    folder with a manifest, copying the token ids (no re-tokenizing)."""
+    from nanoset.convert import convert as run
+
+    click.echo(run(src, output, tokenizer=tokenizer, eos_token=eos_token, overwrite=overwrite))
 
 
 def main() -> None:

@@ -201,7 +201,10 @@ def iter_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
 
 
 class TextReader:
-    """Yields the texts of one piece in batches, raising (or counting, with ``skip_bad``) bad rows."""
+    """Yields the texts of one piece in batches, raising (or counting, with ``skip_bad``) bad rows.
+
+    The row-level hooks (``_value``, ``_table_columns``, ``_table_values``, ``_weight``) are what a reader of
+    other values overrides (``nanoset.chat.ChatReader``: conversations); the file handling stays here."""
 
     def __init__(self, piece: Piece, text_column: str, skip_bad: bool) -> None:
         self.piece = piece
@@ -233,12 +236,16 @@ class TextReader:
         self.skipped += 1
 
     @staticmethod
-    def _batched(texts: Iterator[str]) -> Iterator[list[str]]:
+    def _weight(value: str) -> int:
+        """The size of a value in characters, for batching."""
+        return len(value)
+
+    def _batched(self, texts: Iterator[str]) -> Iterator[list[str]]:
         batch: list[str] = []
         chars = 0
         for t in texts:
             batch.append(t)
-            chars += len(t)
+            chars += self._weight(t)
             if chars >= BATCH_CHARS:
                 yield batch
                 batch, chars = [], 0
@@ -302,9 +309,23 @@ class TextReader:
                         self._lines_before += block.count(b"\n")
         return self._lines_before + index + 1
 
+    def _value(self, row: dict, where: Callable[[], str], escapes: bool) -> str | None:
+        """The value of one JSON row, or None for a bad row (counted, or raised without --skip-bad-lines);
+        ``escapes``: the row's JSON had ``\\u`` escapes, so a lone surrogate is possible."""
+        column = self.column
+        if column not in row:
+            raise self._missing_column(where(), list(row))
+        text = row[column]
+        if not isinstance(text, str):
+            self._bad(lambda: f"{where()}: column {column!r} is {type(text).__name__}, not text")
+            return None
+        if escapes and (bad := self._surrogate(text)):
+            self._bad(lambda: f"{where()}: column {column!r} holds a lone surrogate {bad}, which is not valid Unicode")
+            return None
+        return text
+
     def _jsonl_texts(self) -> Iterator[str]:
         path = self.piece.source.path
-        column = self.column
         for n, (line, offset) in enumerate(self._lines()):
             if not line or line.isspace():
                 continue
@@ -320,18 +341,9 @@ class TextReader:
             if not isinstance(row, dict):
                 self._bad(lambda: f"{path}:{self._line_number(n)}: expected a JSON object, got {type(row).__name__}")
                 continue
-            if column not in row:
-                raise self._missing_column(f"{path}:{self._line_number(n)}", list(row))
-            text = row[column]
-            if not isinstance(text, str):
-                self._bad(lambda: f"{path}:{self._line_number(n)}: column {column!r} is {type(text).__name__}, "
-                                  f"not text")
-                continue
-            if b"\\u" in line and (bad := self._surrogate(text)):
-                self._bad(lambda: f"{path}:{self._line_number(n)}: column {column!r} holds a lone surrogate "
-                                  f"{bad}, which is not valid Unicode")
-                continue
-            yield text
+            value = self._value(row, lambda: f"{path}:{self._line_number(n)}", b"\\u" in line)
+            if value is not None:
+                yield value
 
     def _json_array(self) -> Iterator[list[str]]:
         path = self.piece.source.path
@@ -350,17 +362,9 @@ class TextReader:
                 if not isinstance(row, dict):
                     self._bad(lambda: f"{path}: element {i} is {type(row).__name__}, expected a JSON object")
                     continue
-                if self.column not in row:
-                    raise self._missing_column(f"{path}: element {i}", list(row))
-                text = row[self.column]
-                if not isinstance(text, str):
-                    self._bad(lambda: f"{path}: element {i}: column {self.column!r} is not text")
-                    continue
-                if escapes and (bad := self._surrogate(text)):
-                    self._bad(lambda: f"{path}: element {i}: column {self.column!r} holds a lone surrogate {bad}, "
-                                      f"which is not valid Unicode")
-                    continue
-                yield text
+                value = self._value(row, lambda: f"{path}: element {i}", escapes)
+                if value is not None:
+                    yield value
 
         yield from self._batched(texts())
 
@@ -386,13 +390,22 @@ class TextReader:
                                   f"{type(v).__name__}, not text")
         return out
 
+    def _table_columns(self, names: list[str], where: str) -> list[str]:
+        """The columns to read from a table with columns ``names`` (a parquet file, a saved dataset)."""
+        if self.column not in names:
+            raise self._missing_column(where, names)
+        return [self.column]
+
+    def _table_values(self, table, first_row: int, where: str) -> list[str]:
+        """The values of an Arrow table or record batch of the ``_table_columns``, bad rows left out."""
+        return self._checked_column(table.column(0), first_row, where)
+
     def _parquet(self) -> Iterator[list[str]]:
         import pyarrow.parquet as pq
 
         path = self.piece.source.path
         pf = pq.ParquetFile(path)
-        if self.column not in pf.schema_arrow.names:
-            raise self._missing_column(path, pf.schema_arrow.names)
+        columns = self._table_columns(pf.schema_arrow.names, path)
         meta = pf.metadata
         groups, row, first = [], 0, None
         for g in range(meta.num_row_groups):
@@ -401,15 +414,14 @@ class TextReader:
                 first = row if first is None else first
             row += meta.row_group(g).num_rows
         row = first or 0
-        for batch in pf.iter_batches(batch_size=1024, row_groups=groups, columns=[self.column]):
-            yield self._checked_column(batch.column(0), row, path)
+        for batch in pf.iter_batches(batch_size=1024, row_groups=groups, columns=columns):
+            yield self._table_values(batch, row, path)
             row += batch.num_rows
 
     def _hf(self) -> Iterator[list[str]]:
         ds = _load_hf(self.piece.source)
         where = self.piece.source.path + (f"[{self.piece.source.split}]" if self.piece.source.split else "")
-        if self.column not in ds.column_names:
-            raise self._missing_column(where, ds.column_names)
-        ds = ds.select_columns([self.column]).with_format("arrow")  # Arrow values: bad UTF-8 is found per row
+        columns = self._table_columns(ds.column_names, where)
+        ds = ds.select_columns(columns).with_format("arrow")  # Arrow values: bad UTF-8 is found per row
         for a in range(self.piece.start, self.piece.stop, 1024):
-            yield self._checked_column(ds[a : min(a + 1024, self.piece.stop)].column(0), a, where)
+            yield self._table_values(ds[a : min(a + 1024, self.piece.stop)], a, where)

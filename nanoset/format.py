@@ -23,6 +23,8 @@ MANIFEST_NAME = "nanoset.json"
 TOKENS_SUFFIX = ".ds"
 INDEX_SUFFIX = ".ds.index"
 METADATA_SUFFIX = ".ds.metadata"
+LOSS_SUFFIX = ".ds.loss"  # one byte per token, 1 = trained on (datatrove's loss-mask side file)
+LOSS_DTYPE = np.dtype("u1")
 INDEX_DTYPE = np.dtype("<u8")
 UINT16_MAX_VOCAB = 65536
 
@@ -108,6 +110,7 @@ class ShardInfo:
 
     ``max_token_id`` (-1 for a shard without tokens) lets training check ids against the model's
     vocabulary without reading the data; manifests written before it existed read as None.
+    ``loss_tokens`` (shards with a ``.ds.loss`` file only) counts the tokens trained on.
     """
 
     name: str
@@ -116,10 +119,18 @@ class ShardInfo:
     sha256: dict[str, str] = field(default_factory=dict)
     sources: list[dict[str, Any]] = field(default_factory=list)
     max_token_id: int | None = None
+    loss_tokens: int | None = None
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> ShardInfo:
         return ShardInfo(**d)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record; ``loss_tokens`` only for a shard with a loss mask, so plain manifests keep their bytes."""
+        d = asdict(self)
+        if d["loss_tokens"] is None:
+            del d["loss_tokens"]
+        return d
 
 
 @dataclass
@@ -131,6 +142,8 @@ class Manifest:
     shards: list[ShardInfo]
     build: dict[str, Any] = field(default_factory=dict)
     skipped_lines: int = 0
+    loss_masks: bool = False  # every shard has a NAME.ds.loss
+    chat_template_sha256: str | None = None  # the chat template that rendered the conversations
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
 
@@ -159,8 +172,11 @@ class Manifest:
             "tokenizer": asdict(self.tokenizer),
             "build": self.build,
             "skipped_lines": self.skipped_lines,
-            "shards": [asdict(s) for s in self.shards],
+            "shards": [s.to_json() for s in self.shards],
         }
+        if self.loss_masks:  # only in chat datasets: plain manifests keep their bytes
+            d["loss_masks"] = True
+            d["chat_template_sha256"] = self.chat_template_sha256
         return json.dumps(d, indent=1, sort_keys=True) + "\n"
 
     @staticmethod
@@ -181,6 +197,8 @@ class Manifest:
             shards=[ShardInfo.from_json(s) for s in d["shards"]],
             build=d.get("build", {}),
             skipped_lines=d.get("skipped_lines", 0),
+            loss_masks=bool(d.get("loss_masks", False)),
+            chat_template_sha256=d.get("chat_template_sha256"),
         )
 
 
@@ -195,6 +213,9 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def shard_files(name: str) -> dict[str, str]:
-    """The three file names of shard ``name``, keyed by role."""
-    return {"ds": name + TOKENS_SUFFIX, "index": name + INDEX_SUFFIX, "metadata": name + METADATA_SUFFIX}
+def shard_files(name: str, loss: bool = False) -> dict[str, str]:
+    """The three file names of shard ``name``, keyed by role; with ``loss``, its loss mask too."""
+    files = {"ds": name + TOKENS_SUFFIX, "index": name + INDEX_SUFFIX, "metadata": name + METADATA_SUFFIX}
+    if loss:
+        files["loss"] = name + LOSS_SUFFIX
+    return files

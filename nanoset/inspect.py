@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 
 from nanoset.errors import NanosetError
-from nanoset.format import dtype_name
 from nanoset.reader import open_dataset
 
 SAMPLE_CHARS = 400
@@ -59,11 +58,11 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
         sample_docs.append(entry)
     return {
         "path": str(path),
-        "format": "datatrove" if ds.is_datatrove else "nanoset",
+        "format": ds.format,
         "num_shards": len(ds.shards),
         "num_tokens": ds.num_tokens,
         "num_documents": ds.num_documents,
-        "dtype": dtype_name(ds.dtype),
+        "dtype": ds.dtype.name,  # Megatron data may hold any integer dtype
         "tokenizer": tok_info.name if tok_info else None,
         "vocab_size": tok_info.vocab_size if tok_info else None,
         "eos_id": tok_info.eos_id if tok_info else None,
@@ -78,8 +77,9 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
 
 
 def _vocab_text(st: dict[str, Any]) -> str:
-    if st["vocab_size"] is None:  # a datatrove folder records neither vocabulary size nor EOS
-        return f"vocab unknown ({st['format']} folder; largest id {st['max_token_id']})   eos unknown"
+    if st["vocab_size"] is None:  # datatrove folders and Megatron data record neither vocabulary size nor EOS
+        source = "Megatron data" if st["format"] == "megatron" else f"{st['format']} folder"
+        return f"vocab unknown ({source}; largest id {st['max_token_id']})   eos unknown"
     return f"vocab {st['vocab_size']}   eos {st['eos_id']}   largest id {st['max_token_id']}"
 
 
@@ -88,7 +88,7 @@ def render_text(st: dict[str, Any]) -> str:
     out = [
         f"{st['path']}  ({st['format']})",
         f"  shards {st['num_shards']:,}   documents {st['num_documents']:,}   tokens {st['num_tokens']:,}",
-        f"  dtype {st['dtype']}   tokenizer {st['tokenizer']}   " + _vocab_text(st),
+        f"  dtype {st['dtype']}   tokenizer {st['tokenizer'] or 'unknown'}   " + _vocab_text(st),
     ]
     if st["skipped_lines"]:
         out.append(f"  skipped bad lines while tokenizing: {st['skipped_lines']:,}")

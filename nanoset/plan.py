@@ -13,13 +13,14 @@ import json
 import os
 import shutil
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from nanoset.corpus import Piece, Source, split_source
 from nanoset.errors import NanosetError
 from nanoset.format import (
     INDEX_SUFFIX,
+    LOSS_SUFFIX,
     MANIFEST_NAME,
     METADATA_SUFFIX,
     TOKENS_SUFFIX,
@@ -193,6 +194,9 @@ class OutputFolder:
             ds, index = (self.path / f for f in (s.name + TOKENS_SUFFIX, s.name + INDEX_SUFFIX))
             if not ds.is_file() or ds.stat().st_size != s.num_tokens * itemsize or not index.is_file():
                 return None
+            loss = self.path / (s.name + LOSS_SUFFIX)
+            if "loss" in s.sha256 and (not loss.is_file() or loss.stat().st_size != s.num_tokens):
+                return None
         return result
 
     def mark_done(self, task: Task, result: TaskResult) -> None:
@@ -219,7 +223,7 @@ class TaskResult:
     skipped_lines: int
 
     def to_json(self) -> dict:
-        return {"shards": [asdict(s) for s in self.shards], "skipped_lines": self.skipped_lines}
+        return {"shards": [s.to_json() for s in self.shards], "skipped_lines": self.skipped_lines}
 
     @staticmethod
     def from_json(d: dict) -> TaskResult:

@@ -47,6 +47,8 @@ class ShardReader:
     files; an array obtained earlier stays valid after the cache drops its map.
     """
 
+    format = "datatrove"  # a shard of a folder without a manifest; Nanoset shards have the same files
+
     def __init__(self, folder: Path, name: str, dtype: np.dtype, num_tokens: int, num_documents: int) -> None:
         self.folder = folder
         self.name = name
@@ -110,8 +112,13 @@ class NanosetReader:
         return int(self.document_offsets[-1])
 
     @property
+    def format(self) -> str:
+        """Where the data comes from: 'nanoset' (a manifest), 'datatrove' or 'megatron' (``nanoset.megatron``)."""
+        return "nanoset" if self.manifest is not None else self.shards[0].format
+
+    @property
     def is_datatrove(self) -> bool:
-        return self.manifest is None
+        return self.format == "datatrove"
 
     def _shard_of_token(self, pos: int) -> int:
         return int(np.searchsorted(self.token_offsets, pos, side="right")) - 1
@@ -199,8 +206,14 @@ class NanosetReader:
 
 
 def open_dataset(path: str | Path) -> NanosetReader:
-    """Open a Nanoset folder (with ``nanoset.json``) or a plain datatrove folder of ``*.ds`` shards."""
+    """Open a Nanoset folder (with ``nanoset.json``), a plain datatrove folder of ``*.ds`` shards, or a
+    Megatron dataset (a ``PREFIX`` of ``PREFIX.bin`` + ``PREFIX.idx``, or a folder of such pairs)."""
     folder = Path(path)
+    from nanoset.megatron import megatron_prefixes, open_megatron
+
+    prefixes = megatron_prefixes(folder)
+    if prefixes is not None:
+        return open_megatron(folder, prefixes)
     if not folder.is_dir():
         raise NanosetError(f"{folder}: no such dataset folder (create it with `nanoset tokenize ... -o {folder}`)")
     if not (folder / MANIFEST_NAME).is_file():

@@ -3,7 +3,8 @@
 Each task of the plan is tokenized by a worker process (the Rust encoder, in batches) straight
 into its own shard files, published by rename, then a marker. A rerun skips tasks with a
 marker; the manifest is written last from the markers in task order. The bytes written depend
-only on the plan, never on the number of workers or machines or on restarts.
+only on the plan, never on the number of workers or machines or on restarts. With ``chat`` the
+rows are conversations (``nanoset.chat``) and every shard also gets its loss mask.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from nanoset.chat import ChatColumns, ChatReader, encode_chats
+from nanoset.chat_template import ChatRenderer, ChatTemplate, load_chat_template, special_token_strings
 from nanoset.corpus import Piece, TextReader, discover
 from nanoset.errors import NanosetError
 from nanoset.format import Manifest, dtype_for_vocab, dtype_name
@@ -43,6 +46,11 @@ class TokenizeOptions:
     task_bytes: int | None = None  # input bytes per task; None: chosen from the corpus size (auto_task_bytes)
     splits: list[str] | None = None  # only these splits of Hugging Face DatasetDict inputs
     progress: bool = True
+    chat: bool = False  # rows are conversations: render with the chat template, write loss masks
+    chat_template: str | None = None  # a Jinja file; default: the tokenizer's own template
+    messages_column: str = "messages"
+    prompt_column: str = "prompt"
+    completion_column: str = "completion"
 
 
 FAULT_ENV = "NANOSET_FAULT_KILL_TASK"  # fault injection for tests: a worker SIGKILLs itself on this task
@@ -80,7 +88,9 @@ def _init_worker(tokenizer_path: str, config: dict, counters: tuple, single_thre
     if single_threaded:  # one process per core: keep the Rust encoder from oversubscribing
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         os.environ["RAYON_NUM_THREADS"] = "1"
-    _worker.update(tokenizer=load_tokenizer(Path(tokenizer_path)), config=config, counters=counters)
+    chat = config.get("chat")
+    renderer = ChatRenderer(ChatTemplate(chat["template"], chat["template_origin"]), chat["special_tokens"]) if chat else None
+    _worker.update(tokenizer=load_tokenizer(Path(tokenizer_path)), config=config, counters=counters, renderer=renderer)
 
 
 def _encode(tok, texts: list[str], eos_id: int, append_eos: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -106,8 +116,9 @@ def _encode(tok, texts: list[str], eos_id: int, append_eos: bool) -> tuple[np.nd
 
 
 def _write_split(writers: list[ShardWriter], new_writer, flat: np.ndarray, lengths: np.ndarray,
-                 max_tokens: int | None) -> None:
-    """Append documents, opening a new shard whenever the next one would pass ``max_tokens``."""
+                 max_tokens: int | None, loss: np.ndarray | None = None) -> None:
+    """Append documents (and their loss masks), opening a new shard whenever the next one would pass
+    ``max_tokens``."""
     ends = np.cumsum(lengths)
     i, base = 0, 0
     while i < len(lengths):
@@ -123,7 +134,7 @@ def _write_split(writers: list[ShardWriter], new_writer, flat: np.ndarray, lengt
                     continue
                 k = 1  # a document longer than the limit gets a shard of its own
         stop = int(ends[i + k - 1])
-        w.add_documents(flat[base:stop], lengths[i : i + k])
+        w.add_documents(flat[base:stop], lengths[i : i + k], None if loss is None else loss[base:stop])
         i, base = i + k, stop
 
 
@@ -136,19 +147,28 @@ def run_task(task: Task, out: str, prefix: str) -> TaskResult:
     dtype = np.dtype(cfg["dtype"])
     writers: list[ShardWriter] = []
 
+    chat = cfg.get("chat")
+
     def new_writer() -> ShardWriter:
-        return ShardWriter(out, f"{prefix}_{len(writers):05d}", dtype, cfg["tokenizer_name"])
+        return ShardWriter(out, f"{prefix}_{len(writers):05d}", dtype, cfg["tokenizer_name"], loss_masks=bool(chat))
 
     writers.append(new_writer())
     sources: dict[str, list[dict]] = {}  # shard name -> the pieces its documents came from
     skipped = 0
     try:
         for piece in task.pieces:
-            reader = TextReader(piece, cfg["text_column"], cfg["skip_bad_lines"])
+            if chat:
+                reader: TextReader = ChatReader(piece, ChatColumns(**chat["columns"]), _worker["renderer"],
+                                                cfg["skip_bad_lines"])
+            else:
+                reader = TextReader(piece, cfg["text_column"], cfg["skip_bad_lines"])
             for texts in reader.batches():
-                flat, lengths = _encode(tok, texts, cfg["eos_id"], cfg["append_eos"])
+                if chat:
+                    flat, loss, lengths = encode_chats(tok, texts, cfg["eos_id"])
+                else:
+                    (flat, lengths), loss = _encode(tok, texts, cfg["eos_id"], cfg["append_eos"]), None
                 first = len(writers) - 1
-                _write_split(writers, new_writer, flat, lengths, cfg["max_tokens_per_shard"])
+                _write_split(writers, new_writer, flat, lengths, cfg["max_tokens_per_shard"], loss)
                 for w in writers[first:]:
                     pieces = sources.setdefault(w.name, [])
                     if not pieces or pieces[-1] != piece.to_json():
@@ -186,7 +206,23 @@ def _appends_eos(tok, eos_id: int) -> bool:
     return not ids or ids[-1] != eos_id
 
 
-def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer) -> Plan:
+def chat_config(opts: TokenizeOptions, tokenizer: ResolvedTokenizer) -> dict | None:
+    """What workers need to render conversations (None without ``--chat``); the template is compiled here
+    once, so a syntax error stops the job before any worker starts."""
+    if not opts.chat:
+        if opts.chat_template is not None:
+            raise NanosetError("--chat-template needs --chat")
+        return None
+    template = load_chat_template(tokenizer.path, opts.chat_template)
+    special = special_token_strings(tokenizer.path, tokenizer.info.eos_token)
+    ChatRenderer(template, special)
+    return {"template": template.source, "template_origin": template.origin, "template_sha256": template.sha256,
+            "special_tokens": special,
+            "columns": {"messages": opts.messages_column, "prompt": opts.prompt_column,
+                        "completion": opts.completion_column}}
+
+
+def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: dict | None = None) -> Plan:
     info = tokenizer.info
     options = {
         "tokenizer_sha256": info.sha256,
@@ -196,6 +232,10 @@ def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer) -> Plan:
         "max_tokens_per_shard": opts.max_tokens_per_shard,
         "skip_bad_lines": opts.skip_bad_lines,
     }
+    if chat is not None:  # only chat plans carry the key: plain plans (and manifests) keep their bytes
+        del options["text_column"]
+        options["chat"] = {"template_sha256": chat["template_sha256"], "special_tokens": chat["special_tokens"],
+                           **{f"{k}_column": v for k, v in chat["columns"].items()}}
     sources = discover(opts.inputs)
     if opts.splits is not None:
         sources = [s for s in sources if s.split is None or s.split in opts.splits]
@@ -217,7 +257,8 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         raise NanosetError(f"--max-tokens-per-shard must be ≥ 1, got {opts.max_tokens_per_shard}")
     t0 = time.perf_counter()
     tokenizer = resolve_tokenizer(opts.tokenizer, opts.eos_token)
-    plan = build_plan(opts, tokenizer)
+    chat = chat_config(opts, tokenizer)
+    plan = build_plan(opts, tokenizer, chat)
     folder = OutputFolder(opts.output)
     if folder.prepare(plan, opts.overwrite):
         return _summary(opts, plan, folder.completed_manifest(), 0, len(plan.tasks), True, t0)
@@ -233,6 +274,7 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         "eos_id": tokenizer.info.eos_id,
         "append_eos": _appends_eos(load_tokenizer(tokenizer.path), tokenizer.info.eos_id),
         "max_tokens_per_shard": opts.max_tokens_per_shard,
+        "chat": chat,
     }
     try:
         _run_tasks(todo, plan, folder, tokenizer, config, opts)
@@ -250,11 +292,13 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
             return _summary(opts, plan, finished, len(todo), len(mine) - len(todo), True, t0)
         # other --task-index runs have work left
         partial = Manifest(tokenizer.info, plan.build["dtype"],
-                           [s for t in mine if results[t.index] is not None for s in results[t.index].shards])
+                           [s for t in mine if results[t.index] is not None for s in results[t.index].shards],
+                           loss_masks=chat is not None)
         return _summary(opts, plan, partial, len(todo), len(mine) - len(todo), False, t0)
     manifest = Manifest(tokenizer=tokenizer.info, dtype=plan.build["dtype"],
                         shards=[s for r in results for s in r.shards], build=plan.build,
-                        skipped_lines=sum(r.skipped_lines for r in results))
+                        skipped_lines=sum(r.skipped_lines for r in results), loss_masks=chat is not None,
+                        chat_template_sha256=chat["template_sha256"] if chat else None)
     if manifest.num_documents == 0:
         raise NanosetError(f"{', '.join(opts.inputs)}: no documents found in the input; nothing to tokenize")
     write_manifest(opts.output, manifest)

@@ -9,6 +9,7 @@ import numpy as np
 
 from nanoset.errors import NanosetError
 from nanoset.format import ShardInfo
+from nanoset.megatron import MegatronShardReader, verify_megatron_shard
 from nanoset.reader import NanosetReader, ShardReader, open_dataset
 
 CHUNK_TOKENS = 1 << 24
@@ -31,6 +32,8 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | No
     largest id or a missing EOS; returns the shard's largest token id (-1 when empty)."""
     expected_sha = expected.sha256 if expected else None
     shard.check_sizes()
+    if isinstance(shard, MegatronShardReader):
+        verify_megatron_shard(shard)
     if expected_sha:
         for role, path in (("ds", shard.tokens_path), ("index", shard.index_path), ("metadata", shard.metadata_path)):
             got = _sha256(path)
@@ -50,13 +53,18 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | No
     for start in range(0, shard.num_tokens, CHUNK_TOKENS):
         chunk = shard.tokens[start : start + CHUNK_TOKENS]
         top = int(chunk.max())
+        if chunk.dtype.kind == "i" and int(chunk.min()) < 0:  # Megatron's signed dtypes
+            pos = start + int(np.argmax(chunk < 0))
+            raise NanosetError(f"{shard.tokens_path}: negative token id {int(chunk[pos - start])} at position {pos}; "
+                               f"token ids must be ≥ 0")
         if tok is not None and tok.vocab_size is not None and top >= tok.vocab_size:
             pos = start + int(np.argmax(chunk >= tok.vocab_size))
             raise _fail(shard.tokens_path, f"token id {top} at position {pos} is ≥ the vocab size {tok.vocab_size}")
         largest = max(largest, top)
     if expected is not None and expected.max_token_id is not None and expected.max_token_id != largest:
         raise _fail(shard.tokens_path, f"largest token id {largest} differs from the manifest's {expected.max_token_id}")
-    if tok is not None and tok.eos_id is not None and len(ends):
+    # `nanoset convert` records documents_end_with_eos: false for foreign data that does not end its documents so
+    if tok is not None and tok.eos_id is not None and len(ends) and _eos_terminated(ds):
         last = np.asarray(shard.tokens[ends - 1])
         missing = np.flatnonzero(last != tok.eos_id)
         if len(missing):
@@ -65,11 +73,19 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | No
     return largest
 
 
+def _eos_terminated(ds: NanosetReader) -> bool:
+    return ds.manifest is None or ds.manifest.build.get("documents_end_with_eos", True) is not False
+
+
 def verify_dataset(path: Path) -> str:
     """Verify every shard of the dataset at ``path``; returns a one-line report, raises on a problem."""
     ds = open_dataset(path)
     largest = max(verify_shard(ds, shard, ds.manifest.shards[i] if ds.manifest else None)
                   for i, shard in enumerate(ds.shards))
-    kind = "checksums, index, token ids and EOS" if ds.manifest else "sizes and index (datatrove folder: no checksums)"
+    kind = {"nanoset": "checksums, index, token ids and EOS" if _eos_terminated(ds) else
+                       "checksums, index and token ids; converted data whose documents need not end with EOS",
+            "datatrove": "sizes and index (datatrove folder: no checksums)",
+            "megatron": "sizes and offsets; Megatron data: no checksums, and its documents need not end with EOS",
+            }[ds.format]
     return (f"OK: {path}: {len(ds.shards)} shards, {ds.num_documents:,} documents, {ds.num_tokens:,} tokens, "
             f"largest id {largest} verified ({kind})")

@@ -42,14 +42,35 @@ class ParallelismArgs:
 
 
 @dataclass
+class RopeScalingArgs:
+    """RoPE frequency scaling as Hugging Face configs write it: ``linear`` (positions / factor) or ``llama3``
+    (Llama 3.1: long wavelengths / factor, short ones kept, a smooth ramp between)."""
+
+    rope_type: Literal["linear", "llama3"]
+    factor: float
+    low_freq_factor: float | None = None  # llama3 only
+    high_freq_factor: float | None = None  # llama3 only
+    original_max_position_embeddings: int | None = None  # llama3 only
+
+
+# the model sizes; with model.init_from_hf they may be omitted (taken from its config.json)
+MODEL_SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+                   "max_position_embeddings")
+
+
+@dataclass
 class ModelArgs:
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    intermediate_size: int
-    vocab_size: int
-    max_position_embeddings: int
+    hidden_size: int | None = None
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    intermediate_size: int | None = None
+    vocab_size: int | None = None
+    max_position_embeddings: int | None = None
     num_key_value_heads: int | None = None  # default: num_attention_heads (no grouping)
+    head_dim: int | None = None  # default: hidden_size // num_attention_heads
+    rope_scaling: RopeScalingArgs | None = None
+    # a local Hugging Face Llama folder: its config.json gives the sizes, its weights start a fresh run
+    init_from_hf: str | None = None
     tie_word_embeddings: bool = False
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
@@ -61,6 +82,10 @@ class ModelArgs:
     @property
     def kv_heads(self) -> int:
         return self.num_key_value_heads or self.num_attention_heads
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
 
 
 @dataclass
@@ -100,6 +125,7 @@ class CheckpointsArgs:
     # size mid-stage changed: finished stages keep the checkpoint's record, the current one changes from the resume
     allow_data_change: bool = False
     replace_run: bool = False  # starting fresh where a run exists: move the old one to <run_dir>.old-<time>
+    export_hf: bool = False  # at the end of training: the final checkpoint as a Hugging Face folder, <run_dir>/hf
 
 
 @dataclass
@@ -196,6 +222,10 @@ class Config:
             raise ConfigError(f"{path}: not valid YAML ({e})") from None
         try:
             config = from_dict(Config, data, "config")
+            if config.model.init_from_hf is not None:
+                from runtime.hf.config_map import apply_hf_config
+
+                apply_hf_config(config.model, given=set(data["model"]))
             config.validate()
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from None
@@ -236,19 +266,24 @@ def _positive(value: int | float, path: str, allow_zero: bool = False) -> None:
 
 def _validate_sizes(c: Config) -> None:
     m, t = c.model, c.tokens
-    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
-                 "max_position_embeddings"):
+    for name in MODEL_SIZE_KEYS:
+        if getattr(m, name) is None:
+            raise ConfigError(f"model.{name}: required key is missing (give it, or model.init_from_hf: PATH of a "
+                              f"Hugging Face model whose config.json has it)")
         _positive(getattr(m, name), f"model.{name}")
     for name in ("sequence_length", "micro_batch_size", "train_steps", "batch_accumulation_per_replica"):
         _positive(getattr(t, name), f"tokens.{name}")
-    if m.hidden_size % m.num_attention_heads:
+    if m.head_dim is not None:
+        _positive(m.head_dim, "model.head_dim")
+    elif m.hidden_size % m.num_attention_heads:
         raise ConfigError(f"model.hidden_size {m.hidden_size} is not divisible by num_attention_heads "
-                          f"{m.num_attention_heads}")
+                          f"{m.num_attention_heads}; give model.head_dim")
     if m.num_attention_heads % m.kv_heads:
         raise ConfigError(f"model.num_attention_heads {m.num_attention_heads} is not divisible by "
                           f"num_key_value_heads {m.kv_heads}")
-    if (m.hidden_size // m.num_attention_heads) % 2:
-        raise ConfigError(f"model: head size {m.hidden_size // m.num_attention_heads} must be even for RoPE")
+    if m.head_size % 2:
+        raise ConfigError(f"model: head size {m.head_size} must be even for RoPE")
+    _validate_rope_scaling(m.rope_scaling)
     if t.sequence_length > m.max_position_embeddings:
         raise ConfigError(f"tokens.sequence_length {t.sequence_length} > model.max_position_embeddings "
                           f"{m.max_position_embeddings}; lower one or raise the other")
@@ -263,6 +298,24 @@ def _validate_sizes(c: Config) -> None:
     _positive(c.checkpoints.checkpoint_interval, "checkpoints.checkpoint_interval", allow_zero=True)
     _positive(c.checkpoints.keep_last, "checkpoints.keep_last")
     _positive(c.logging.log_interval, "logging.log_interval")
+
+
+def _validate_rope_scaling(r: RopeScalingArgs | None) -> None:
+    if r is None:
+        return
+    _positive(r.factor, "model.rope_scaling.factor")
+    llama3 = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    for name in llama3:
+        value = getattr(r, name)
+        if r.rope_type == "llama3" and value is None:
+            raise ConfigError(f"model.rope_scaling.{name}: required with rope_type llama3")
+        if r.rope_type == "linear" and value is not None:
+            raise ConfigError(f"model.rope_scaling.{name}: only applies to rope_type llama3; remove it")
+        if value is not None:
+            _positive(value, f"model.rope_scaling.{name}")
+    if r.rope_type == "llama3" and r.high_freq_factor <= r.low_freq_factor:
+        raise ConfigError(f"model.rope_scaling: high_freq_factor {r.high_freq_factor} must be > low_freq_factor "
+                          f"{r.low_freq_factor}")
 
 
 def _validate_parallelism(c: Config) -> None:

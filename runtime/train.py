@@ -20,6 +20,7 @@ from runtime.config import Config, ConfigError  # noqa: E402
 from runtime.data.heldout import open_heldout, training_tokenizers  # noqa: E402
 from runtime.data.hf_cache import resolve_stage_folders  # noqa: E402
 from runtime.data.plan import DataPlan  # noqa: E402
+from runtime.hf.preflight import check_init_from_hf  # noqa: E402
 from runtime.run_start import RunStart, plan_start  # noqa: E402
 
 USER_ERRORS = (ConfigError, NanosetError, FileNotFoundError, TimeoutError)
@@ -35,6 +36,7 @@ def prepare(config_path: str) -> tuple[Config, DataPlan, RunStart]:
                           f"processes, but {world} were launched; use torchrun --nproc_per_node={p.tp * p.pp * p.dp}")
     start = plan_start(config)
     plan = DataPlan(config, resolve_stage_folders(config)).resumed_from(start.checkpoint, start.metadata)
+    check_init_from_hf(config, plan, fresh_start=start.checkpoint is None)
     return config, plan, start
 
 

@@ -11,7 +11,7 @@ import gc
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -28,6 +28,9 @@ from runtime.data.prefetch import PrefetchIterator
 from runtime.data.stages import training_metadata
 from runtime.data.tp_broadcast import broadcast_batches
 from runtime.engine import Engine
+from runtime.hf.export import export_checkpoint
+from runtime.hf.load import load_hf_weights
+from runtime.hf.preflight import check_init_from_hf, data_tokenizer
 from runtime.lr_schedule import LRSchedule
 from runtime.metrics import MetricsLogger, flops_per_token, peak_flops
 from runtime.parallel.context import ParallelContext
@@ -56,6 +59,8 @@ class Trainer:
         self.plan = plan if plan is not None else DataPlan(config, resolve_stage_folders(config))
         self.start = start if start is not None else plan_start(config)
         self.plan = self.plan.resumed_from(self.start.checkpoint, self.start.metadata)  # the past from its record
+        if plan is None:  # train.prepare checked it already
+            check_init_from_hf(config, self.plan, fresh_start=self.start.checkpoint is None)
         self.heldout = heldout if heldout is not None else open_heldout(config, training_tokenizers(self.plan))
         p = config.parallelism
         self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp)
@@ -140,6 +145,8 @@ class Trainer:
                 self._save(self.last_step)
         summary.checkpoint = self.checkpoints.resolve("latest")
         summary.last_step = self.last_step
+        if c.checkpoints.export_hf and not summary.stopped_by_signal and summary.checkpoint is not None:
+            self._export_hf(summary.checkpoint)
         self._release_loader()
         self._print_summary(summary, stop.received)
         return summary
@@ -225,19 +232,31 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints -------------
 
     def _save(self, step: int) -> Path:
+        tokenizer = data_tokenizer(self.plan)  # for runtime.export: bos/eos ids and the tokenizer files
         meta = {"training": training_metadata(self.plan, step).to_json(),
-                "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict()}
+                "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict(),
+                "tokenizer": asdict(tokenizer) if tokenizer is not None else None}
         return self.checkpoints.save(self.engine, step, meta)
 
     def _resume(self) -> int:
         path = self.start.checkpoint
         if path is None:
+            if self.config.model.init_from_hf is not None:
+                load_hf_weights(self.engine.chunks, self.config.model.init_from_hf)
+                self.metrics.info(f"weights from {self.config.model.init_from_hf} (model.init_from_hf)")
             return 0
         meta = self.checkpoints.load(self.engine, path)
         training = meta["training"]
         last = int(training["last_train_step"])
         self.metrics.info(f"resumed from {path} at step {last}")
         return last
+
+    def _export_hf(self, checkpoint: Path) -> None:
+        """``checkpoints.export_hf``: the final checkpoint as a Hugging Face folder, ``run_dir/hf`` (rank 0)."""
+        if self.is_main:
+            out = export_checkpoint(checkpoint, self.run_dir / "hf", replace=True)
+            self.metrics.info(f"exported {checkpoint.name} to {out} (Hugging Face LlamaForCausalLM)")
+        torch.distributed.barrier()
 
     # ------------------------------------------------------------------ reporting ---------------
 

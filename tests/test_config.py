@@ -121,7 +121,7 @@ def test_not_a_dataset_folder(tmp_path, shards, monkeypatch):
 
 def test_vocab_too_small(tmp_path, shards, monkeypatch):
     data_fails(tmp_path, shards, monkeypatch, lambda d: d["model"].update(vocab_size=1000),
-               "model.vocab_size 1000 < vocab size 1492", "raise model.vocab_size to at least 1492")
+               "model.vocab_size 1000 < vocab size 1494", "raise model.vocab_size to at least 1494")
 
 
 def test_one_tokenizer_for_all(tmp_path, shards, monkeypatch):

@@ -1,15 +1,18 @@
 """Generate the committed fixtures: a small synthetic corpus in several formats and a BPE tokenizer.
 
-    python tools/make_fixtures.py            # rewrites data_fixtures/corpus and data_fixtures/tokenizer
+    python tools/make_fixtures.py   # rewrites data_fixtures/corpus, data_fixtures/chat and data_fixtures/tokenizer
 
 The text is produced from seeded templates (nothing is downloaded): three datasets with
 different styles - ``web`` prose, ``code`` and ``sft`` question/answer pairs - so that blends
-and stage switches have something visibly different to train on.
+and stage switches have something visibly different to train on; and ``chat``, conversations for
+``nanoset tokenize --chat`` (outside ``corpus/``, whose files all hold a ``text`` column). The
+output is byte-identical on every run (gzip headers carry no time).
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import random
 import shutil
@@ -27,6 +30,11 @@ PEOPLE = ("the miller, the teacher, a traveller, the captain, an old sailor, the
           "the librarian, a farmer, the astronomer").split(", ")
 PLACES = "Korvath Alma Senn Ivel Dunmore Tarrow Belcastle Orrin Wexley Marrowgate Linden Quay".split()
 SEASONS = "spring summer autumn winter".split()
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+CHAT_TOKENS = ["<|im_start|>", "<|im_end|>"]  # added after training: the ids of the other corpora do not move
 
 
 def sentence(r: random.Random) -> str:
@@ -83,6 +91,53 @@ def sft_doc(r: random.Random) -> str:
     return f"### Question:\n{q}\n### Answer:\n{ans}"
 
 
+def qa_pair(r: random.Random) -> tuple[str, str]:
+    kind = r.randrange(4)
+    if kind == 0:
+        a, b = r.randrange(1, 100), r.randrange(1, 100)
+        return f"What is {a} plus {b}?", f"{a} plus {b} is {a + b}."
+    if kind == 1:
+        p, n = r.choice(PLACES), r.choice(NOUNS)
+        return f"Where is the {n} of {p}?", f"The {n} of {p} stands beside the {r.choice(ADJS)} {r.choice(NOUNS)}."
+    if kind == 2:
+        w = r.choice(NOUNS)
+        return f"Spell the word {w} backwards.", f"The word {w} backwards is {w[::-1]}."
+    return f"Tell me about {r.choice(PLACES)}.", " ".join(sentence(r) for _ in range(r.randrange(1, 4)))
+
+
+def chat_messages(r: random.Random) -> list[dict[str, str]]:
+    """A conversation: an optional system prompt, then one to three user/assistant exchanges."""
+    messages = []
+    if r.random() < 0.5:
+        messages.append({"role": "system", "content": f"You are a {r.choice(ADJS)} guide to {r.choice(PLACES)}."})
+    for _ in range(r.randrange(1, 4)):
+        q, a = qa_pair(r)
+        messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    return messages
+
+
+def make_chat(root: Path) -> None:
+    """``chat-000.jsonl`` (messages lists, multi-turn, system prompts) and ``chat-001.parquet`` (prompt and
+    completion columns): the conversations of ``nanoset tokenize --chat``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    r = random.Random(4321)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    with open(root / "chat-000.jsonl", "w", encoding="utf-8") as f:
+        for i in range(300):
+            f.write(json.dumps({"id": f"chat-{i}", "messages": chat_messages(r)}) + "\n")
+    pairs = [qa_pair(r) for _ in range(200)]
+    pq.write_table(pa.table({"prompt": [q for q, _ in pairs], "completion": [a for _, a in pairs]}),
+                   root / "chat-001.parquet", row_group_size=64)
+
+
+def gzip_text(path: Path, mode: str, encoding: str):
+    """A text file written through gzip with no time in its header, so that reruns are byte-identical."""
+    return io.TextIOWrapper(gzip.GzipFile(path, mode.replace("t", "b"), mtime=0), encoding=encoding)
+
+
 def write_jsonl(path: Path, docs: list[str], opener=open) -> None:
     with opener(path, "wt", encoding="utf-8") as f:
         for i, d in enumerate(docs):
@@ -111,7 +166,7 @@ def make_corpus(root: Path) -> None:
     for d in (web, code / "files", sft):
         d.mkdir(parents=True)
     write_jsonl(web / "web-000.jsonl", [web_doc(r) for _ in range(1500)])
-    write_jsonl(web / "web-001.jsonl.gz", [web_doc(r) for _ in range(1000)], opener=gzip.open)
+    write_jsonl(web / "web-001.jsonl.gz", [web_doc(r) for _ in range(1000)], opener=gzip_text)
     write_parquet(web / "web-002.parquet", [web_doc(r) for _ in range(1000)])
     write_zst(code / "snippets-000.jsonl.zst", [code_doc(r) for _ in range(2500)])
     for i in range(20):
@@ -138,12 +193,15 @@ def make_tokenizer(root: Path, out: Path, vocab_size: int = 4096) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(all_texts(root), trainer=trainer)
+    tok.add_special_tokens(CHAT_TOKENS)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "pad_token": "<|pad|>"}) + "\n")
+    config = {"eos_token": "<|endoftext|>", "pad_token": "<|pad|>", "chat_template": CHATML_TEMPLATE}
+    (out / "tokenizer_config.json").write_text(json.dumps(config) + "\n")
 
 
 if __name__ == "__main__":
     make_corpus(ROOT / "corpus")
+    make_chat(ROOT / "chat")
     make_tokenizer(ROOT / "corpus", ROOT / "tokenizer")
-    print(f"wrote {ROOT / 'corpus'} and {ROOT / 'tokenizer'}")
+    print(f"wrote {ROOT / 'corpus'}, {ROOT / 'chat'} and {ROOT / 'tokenizer'}")

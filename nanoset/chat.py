@@ -1,0 +1,168 @@
+"""Conversations into tokens and loss masks: rows → messages → rendered text → ids + a 0/1 mask.
+
+A row holds a ``messages`` list of ``{role, content}`` (roles system, user, assistant) or a
+``prompt`` and a ``completion`` (one user turn, one assistant turn). The template renders it
+(``nanoset.chat_template``), the rendered text is encoded as ``transformers`` encodes a chat
+(``add_special_tokens=False``: a BOS the template writes is not doubled), and each token gets
+``1`` when the first character it covers lies in an assistant span, else ``0``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from nanoset.chat_template import ChatRenderer, ChatRenderError
+from nanoset.corpus import TextReader
+from nanoset.errors import MissingColumnError, NanosetError
+
+ROLES = ("system", "user", "assistant")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@dataclass(frozen=True)
+class ChatColumns:
+    """Where a row keeps its conversation: a messages column, or a prompt and a completion column."""
+
+    messages: str = "messages"
+    prompt: str = "prompt"
+    completion: str = "completion"
+
+    def choose(self, names: list[str], where: str) -> list[str]:
+        """The columns to read from a table with columns ``names``: messages first, else prompt + completion."""
+        if self.messages in names:
+            return [self.messages]
+        if self.prompt in names and self.completion in names:
+            return [self.prompt, self.completion]
+        raise MissingColumnError(where, self.messages, names,
+                                 option=f"--messages-column, or --prompt-column and --completion-column "
+                                        f"(no {self.prompt!r} + {self.completion!r} pair either)")
+
+
+@dataclass(frozen=True)
+class RenderedChat:
+    """A conversation as the template wrote it, and the character spans trained on."""
+
+    text: str
+    spans: tuple[tuple[int, int], ...]
+    ends_with_assistant: bool
+
+
+def _content(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise ChatRenderError(f"{what} is {type(value).__name__}, not text")
+    if bad := _SURROGATE.search(value):
+        raise ChatRenderError(f"{what} holds a lone surrogate \\u{ord(bad.group()):04x}, which is not valid Unicode")
+    return value
+
+
+def conversation_from_row(row: dict, columns: ChatColumns, where: str = "row") -> list[dict[str, str]]:
+    """The messages of a row (only ``role`` and ``content`` are kept); ChatRenderError for a bad one,
+    MissingColumnError (naming ``where``) for a row with neither form."""
+    if columns.choose(list(row), where) == [columns.messages]:
+        messages = row[columns.messages]
+        name = columns.messages
+        if not isinstance(messages, list):
+            raise ChatRenderError(f"column {name!r} is {type(messages).__name__}, not a list of {{role, content}} "
+                                  f"objects")
+        out = []
+        for j, m in enumerate(messages):
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ChatRenderError(f"{name}[{j}] is not a {{role, content}} object")
+            if m["role"] not in ROLES:
+                raise ChatRenderError(f"{name}[{j}] has role {m['role']!r}; the roles are {', '.join(ROLES)}")
+            out.append({"role": m["role"], "content": _content(m["content"], f"{name}[{j}].content")})
+        if not any(m["role"] == "assistant" for m in out):
+            raise ChatRenderError(f"column {name!r} holds no assistant message: nothing to train on")
+        return out
+    return [{"role": "user", "content": _content(row[columns.prompt], f"column {columns.prompt!r}")},
+            {"role": "assistant", "content": _content(row[columns.completion], f"column {columns.completion!r}")}]
+
+
+class ChatReader(TextReader):
+    """Yields the rendered conversations of one piece in batches; bad rows name their file and line."""
+
+    def __init__(self, piece, columns: ChatColumns, renderer: ChatRenderer, skip_bad: bool) -> None:
+        super().__init__(piece, columns.messages, skip_bad)
+        self.columns = columns
+        self.renderer = renderer
+
+    def batches(self) -> Iterator[list[RenderedChat]]:  # type: ignore[override]
+        if self.piece.source.kind == "txt":
+            raise NanosetError(f"{self.piece.source.path}: a .txt file holds plain text, not conversations; --chat "
+                               f"reads rows with a {self.columns.messages!r} column or {self.columns.prompt!r} and "
+                               f"{self.columns.completion!r} columns")
+        yield from super().batches()
+
+    @staticmethod
+    def _weight(value: RenderedChat) -> int:  # type: ignore[override]
+        return len(value.text)
+
+    def _value(self, row: dict, where: Callable[[], str], escapes: bool) -> RenderedChat | None:  # type: ignore[override]
+        if self.columns.messages not in row and not (self.columns.prompt in row and self.columns.completion in row):
+            self.columns.choose(list(row), where())  # raises the missing-column error, naming the line
+        try:
+            messages = conversation_from_row(row, self.columns)
+            text, spans = self.renderer.render_with_spans(messages)
+        except ChatRenderError as e:
+            self._bad(lambda: f"{where()}: {e}")
+            return None
+        return RenderedChat(text, tuple(spans), messages[-1]["role"] == "assistant")
+
+    def _table_columns(self, names: list[str], where: str) -> list[str]:
+        return self.columns.choose(names, where)
+
+    def _table_values(self, table, first_row: int, where: str) -> list[RenderedChat]:  # type: ignore[override]
+        try:
+            rows = table.to_pylist()
+        except UnicodeDecodeError:  # a string holding invalid UTF-8: find the rows one by one
+            rows = []
+            for i in range(table.num_rows):
+                try:
+                    rows.append(table.slice(i, 1).to_pylist()[0])
+                except UnicodeDecodeError:
+                    self._bad(lambda: f"{where}: row index {first_row + i}: holds invalid UTF-8")
+                    rows.append(None)
+        out = []
+        for i, row in enumerate(rows):
+            if row is not None and (value := self._value(row, lambda: f"{where}: row index {first_row + i}", False)):
+                out.append(value)
+        return out
+
+
+def token_loss_mask(offsets: np.ndarray, spans: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> np.ndarray:
+    """1 for each token whose first character (``offsets[:, 0]``) lies in one of the sorted, disjoint
+    character ``spans`` ``[start, end)``, else 0: a token straddling a span's edge goes with the side
+    holding its first character."""
+    starts = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
+    if not len(spans):
+        return np.zeros(len(starts), dtype=np.uint8)
+    s = np.array([a for a, _ in spans], dtype=np.int64)
+    e = np.array([b for _, b in spans], dtype=np.int64)
+    k = np.searchsorted(s, starts, side="right") - 1
+    inside = (k >= 0) & (starts < e[np.maximum(k, 0)])
+    return inside.astype(np.uint8)
+
+
+def encode_chats(tok, chats: list[RenderedChat], eos_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Token ids (EOS appended unless the template already ended with it), loss masks and document lengths
+    of ``chats``. The appended EOS is trained on when the conversation ends with an assistant turn: it is
+    that turn's end; after a trailing user or system message it is not (nothing there is the model's)."""
+    encodings = tok.encode_batch([c.text for c in chats], add_special_tokens=False)
+    ids_parts, loss_parts = [], []
+    for i, (chat, enc) in enumerate(zip(chats, encodings)):
+        ids = np.array(enc.ids, dtype=np.uint32)
+        loss = token_loss_mask(np.array(enc.offsets, dtype=np.int64), chat.spans)
+        encodings[i] = None
+        if not len(ids) or ids[-1] != eos_id:
+            ids = np.append(ids, np.uint32(eos_id))
+            loss = np.append(loss, np.uint8(chat.ends_with_assistant))
+        ids_parts.append(ids)
+        loss_parts.append(loss)
+    lengths = np.fromiter((len(p) for p in ids_parts), dtype=np.int64, count=len(ids_parts))
+    if not ids_parts:
+        return np.empty(0, np.uint32), np.empty(0, np.uint8), lengths
+    return np.concatenate(ids_parts), np.concatenate(loss_parts), lengths

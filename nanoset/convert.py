@@ -1,0 +1,157 @@
+"""``nanoset convert``: Megatron or datatrove data into a Nanoset folder with a manifest, without re-tokenizing.
+
+Why: a manifest brings checksums, the tokenizer record and the largest id, so the data is verified
+and checked against a model like freshly tokenized data. Token ids are copied as they are, in
+bounded chunks, cast to the narrowest Nanoset dtype (uint16 when the vocabulary, or else the
+largest id, allows); document ends are copied; checksums are computed while writing. The folder
+is built under a temporary name beside OUT and renamed into place: OUT is never half written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from nanoset.errors import NanosetError
+from nanoset.format import (
+    INDEX_DTYPE,
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    TokenizerInfo,
+    dtype_for_vocab,
+    dtype_name,
+    metadata_text,
+    shard_files,
+)
+from nanoset.reader import NanosetReader, ShardReader, open_dataset
+from nanoset.writer import write_manifest
+
+CHUNK = 1 << 22  # tokens (or document ends) per copy step: bounded memory whatever the shard size
+UINT32_LIMIT = 1 << 32
+
+
+def _write(f: BinaryIO, h: Any, data: bytes) -> None:
+    h.update(data)
+    f.write(data)
+
+
+def _close(f: BinaryIO) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+    f.close()
+
+
+def _tokenizer_info(ds: NanosetReader, spec: str | None, eos_token: str | None, top: int, src: Path) -> TokenizerInfo:
+    """The manifest's tokenizer: the one given (checked against the largest id), else the recorded name."""
+    if spec is None:
+        if eos_token is not None:
+            raise NanosetError("--eos-token needs --tokenizer (the tokenizer that made the data)")
+        return TokenizerInfo(name=ds.tokenizer.name if ds.tokenizer else "unknown", vocab_size=None)
+    from nanoset.tokenizer import resolve_tokenizer
+
+    info = resolve_tokenizer(spec, eos_token).info
+    if top >= info.vocab_size:
+        raise NanosetError(f"{src}: holds token id {top}, ≥ the vocab size {info.vocab_size} of tokenizer {spec!r}; "
+                           f"pass the tokenizer the data was made with")
+    return info
+
+
+def _check_output(src: Path, out: Path, overwrite: bool) -> None:
+    real_src, real_out = Path(os.path.realpath(src)), Path(os.path.realpath(out))
+    if real_out == real_src or real_out in real_src.parents:
+        raise NanosetError(f"{out}: holds the data being converted ({src}); choose another output folder")
+    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+        raise NanosetError(f"{out}: exists; pass --overwrite to replace it, or choose another output folder")
+
+
+def _copy_shard(shard: ShardReader, folder: Path, dtype: np.dtype, tok: TokenizerInfo) -> tuple[ShardInfo, bool]:
+    """Copy one shard's tokens and ends into ``folder``; returns its record and whether its documents end with EOS."""
+    files = shard_files(shard.name)
+    sha = {role: hashlib.sha256() for role in files}
+    top = -1
+    with open(folder / files["ds"], "wb") as f:
+        for start in range(0, shard.num_tokens, CHUNK):
+            chunk = np.asarray(shard.tokens[start : start + CHUNK])
+            low = int(chunk.min())
+            if low < 0:
+                pos = start + int(np.argmax(chunk < 0))
+                raise NanosetError(f"{shard.tokens_path}: negative token id {low} at position {pos}; "
+                                   f"token ids must be ≥ 0")
+            top = max(top, int(chunk.max()))
+            if top > np.iinfo(dtype).max:
+                raise NanosetError(f"{shard.tokens_path}: token id {top} does not fit {dtype.name}; the file changed "
+                                   f"during the conversion")
+            _write(f, sha["ds"], chunk.astype(dtype).tobytes())
+        _close(f)
+    ends = shard.ends
+    eos_ok = True
+    with open(folder / files["index"], "wb") as f:
+        for start in range(0, len(ends), CHUNK):
+            part = np.asarray(ends[start : start + CHUNK], dtype=INDEX_DTYPE)
+            if tok.eos_id is not None and eos_ok:
+                eos_ok = bool((np.asarray(shard.tokens[part.astype(np.int64) - 1]) == tok.eos_id).all())
+            _write(f, sha["index"], part.tobytes())
+        _close(f)
+    meta = metadata_text(tok.name, dtype.itemsize, shard.num_tokens).encode("utf-8")
+    with open(folder / files["metadata"], "wb") as f:
+        _write(f, sha["metadata"], meta)
+        _close(f)
+    info = ShardInfo(name=shard.name, num_tokens=shard.num_tokens, num_documents=shard.num_documents,
+                     sha256={role: h.hexdigest() for role, h in sha.items()}, max_token_id=top)
+    return info, eos_ok
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename the finished folder to ``out``; an old ``out`` is moved aside first and removed after."""
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    os.rename(out, old)
+    os.rename(tmp, out)
+    if old.is_dir():
+        shutil.rmtree(old)
+    else:
+        old.unlink()
+
+
+def convert(src: str | Path, out: str | Path, tokenizer: str | None = None, eos_token: str | None = None,
+            overwrite: bool = False) -> str:
+    """Convert the dataset at ``src`` into the Nanoset folder ``out``; returns a one-line summary."""
+    src, out = Path(src), Path(out)
+    ds = open_dataset(src)
+    if ds.format == "nanoset":
+        raise NanosetError(f"{src}: already a Nanoset dataset (it has {MANIFEST_NAME}); nothing to convert")
+    _check_output(src, out, overwrite)
+    top = ds.max_token_id
+    tok = _tokenizer_info(ds, tokenizer, eos_token, top, src)
+    vocab = tok.vocab_size if tok.vocab_size is not None else top + 1
+    if vocab > UINT32_LIMIT:
+        raise NanosetError(f"{src}: token id {top} does not fit uint32, the widest Nanoset dtype")
+    dtype = dtype_for_vocab(vocab)
+    shards = [s for s in ds.shards if s.num_documents]
+    if not shards:
+        raise NanosetError(f"{src}: holds no documents; nothing to convert")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.convert-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        copied = [_copy_shard(s, tmp, dtype, tok) for s in shards]
+        eos_ok = all(ok for _, ok in copied) if tok.eos_id is not None else None
+        build = {"converted_from": ds.format, "source": str(src), "documents_end_with_eos": eos_ok}
+        write_manifest(tmp, Manifest(tokenizer=tok, dtype=dtype_name(dtype), shards=[s for s, _ in copied],
+                                     build=build))
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    note = "" if eos_ok is not False else f"; not every document ends with EOS {tok.eos_id} (recorded)"
+    return (f"converted {src} ({ds.format}) to {out}: {len(shards)} shards, {ds.num_documents:,} documents, "
+            f"{ds.num_tokens:,} tokens as {dtype_name(dtype)}, tokenizer {tok.name}{note}")

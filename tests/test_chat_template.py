@@ -1,0 +1,117 @@
+"""Chat templates: rendered as transformers renders them, assistant spans located by the documented rule."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import TOKENIZER
+
+from nanoset.chat_template import ChatRenderer, ChatRenderError, ChatTemplate, load_chat_template
+from nanoset.errors import NanosetError
+
+CHATML = json.loads((TOKENIZER / "tokenizer_config.json").read_text())["chat_template"]
+LLAMA3 = (  # Meta-Llama-3-8B-Instruct's template, verbatim
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Hi there"},
+    {"role": "assistant", "content": "Hello! "},
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "4"},
+]
+
+
+def renderer(source: str, **special: str) -> ChatRenderer:
+    return ChatRenderer(ChatTemplate(source, "test"), special)
+
+
+def test_chatml_rendering_and_spans():
+    text, spans = renderer(CHATML).render_with_spans(CONVERSATION)
+    assert text == ("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+                    "<|im_start|>assistant\nHello! <|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+                    "<|im_start|>assistant\n4<|im_end|>\n")
+    assert [text[a:b] for a, b in spans] == ["Hello! <|im_end|>\n", "4<|im_end|>\n"]
+
+
+def test_llama3_rendering_trims_and_spans_follow():
+    r = renderer(LLAMA3, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>")
+    text, spans = r.render_with_spans(CONVERSATION)
+    assert text == ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+                    "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+                    "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>"
+                    "<|start_header_id|>assistant<|end_header_id|>\n\n4<|eot_id|>")
+    assert [text[a:b] for a, b in spans] == ["Hello!<|eot_id|>", "4<|eot_id|>"]  # the template trimmed "Hello! "
+
+
+def test_empty_assistant_content_trains_only_the_end_of_turn():
+    text, spans = renderer(CHATML).render_with_spans([{"role": "user", "content": "x"},
+                                                      {"role": "assistant", "content": ""}])
+    assert [text[a:b] for a, b in spans] == ["<|im_end|>\n"]
+
+
+def test_content_equal_to_header_text_is_found_after_the_header():
+    text, spans = renderer(CHATML).render_with_spans([{"role": "user", "content": "assistant"},
+                                                      {"role": "assistant", "content": "assistant"}])
+    assert spans == [(len(text) - len("assistant<|im_end|>\n"), len(text))]
+
+
+def test_same_text_as_transformers():
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(TOKENIZER / "tokenizer.json")),
+                                              bos_token="<|begin_of_text|>", eos_token="<|endoftext|>")
+    specials = {"bos_token": "<|begin_of_text|>", "eos_token": "<|endoftext|>"}
+    extras = ("{{ messages | tojson }}{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}"
+              "{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}{% set ns = namespace(n=0) %}{{ ns.n }}")
+    for template in (CHATML, LLAMA3, extras):
+        msgs = CONVERSATION + [{"role": "user", "content": "<b>é & 日本</b>"}]
+        assert renderer(template, **specials).render(msgs) == hf.apply_chat_template(
+            msgs, chat_template=template, tokenize=False)
+
+
+def test_raise_exception_is_a_row_error():
+    template = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+                "{% endif %}{{ m['content'] }}{% endfor %}")
+    with pytest.raises(ChatRenderError, match="^the chat template raised: Conversation roles must alternate"):
+        renderer(template).render_with_spans([{"role": "assistant", "content": "a"}])
+
+
+def test_template_whose_earlier_turns_depend_on_later_ones_is_refused():
+    template = "{{ messages | length }}:{% for m in messages %}{{ m['content'] }};{% endfor %}"
+    with pytest.raises(ChatRenderError, match=r"renders messages\[:1\] differently alone than inside the whole"):
+        renderer(template).render_with_spans([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+                                              {"role": "user", "content": "q2"}])
+
+
+def test_template_that_drops_the_content_is_refused():
+    template = "{% for m in messages %}{{ m['role'] }};{% endfor %}"
+    with pytest.raises(ChatRenderError, match="does not write assistant message 1's content as given"):
+        renderer(template).render_with_spans([{"role": "user", "content": "q"}, {"role": "assistant", "content": "zz"}])
+
+
+def test_template_lookup(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    cfg = tmp_path / "tokenizer_config.json"
+    with pytest.raises(NanosetError, match=r"no chat template \(no chat_template in .*tokenizer_config.json, no "
+                                           r"chat_template.jinja beside it\); pass --chat-template FILE"):
+        load_chat_template(tmp_path / "tokenizer.json")
+    (tmp_path / "chat_template.jinja").write_text("J")
+    assert load_chat_template(tmp_path / "tokenizer.json").source == "J"
+    cfg.write_text(json.dumps({"chat_template": [{"name": "tool_use", "template": "T"},
+                                                 {"name": "default", "template": "D"}]}))
+    assert load_chat_template(tmp_path / "tokenizer.json").source == "D"
+    cfg.write_text(json.dumps({"chat_template": [{"name": "tool_use", "template": "T"}]}))
+    with pytest.raises(NanosetError, match="chat_template holds templates named \\['tool_use'\\] but none named"):
+        load_chat_template(tmp_path / "tokenizer.json")
+    (tmp_path / "mine.jinja").write_text("M")
+    assert load_chat_template(tmp_path / "tokenizer.json", tmp_path / "mine.jinja").source == "M"
+    with pytest.raises(NanosetError, match="chat template syntax error at template line 1"):
+        renderer("{% for %}")
