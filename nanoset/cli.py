@@ -45,9 +45,20 @@ def _env_int(name: str, default: int) -> int:
 @click.option("--skip-bad-lines", is_flag=True, help="Skip and count malformed rows instead of failing.")
 @click.option("--overwrite", is_flag=True, help="Replace an output folder that holds another dataset.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--chat", is_flag=True,
+              help="Rows are conversations: render them with the chat template and write loss masks (NAME.ds.loss).")
+@click.option("--chat-template", default=None, type=click.Path(dir_okay=False),
+              help="A Jinja chat template file (default: chat_template of the tokenizer's tokenizer_config.json).")
+@click.option("--messages-column", default="messages", show_default=True,
+              help="With --chat: the column of {role, content} message lists.")
+@click.option("--prompt-column", default="prompt", show_default=True,
+              help="With --chat: rows without a messages column are a prompt (user turn) ...")
+@click.option("--completion-column", default="completion", show_default=True,
+              help="... and a completion (assistant turn).")
 def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: str | None, text_column: str,
              workers: int, max_tokens_per_shard: int | None, num_tasks: int | None, task_index: int | None,
-             task_bytes: int | None, skip_bad_lines: bool, overwrite: bool, quiet: bool) -> None:
+             task_bytes: int | None, skip_bad_lines: bool, overwrite: bool, quiet: bool, chat: bool,
+             chat_template: str | None, messages_column: str, prompt_column: str, completion_column: str) -> None:
     """Tokenize INPUTS (files, folders, globs) into a Nanoset dataset folder."""
     from nanoset.tokenize import TokenizeOptions, tokenize as run
 
@@ -57,6 +68,8 @@ def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: s
         num_tasks=num_tasks if num_tasks is not None else _env_int("WORLD_SIZE", 1),
         task_index=task_index if task_index is not None else _env_int("RANK", 0),
         overwrite=overwrite, skip_bad_lines=skip_bad_lines, task_bytes=task_bytes, progress=not quiet,
+        chat=chat, chat_template=chat_template, messages_column=messages_column, prompt_column=prompt_column,
+        completion_column=completion_column,
     ))
     click.echo(summary.line())
 

@@ -1,4 +1,5 @@
-"""``nanoset inspect``: statistics, a length histogram, a per-shard table and decoded samples."""
+"""``nanoset inspect``: statistics, a length histogram, a per-shard table and decoded samples
+(for data with loss masks also the share of tokens trained on, and samples with trained spans marked)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from nanoset.errors import NanosetError
+from nanoset.loss_view import count_loss_tokens, mark_trained, truncate_marked
 from nanoset.reader import open_dataset
 
 SAMPLE_CHARS = 400
@@ -51,11 +53,19 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
     for i in picks:
         ids = np.asarray(ds.document(i)).tolist()
         entry: dict[str, Any] = {"document": i, "num_tokens": len(ids)}
+        loss = ds.loss_mask(*ds.document_bounds(i))
         if decoder is not None:
             entry["text"] = decoder.decode(ids, skip_special_tokens=False)[:SAMPLE_CHARS]
+            if loss is not None:
+                entry["marked"] = truncate_marked(mark_trained(decoder, ids, loss), SAMPLE_CHARS)
         else:
             entry["ids"] = ids[:64]
+            if loss is not None:
+                entry["loss"] = np.asarray(loss[:64]).tolist()
+        if loss is not None:
+            entry["loss_tokens"] = int(np.count_nonzero(loss))
         sample_docs.append(entry)
+    loss_tokens = count_loss_tokens(ds) if ds.has_loss_masks else None
     return {
         "path": str(path),
         "format": ds.format,
@@ -68,6 +78,8 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
         "eos_id": tok_info.eos_id if tok_info else None,
         "max_token_id": max_id,
         "skipped_lines": ds.manifest.skipped_lines if ds.manifest else None,
+        "loss_tokens": loss_tokens,
+        "loss_share": round(loss_tokens / ds.num_tokens, 4) if loss_tokens is not None and ds.num_tokens else None,
         "document_length": _length_stats(lengths) if len(lengths) else None,
         "histogram": _histogram(lengths) if len(lengths) else [],
         "shards": [{"name": s.name, "num_tokens": s.num_tokens, "num_documents": s.num_documents,
@@ -92,6 +104,9 @@ def render_text(st: dict[str, Any]) -> str:
     ]
     if st["skipped_lines"]:
         out.append(f"  skipped bad lines while tokenizing: {st['skipped_lines']:,}")
+    if st.get("loss_tokens") is not None:
+        out.append(f"  loss masks: {st['loss_tokens']:,} of {st['num_tokens']:,} tokens trained on "
+                   f"({100 * st['loss_share']:.1f}%); samples mark them [[...]]")
     if st["document_length"]:
         dl = st["document_length"]
         out.append("  document length (tokens): " + "  ".join(f"{k} {dl[k]:,}" for k in
@@ -106,7 +121,9 @@ def render_text(st: dict[str, Any]) -> str:
     if len(st["shards"]) > 50:
         out.append(f"  ... {len(st['shards']) - 50} more shards (see --json)")
     for smp in st["samples"]:
-        body = smp.get("text", f"ids {smp.get('ids')} (tokenizer not found: pass --tokenizer to decode)")
-        out.append(f"  --- document {smp['document']:,} ({smp['num_tokens']} tokens) ---")
+        body = smp.get("marked", smp.get("text", f"ids {smp.get('ids')} (tokenizer not found: pass --tokenizer to "
+                                                f"decode)"))
+        trained = f", {smp['loss_tokens']} with loss" if "loss_tokens" in smp else ""
+        out.append(f"  --- document {smp['document']:,} ({smp['num_tokens']} tokens{trained}) ---")
         out.extend("  " + line for line in body.splitlines()[:12])
     return "\n".join(out)

@@ -5,6 +5,8 @@ Opening is cheap and constant in the data size: file sizes are checked against t
 folder of thousands of shards opens in milliseconds and RSS does not grow with the token count.
 Maps live in a bounded, process-wide LRU (``nanoset.mapcache``): any number of shards is read
 with a bounded number of open files and maps. Checksums are only read by ``nanoset verify``.
+A folder of chat data also has a loss mask per shard (``NAME.ds.loss``, one 0/1 byte per token),
+read the same way through ``NanosetReader.loss_mask``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from nanoset.errors import NanosetError
 from nanoset.format import (
     INDEX_DTYPE,
     INDEX_SUFFIX,
+    LOSS_DTYPE,
+    LOSS_SUFFIX,
     MANIFEST_NAME,
     METADATA_SUFFIX,
     TOKENS_SUFFIX,
@@ -34,10 +38,10 @@ from nanoset.mapcache import new_key, shared_cache
 _MAPS = shared_cache()
 
 
-def _map_keys() -> tuple[tuple[int, str], tuple[int, str]]:
-    """Cache keys of a shard reader's two maps, unique within this process."""
+def _map_keys() -> tuple[tuple[int, str], tuple[int, str], tuple[int, str]]:
+    """Cache keys of a shard reader's maps (tokens, index, loss mask), unique within this process."""
     key = new_key()
-    return (key, "ds"), (key, "index")
+    return (key, "ds"), (key, "index"), (key, "loss")
 
 
 class ShardReader:
@@ -49,16 +53,19 @@ class ShardReader:
 
     format = "datatrove"  # a shard of a folder without a manifest; Nanoset shards have the same files
 
-    def __init__(self, folder: Path, name: str, dtype: np.dtype, num_tokens: int, num_documents: int) -> None:
+    def __init__(self, folder: Path, name: str, dtype: np.dtype, num_tokens: int, num_documents: int,
+                 has_loss: bool = False) -> None:
         self.folder = folder
         self.name = name
         self.dtype = dtype
         self.num_tokens = num_tokens
         self.num_documents = num_documents
+        self.has_loss = has_loss
         files = shard_files(name)
         self.tokens_path = folder / files["ds"]
         self.index_path = folder / files["index"]
         self.metadata_path = folder / files["metadata"]
+        self.loss_path = folder / (name + LOSS_SUFFIX)
         self._map_keys = _map_keys()
 
     def check_sizes(self) -> None:
@@ -66,6 +73,7 @@ class ShardReader:
         for path, expected in (
             (self.tokens_path, self.num_tokens * self.dtype.itemsize),
             (self.index_path, self.num_documents * INDEX_DTYPE.itemsize),
+            *([(self.loss_path, self.num_tokens * LOSS_DTYPE.itemsize)] if self.has_loss else []),
         ):
             if not path.is_file():
                 raise NanosetError(f"{path}: missing; the dataset is incomplete (re-run `nanoset tokenize`)")
@@ -88,6 +96,13 @@ class ShardReader:
     @property
     def ends(self) -> np.ndarray:
         return _MAPS.get(self._map_keys[1], self.index_path, INDEX_DTYPE)
+
+    @property
+    def loss(self) -> np.ndarray:
+        """The loss mask, one uint8 (1 = trained on) per token; only for a shard with ``has_loss``."""
+        if not self.has_loss:
+            raise NanosetError(f"{self.tokens_path}: this shard has no loss mask ({self.loss_path.name})")
+        return _MAPS.get(self._map_keys[2], self.loss_path, LOSS_DTYPE)
 
 
 class NanosetReader:
@@ -125,19 +140,34 @@ class NanosetReader:
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``[start, stop)`` of the stream: a memmap view inside one shard, a copy across shards."""
+        return self._gather(start, stop, "tokens", self.dtype)
+
+    @property
+    def has_loss_masks(self) -> bool:
+        """Whether every shard has a loss mask (a ``--chat`` dataset, or a datatrove folder with ``.ds.loss``)."""
+        return all(s.has_loss for s in self.shards)
+
+    def loss_mask(self, start: int, stop: int) -> np.ndarray | None:
+        """The loss mask of tokens ``[start, stop)`` (uint8, 1 = the token is trained on), aligned with
+        ``tokens(start, stop)``: a memmap view inside one shard, a copy across shards; None when the
+        dataset has no loss masks."""
+        return self._gather(start, stop, "loss", LOSS_DTYPE) if self.has_loss_masks else None
+
+    def _gather(self, start: int, stop: int, attr: str, dtype: np.dtype) -> np.ndarray:
+        """Items ``[start, stop)`` of the per-token array ``attr`` of the shards, as one stream."""
         if not 0 <= start <= stop <= self.num_tokens:
             raise IndexError(f"token range [{start}, {stop}) outside [0, {self.num_tokens}) of {self.folder}")
         s = self._shard_of_token(start) if start < self.num_tokens else len(self.shards) - 1
         off = int(self.token_offsets[s])
         if stop <= int(self.token_offsets[s + 1]):
-            return self.shards[s].tokens[start - off : stop - off]
+            return getattr(self.shards[s], attr)[start - off : stop - off]
         # copied shard by shard: holding a view of every shard would keep every shard's map open
-        out = np.empty(stop - start, dtype=self.dtype)
+        out = np.empty(stop - start, dtype=dtype)
         pos = start
         while pos < stop:
             off = int(self.token_offsets[s])
             end = min(stop, int(self.token_offsets[s + 1]))
-            out[pos - start : end - start] = self.shards[s].tokens[pos - off : end - off]
+            out[pos - start : end - start] = getattr(self.shards[s], attr)[pos - off : end - off]
             pos = end
             s += 1
         return out
@@ -221,7 +251,8 @@ def open_dataset(path: str | Path) -> NanosetReader:
     if (folder / MANIFEST_NAME).is_file():
         manifest = Manifest.load(folder)
         dtype = dtype_from_name(manifest.dtype)
-        shards = [ShardReader(folder, s.name, dtype, s.num_tokens, s.num_documents) for s in manifest.shards]
+        shards = [ShardReader(folder, s.name, dtype, s.num_tokens, s.num_documents, has_loss=manifest.loss_masks)
+                  for s in manifest.shards]
         tokenizer: TokenizerInfo | None = manifest.tokenizer
     else:
         manifest = None
@@ -267,7 +298,8 @@ def _open_datatrove(folder: Path) -> tuple[list[ShardReader], TokenizerInfo | No
         tokenizer_names.add(tok_name)
         num_documents = index.stat().st_size // INDEX_DTYPE.itemsize
         dtype = np.dtype(f"<u{token_size}")
-        shard = ShardReader(folder, name, dtype, num_tokens, num_documents)
+        shard = ShardReader(folder, name, dtype, num_tokens, num_documents,
+                            has_loss=(folder / (name + LOSS_SUFFIX)).is_file())
         shard.check_sizes()
         last = _last_end(index, num_documents)
         if num_documents and last != num_tokens:
@@ -275,6 +307,10 @@ def _open_datatrove(folder: Path) -> tuple[list[ShardReader], TokenizerInfo | No
         shards.append(shard)
     if len({s.dtype for s in shards}) > 1:
         raise NanosetError(f"{folder}: shards mix 2- and 4-byte tokens; one dataset needs one token size")
+    if len({s.has_loss for s in shards}) > 1:
+        missing = next(s for s in shards if not s.has_loss)
+        raise NanosetError(f"{missing.loss_path}: missing, while other shards of {folder} have a loss mask "
+                           f"({LOSS_SUFFIX}); every shard needs one, or none")
     if len(tokenizer_names) > 1:
         raise NanosetError(f"{folder}: shards come from different tokenizers {sorted(tokenizer_names)}")
     info = TokenizerInfo(name=tokenizer_names.pop(), vocab_size=None)  # type: ignore[arg-type]

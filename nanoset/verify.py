@@ -35,7 +35,8 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | No
     if isinstance(shard, MegatronShardReader):
         verify_megatron_shard(shard)
     if expected_sha:
-        for role, path in (("ds", shard.tokens_path), ("index", shard.index_path), ("metadata", shard.metadata_path)):
+        files = [("ds", shard.tokens_path), ("index", shard.index_path), ("metadata", shard.metadata_path)]
+        for role, path in files + ([("loss", shard.loss_path)] if shard.has_loss else []):
             got = _sha256(path)
             if got != expected_sha.get(role):
                 raise _fail(path, f"sha256 {got[:12]}… differs from the manifest's {str(expected_sha.get(role))[:12]}…")
@@ -63,6 +64,8 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | No
         largest = max(largest, top)
     if expected is not None and expected.max_token_id is not None and expected.max_token_id != largest:
         raise _fail(shard.tokens_path, f"largest token id {largest} differs from the manifest's {expected.max_token_id}")
+    if shard.has_loss:
+        _verify_loss(shard, expected)
     # `nanoset convert` records documents_end_with_eos: false for foreign data that does not end its documents so
     if tok is not None and tok.eos_id is not None and len(ends) and _eos_terminated(ds):
         last = np.asarray(shard.tokens[ends - 1])
@@ -71,6 +74,20 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | No
             d = int(missing[0])
             raise _fail(shard.tokens_path, f"document {d} ends with token {int(last[d])}, not EOS {tok.eos_id}")
     return largest
+
+
+def _verify_loss(shard: ShardReader, expected: ShardInfo | None) -> None:
+    """Every loss-mask byte is 0 or 1, and the count of 1s is the manifest's ``loss_tokens``."""
+    trained = 0
+    for start in range(0, shard.num_tokens, CHUNK_TOKENS):
+        chunk = shard.loss[start : start + CHUNK_TOKENS]
+        bad = np.flatnonzero(chunk > 1)
+        if len(bad):
+            pos = start + int(bad[0])
+            raise _fail(shard.loss_path, f"loss mask value {int(chunk[bad[0]])} at token {pos}; only 0 and 1 are valid")
+        trained += int(np.count_nonzero(chunk))
+    if expected is not None and expected.loss_tokens is not None and expected.loss_tokens != trained:
+        raise _fail(shard.loss_path, f"{trained} tokens with loss, the manifest says {expected.loss_tokens}")
 
 
 def _eos_terminated(ds: NanosetReader) -> bool:
@@ -82,9 +99,11 @@ def verify_dataset(path: Path) -> str:
     ds = open_dataset(path)
     largest = max(verify_shard(ds, shard, ds.manifest.shards[i] if ds.manifest else None)
                   for i, shard in enumerate(ds.shards))
-    kind = {"nanoset": "checksums, index, token ids and EOS" if _eos_terminated(ds) else
+    kind = {"nanoset": ("checksums, index, token ids, EOS and loss masks" if ds.has_loss_masks else
+                        "checksums, index, token ids and EOS") if _eos_terminated(ds) else
                        "checksums, index and token ids; converted data whose documents need not end with EOS",
-            "datatrove": "sizes and index (datatrove folder: no checksums)",
+            "datatrove": ("sizes, index and loss masks" if ds.has_loss_masks else "sizes and index")
+                         + " (datatrove folder: no checksums)",
             "megatron": "sizes and offsets; Megatron data: no checksums, and its documents need not end with EOS",
             }[ds.format]
     return (f"OK: {path}: {len(ds.shards)} shards, {ds.num_documents:,} documents, {ds.num_tokens:,} tokens, "
