@@ -168,6 +168,8 @@ class DataArgs:
     num_loading_workers: int = 1
     prefetch: int = 0  # micro-batches read ahead by a thread of the training process (0: none)
     use_position_ids: bool = False
+    packing: Literal["window", "documents"] = "window"  # documents: whole documents per sample, padded
+    drop_long_documents: bool = False  # documents packing: drop (not truncate) documents longer than L + 1
 
 
 @dataclass
@@ -371,6 +373,9 @@ def _validate_stages(c: Config) -> None:
         if c.model.attention == "document" and not s.data.use_position_ids:
             raise ConfigError(f"{where}.data.use_position_ids: model.attention: document finds document boundaries "
                               f"where position ids restart; set use_position_ids: true in every stage")
+        if s.data.drop_long_documents and s.data.packing != "documents":
+            raise ConfigError(f"{where}.data.drop_long_documents: only applies with packing: documents (packing is "
+                              f"{s.data.packing!r}); remove it or set packing: documents")
         _positive(s.data.prefetch, f"{where}.data.prefetch", allow_zero=True)
         ds = s.data.dataset
         if isinstance(ds, NanosetDatasetsArgs):

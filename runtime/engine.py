@@ -31,7 +31,7 @@ IGNORE_INDEX = -100
 class StepResult:
     loss: float  # global mean over unmasked label tokens, identical on every rank
     grad_norm: float  # before clipping
-    num_label_tokens: int
+    num_label_tokens: int  # unmasked labels of the global batch, identical on every rank
 
 
 def compute_dtype(config: Config, device: torch.device) -> torch.dtype:
@@ -158,7 +158,8 @@ class Engine:
         grad_norm = clip_grad_norm_(self.parameters(), self.config.optimizer.clip_grad, self.ctx)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(self._global_loss(losses), grad_norm, n_tokens)
+        loss, n_tokens = self._global_loss(losses, n_tokens)
+        return StepResult(loss, grad_norm, n_tokens)
 
     def _run_accumulation(self, batches: list[dict], losses: list[torch.Tensor]) -> None:
         chunk = self.chunks[0]
@@ -184,18 +185,20 @@ class Engine:
         else:  # a middle rank: the batch dicts hold TensorPointers only and are never read
             schedule.step()
 
-    def _global_loss(self, losses: list[torch.Tensor]) -> float:
-        """Σ micro-batch losses / dp, summed over dp, then sent from the last pp rank to all."""
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
+    def _global_loss(self, losses: list[torch.Tensor], n_tokens: int) -> tuple[float, int]:
+        """Σ micro-batch losses / dp, summed over dp, then sent with the label-token count (already
+        global over dp) from the last pp rank to all."""
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
         if self.owns_loss:
             # the pipeline schedule returns losses still attached to the graph: detach (no UserWarning)
-            total += sum(float(x.detach()) for x in losses) / self.ctx.dp_size
+            total[0] += sum(float(x.detach()) for x in losses) / self.ctx.dp_size
             if self.ctx.dp_size > 1:
                 dist.all_reduce(total, group=self.ctx.dp_pg)
+            total[1] = n_tokens
         if self.ctx.pp_size > 1:
             src = self.ctx.global_rank_of(self.ctx.pp_size - 1, self.ctx.dp_rank, self.ctx.tp_rank)
             dist.broadcast(total, src=src, group=self.ctx.pp_pg)
-        return float(total)
+        return float(total[0]), int(total[1])
 
 
 def clip_grad_norm_(params: list[nn.Parameter], max_norm: float | None, ctx: ParallelContext) -> float:

@@ -1,8 +1,9 @@
 """``python -m runtime.explain --config CFG [--checkpoint CKPT] --step N [--json]``: where a step's data comes from.
 
 Computed without training: the stage, then every sample of the global batch in global order
-(the order the trainer uses) with its dataset folder, window index, epoch, shards, token range
-and document ids, and the batch's ``data_hash`` (the one in ``metrics.jsonl``). Answers "what
+(the order the trainer uses) with its dataset folder, window (or packed sample) index, epoch,
+shards, token range, document ids, the labels that count in the loss (``loss_tokens``), and the
+batch's ``data_hash`` (the one in ``metrics.jsonl``). Answers "what
 did the model see at step N?". With ``--checkpoint``, the run is the one resuming from that
 checkpoint with this config: the past comes from the checkpoint's record, as in the trainer.
 """
@@ -19,6 +20,7 @@ from runtime.config import Config
 from runtime.data.hf_cache import resolve_stage_folders
 from runtime.data.plan import DataPlan
 from runtime.data.record import read_metadata_json
+from runtime.data.stage_dataset import label_mask
 
 
 def explain_step(plan: DataPlan, step: int) -> list[dict]:
@@ -26,6 +28,10 @@ def explain_step(plan: DataPlan, step: int) -> list[dict]:
     stage, loc = plan.global_batch(step)
     data_hash = plan.data_hash(step)
     rows = []
+    loss_tokens = np.empty(len(loc.sample), dtype=np.int64)
+    for d in np.unique(loc.dataset).tolist():
+        m = loc.dataset == d
+        loss_tokens[m] = label_mask(plan.datasets[d], loc.sample[m], stage.use_position_ids).sum(axis=1)
     for pos, (d, s, e) in enumerate(zip(loc.dataset.tolist(), loc.sample.tolist(), loc.epoch.tolist())):
         w = plan.datasets[d]
         start, stop = w.token_range(s)
@@ -36,7 +42,8 @@ def explain_step(plan: DataPlan, step: int) -> list[dict]:
             "step": step, "stage": stage.name, "data_hash": data_hash, "position": pos, "dataset": w.folder,
             "sample": s, "epoch": e,
             "shards": [sh.name for sh in reader.shards[first : last + 1]], "tokens": [start, stop],
-            "documents": reader.document_ids(start, stop).tolist(),
+            "documents": reader.document_ids(start, stop).tolist(), "packing": w.packing,
+            "loss_tokens": int(loss_tokens[pos]),
         })
     return rows
 
@@ -65,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         docs = r["documents"]
         doc_text = f"{docs[0]}..{docs[-1]}" if len(docs) > 2 else ",".join(map(str, docs))
         print(f"  {r['position']:>5}  {r['dataset']}  sample {r['sample']}  epoch {r['epoch']}  "
-              f"tokens [{r['tokens'][0]}, {r['tokens'][1]})  shards {','.join(r['shards'])}  documents {doc_text}")
+              f"tokens [{r['tokens'][0]}, {r['tokens'][1]})  shards {','.join(r['shards'])}  documents {doc_text}  "
+              f"loss_tokens {r['loss_tokens']}")
     return 0
 
 

@@ -125,6 +125,7 @@ class Trainer:
                 self.metrics.log({
                     "step": step, "stage": stage.name, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
                     "tokens_per_s": tokens_per_s, "data_wait_ms": 1000 * data_wait,
+                    "label_tokens": result.num_label_tokens,
                     "data_hash": self.plan.data_hash(step) if sources is None and self.is_main else None,
                     "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
                 })
@@ -183,6 +184,9 @@ class Trainer:
         self.metrics.info(f"stage {stage.name!r} at step {step} (steps {stage.start_step}-{stage.end_step - 1}): "
                           f"datasets {folders}, sequence length {stage.sequence_length}, "
                           f"{consumed} of {stage.num_samples} samples already consumed")
+        for d in stage.dataset_ids:
+            if self.plan.datasets[d].packing == "documents":
+                self.metrics.info(f"  {self.plan.datasets[d].describe()}")
 
     def _build_loader(self, stage: StagePlan, consumed: int, sources: Any) -> Any:
         if sources is None:

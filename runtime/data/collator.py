@@ -75,6 +75,8 @@ class DataCollatorForCLM:
             batch["label_mask"] = masks[1]
             if len(ids) > 1:  # the label that would predict a new document's first token
                 masks[1] = t[1, :, 1:] != 0
+            if "label_mask" in examples[0]:  # the dataset's own: loss masks, padding of packed documents
+                masks[1] &= torch.from_numpy(np.stack([np.asarray(ex["label_mask"], dtype=bool) for ex in examples]))
         return batch
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.config import Config, ConfigError, NanosetDatasetsArgs
+from runtime.config import Config, ConfigError, DatasetStageArgs, NanosetDatasetsArgs
 from runtime.data.record import DataStageMetadata, TrainingMetadata
 
 
@@ -38,6 +38,10 @@ def started_stages(config: Config, history: TrainingMetadata, checkpoint: str) -
         if seq != r.sequence_length:
             raise ConfigError(f"{where}.sequence_length: {seq} differs from {r.sequence_length} that the "
                               f"checkpoint trained this stage with; add a new stage from step {last + 1} instead")
+        if packing_mode(stage) != r.packing:
+            raise ConfigError(f"{where}.data.packing: {packing_mode(stage)} differs from {r.packing} that the "
+                              f"checkpoint trained this stage with (packed samples are another sample list); restore "
+                              f"it, or add a new stage from step {last + 1} instead")
         out[i] = r
     for i, stage in enumerate(config.data_stages):
         if stage.start_training_step <= last and i not in out:
@@ -45,6 +49,13 @@ def started_stages(config: Config, history: TrainingMetadata, checkpoint: str) -
                               f"{stage.start_training_step} is not after the checkpoint's step {last}, which trained "
                               f"those steps as other stages; start it at step {last + 1} or later")
     return out
+
+
+def packing_mode(stage: DatasetStageArgs) -> str:
+    """What a sample of the stage is: ``window``, ``documents`` or ``documents-drop`` (as recorded)."""
+    if stage.data.packing == "window":
+        return "window"
+    return "documents-drop" if stage.data.drop_long_documents else "documents"
 
 
 @dataclass

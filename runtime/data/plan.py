@@ -26,7 +26,8 @@ import numpy as np
 from nanoset import NanosetError, TokenizerInfo, open_dataset
 from runtime.config import Config, ConfigError, DatasetStageArgs, NanosetDatasetsArgs
 from runtime.data.blend import BlendSchedule
-from runtime.data.history import PartSpec, differences, refuse, started_stages
+from runtime.data.history import PartSpec, differences, packing_mode, refuse, started_stages
+from runtime.data.packing import PackedDocuments
 from runtime.data.permutation import FeistelPermutation
 from runtime.data.record import DataStageMetadata, PartRecord, TrainingMetadata
 from runtime.data.windows import TokenWindows
@@ -99,9 +100,9 @@ class DataPlan:
         self.stage_folders = stage_folders
         self.history = history
         self.checkpoint = str(checkpoint) if history is not None else None
-        self.datasets: list[TokenWindows] = []
+        self.datasets: list[TokenWindows | PackedDocuments] = []
         self.folders: list[str] = []  # resolved folder of each dataset
-        self._keys: dict[tuple[str, int], int] = {}
+        self._keys: dict[tuple[str, int, str, bool], int] = {}
         self._seeds: dict[int, int] = {}  # the first part to draw from a dataset keys its order
         self._perms: dict[tuple[int, int], FeistelPermutation] = {}
         self._readers: dict[str, object] = readers if readers is not None else {}
@@ -136,11 +137,20 @@ class DataPlan:
 
     def _dataset(self, folder: str, i: int, stage: DatasetStageArgs) -> int:
         seq = self.config.stage_sequence_length(stage)
-        key = (resolved(folder), seq)
+        data = stage.data
+        key = (resolved(folder), seq, data.packing, data.packing == "documents" and data.drop_long_documents)
         if key not in self._keys:
             if key[0] not in self._readers:
                 self._readers[key[0]] = _open(folder, i, stage)
-            windows = TokenWindows(folder, seq, self._readers[key[0]])
+            if data.packing == "documents":
+                windows = PackedDocuments(folder, seq, self._readers[key[0]], self.config.general.cache_dir,
+                                          data.drop_long_documents)
+                if windows.num_samples == 0:
+                    raise ConfigError(f"data_stages[{i}] ({stage.name}).data.drop_long_documents: every document of "
+                                      f"{folder} is longer than sequence_length + 1 = {seq + 1} and was dropped; "
+                                      f"raise sequence_length or set drop_long_documents: false to truncate them")
+            else:
+                windows = TokenWindows(folder, seq, self._readers[key[0]])
             if windows.num_samples == 0:
                 raise ConfigError(f"data_stages[{i}] ({stage.name}): {folder} has "
                                   f"{windows.reader.num_tokens} tokens, too few for one window of "
@@ -241,7 +251,7 @@ class DataPlan:
         h = hashlib.sha256()
         for d, s in zip(loc.dataset.tolist(), loc.sample.tolist()):
             w = self.datasets[d]
-            h.update(f"{w.reader.fingerprint}/{w.sequence_length}:{s};".encode())
+            h.update(f"{w.sample_key}:{s};".encode())
         return h.hexdigest()[:16]
 
     def consumed_samples(self, last_step: int) -> int:
@@ -254,7 +264,7 @@ class DataPlan:
         for part in self.stages:
             if part.start_step <= last_step:
                 _add_draws(totals, part, part.consumed_samples(last_step))
-        return {f"{self.folders[d]}@{self.datasets[d].sequence_length}": n for d, n in sorted(totals.items())}
+        return {_draws_key(self.folders[d], self.datasets[d]): n for d, n in sorted(totals.items())}
 
     def record(self, last_step: int) -> list[DataStageMetadata]:
         """Per config stage, what a checkpoint after ``last_step`` records (parts only for stages begun)."""
@@ -266,13 +276,15 @@ class DataPlan:
                 parts[0].sequence_length,
                 [PartRecord(p.start_step, p.global_batch_size, [self.folders[d] for d in p.dataset_ids],
                             [self.datasets[d].reader.fingerprint for d in p.dataset_ids], list(p.weights), p.seed,
-                            p.draw_offsets.tolist()) for p in parts if p.start_step <= last_step]))
+                            p.draw_offsets.tolist()) for p in parts if p.start_step <= last_step],
+                packing_mode(stage)))
         return out
 
     @property
     def fingerprint(self) -> str:
         """Changes when any dataset's content changes (manifest checksums, or datatrove sizes)."""
-        payload = [(folder, w.sequence_length, w.reader.fingerprint) for folder, w in zip(self.folders, self.datasets)]
+        payload = [(folder, w.sequence_length, w.reader.fingerprint) + (() if w.packing == "window" else (w.mode,))
+                   for folder, w in zip(self.folders, self.datasets)]
         return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
     def _check_tokenizers(self) -> None:
@@ -300,6 +312,12 @@ class DataPlan:
             if top >= vocab:
                 raise ConfigError(f"{w.folder}: holds token id {top}, ≥ model.vocab_size {vocab}; raise "
                                   f"model.vocab_size to at least {top + 1}, or use data made with the model's tokenizer")
+
+
+def _draws_key(folder: str, dataset: TokenWindows | PackedDocuments) -> str:
+    """``folder@L`` for windows, ``folder@L/documents-MODE`` for packed samples (another sample space)."""
+    suffix = "" if dataset.packing == "window" else f"/{dataset.mode}"
+    return f"{folder}@{dataset.sequence_length}{suffix}"
 
 
 def _add_draws(totals: dict[int, int], part: StagePlan, samples: int | None = None) -> None:

@@ -39,6 +39,7 @@ class DataStageMetadata:
     consumed_train_samples: int
     sequence_length: int
     parts: list[PartRecord] = field(default_factory=list)  # only for stages that have begun
+    packing: str = "window"  # window | documents | documents-drop: what a sample is
 
 
 @dataclass

@@ -8,7 +8,10 @@ from runtime.data.plan import DataPlan, StagePlan
 
 
 class StageDataset:
-    """``dataset[j]`` is stage sample ``j``: ``{"input_ids": L+1 tokens[, "position_ids"]}``.
+    """``dataset[j]`` is stage sample ``j``: ``{"input_ids": L+1 tokens[, "position_ids"][, "label_mask": L]}``.
+
+    ``label_mask`` comes with datasets that have their own (loss masks, packed documents); the
+    collator ANDs it with its document-boundary mask.
 
     ``__getitems__`` (used by ``torch.utils.data.DataLoader`` for a whole micro-batch) locates
     all indices in one vectorised call and reads each dataset's windows together.
@@ -48,12 +51,32 @@ class StageDataset:
         width = self.stage.sequence_length + 1
         tokens = np.empty((len(j), width), dtype=np.int64)
         positions = np.empty((len(j), width), dtype=np.int64) if self.stage.use_position_ids else None
+        # every example of a stage has the same keys: a label mask for all when any dataset has one
+        masked = any(self.plan.datasets[d].has_label_mask for d in self.stage.dataset_ids)
+        masks = np.ones((len(j), width - 1), dtype=bool) if masked else None
         for d in np.unique(dataset).tolist():
             rows = np.flatnonzero(dataset == d)
             windows = self.plan.datasets[d]
             tokens[rows] = windows.tokens(sample[rows])
             if positions is not None:
                 positions[rows] = windows.position_ids(sample[rows])
-        if positions is None:
-            return [{"input_ids": row} for row in tokens]
-        return [{"input_ids": row, "position_ids": pos} for row, pos in zip(tokens, positions)]
+            if masks is not None and windows.has_label_mask:
+                masks[rows] = windows.label_mask(sample[rows], positions[rows] if positions is not None else None)
+        out = [{"input_ids": row} for row in tokens]
+        for key, values in (("position_ids", positions), ("label_mask", masks)):
+            if values is not None:
+                for ex, v in zip(out, values):
+                    ex[key] = v
+        return out
+
+
+def label_mask(windows, samples: np.ndarray, use_position_ids: bool) -> np.ndarray:
+    """The ``label_mask`` the collator gives samples ``samples`` of one dataset (``[n, L]`` bool): the
+    dataset's own mask (loss masks, packing) and, with position ids, no label across a document start."""
+    samples = np.asarray(samples, dtype=np.int64).reshape(-1)
+    mask = np.ones((len(samples), windows.sequence_length), dtype=bool)
+    if windows.has_label_mask:
+        mask &= windows.label_mask(samples)
+    if use_position_ids:
+        mask &= windows.position_ids(samples)[:, 1:] != 0
+    return mask

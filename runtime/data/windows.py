@@ -17,6 +17,8 @@ from nanoset import NanosetReader, open_dataset
 class TokenWindows:
     """The ``(num_tokens - 1) // L`` windows of ``L + 1`` tokens of a dataset folder."""
 
+    packing = "window"
+
     def __init__(self, folder: str | Path, sequence_length: int, reader: NanosetReader | None = None) -> None:
         if sequence_length < 1:
             raise ValueError(f"sequence_length must be ≥ 1, got {sequence_length}")
@@ -27,6 +29,11 @@ class TokenWindows:
 
     def __len__(self) -> int:
         return self.num_samples
+
+    @property
+    def sample_key(self) -> str:
+        """What identifies this sample space in data hashes: content and sequence length."""
+        return f"{self.reader.fingerprint}/{self.sequence_length}"
 
     def token_range(self, i: int | np.ndarray) -> tuple[int, int] | tuple[np.ndarray, np.ndarray]:
         """``[start, stop)`` in the token stream of window ``i`` (ints), or of windows ``i`` (arrays)."""
@@ -62,6 +69,22 @@ class TokenWindows:
         out = np.empty((np.size(indices), self.sequence_length + 1), dtype=np.int64)
         self.read(indices, None, out)
         return out.reshape(np.shape(indices) + (self.sequence_length + 1,))
+
+    @property
+    def has_label_mask(self) -> bool:
+        """Whether samples carry a label mask of their own (the folder has loss masks)."""
+        return self.reader.has_loss_masks
+
+    def label_mask(self, indices: np.ndarray | int, positions: np.ndarray | None = None) -> np.ndarray | None:
+        """``loss[1:]`` of each window (the loss mask of each label's target token), ``[*shape, L]`` bool;
+        None for a folder without loss masks. (``positions`` is unused: the interface of PackedDocuments.)"""
+        if not self.has_label_mask:
+            return None
+        idx = self._check(indices)
+        out = np.empty((len(idx), self.sequence_length), dtype=bool)
+        for row, start in enumerate((idx * self.sequence_length).tolist()):
+            out[row] = self.reader.loss_mask(start + 1, start + self.sequence_length + 1)
+        return out.reshape(np.shape(indices) + (self.sequence_length,))
 
     def read(self, indices: np.ndarray, tokens: np.ndarray | None, positions: np.ndarray | None = None) -> None:
         """Write windows ``indices`` into ``tokens`` and/or their position ids into ``positions``
