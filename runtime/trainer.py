@@ -196,7 +196,8 @@ class Trainer:
                 output_pp_rank=ctx.pp_size - 1, micro_batch_size=self.config.tokens.micro_batch_size,
                 consumed_train_samples=consumed, dataloader_num_workers=stage.num_loading_workers,
                 use_position_ids=stage.use_position_ids, prefetch=stage.prefetch)
-        if isinstance(sources, dict):
+        if isinstance(sources, dict):  # its loader has delivered every part of the stage (several after a resume)
+            consumed = sum(p.consumed_samples(self.last_step) for p in self.plan.stages if p.index == stage.index)
             return loader_from_source(sources[stage.name], consumed, f"stage {stage.name!r}", self.last_step + 1)
         # one loader for the whole run: it has delivered the samples of every stage so far
         return loader_from_source(sources, self.plan.consumed_samples(self.last_step), "the run's data loader",
@@ -271,9 +272,11 @@ class Trainer:
         return tokens_per_s * flops_per_token(self.config.model, sequence_length) / (self._peak * world)
 
     def _print_summary(self, summary: TrainSummary, signal_name: str | None) -> None:
-        if summary.stopped_by_signal:
+        if summary.stopped_by_signal:  # only `resume: latest` continues it (null starts over, a path rewinds)
+            how = ("rerun the same command" if self.config.checkpoints.resume == "latest"
+                   else "set checkpoints.resume: latest and rerun")
             self.metrics.info(f"stopped by {signal_name or 'a signal to another rank'} after step "
-                              f"{summary.last_step}: checkpoint {summary.checkpoint}; rerun the same command to resume")
+                              f"{summary.last_step}: checkpoint {summary.checkpoint}; {how} to resume")
             return
         losses = ", ".join(f"{name} {loss:.4f}" for name, loss in summary.final_loss_per_stage.items())
         self.metrics.info(f"done: step {summary.last_step}/{self.config.tokens.train_steps}; final loss per stage: "

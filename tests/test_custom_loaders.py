@@ -76,3 +76,43 @@ def test_a_loader_object_is_refused_on_resume(shards, tmp_path):
     assert ("error: the run's data loader: resuming at step 3 with 4 of its samples already consumed, but its loader "
             "(DataLoader) cannot be advanced") in again.stderr
     assert [r["step"] for r in metrics(run)] == [1, 2]  # nothing trained on replayed samples
+
+
+FACTORIES = '''
+import sys
+sys.path.insert(0, {root!r})
+from runtime.data import StageDataset, get_train_dataloader
+from runtime.trainer import Trainer
+
+trainer = Trainer(sys.argv[sys.argv.index("--config") + 1])
+ctx, cfg = trainer.parallel_context, trainer.config
+
+def factory(consumed_train_samples):
+    print(f"factory called with {{consumed_train_samples}}", flush=True)
+    stage = trainer.plan.stages[-1]
+    return get_train_dataloader(StageDataset(trainer.plan, stage), stage.sequence_length, ctx, 0, 0,
+                                cfg.tokens.micro_batch_size, consumed_train_samples=0)
+
+try:
+    trainer.train(dataloader_or_dls={{"pretrain": factory}})
+finally:
+    trainer.close()
+'''
+
+
+def test_a_stage_split_by_a_new_batch_size_tells_its_factory_every_sample_consumed(shards, tmp_path):
+    """A resume with another global batch size mid-stage (allow_data_change) splits the stage in two parts;
+    the stage's factory is told the samples of both (4 at G=2, then 2 steps at G=4), not the new part's 0."""
+    script = tmp_path / "factories.py"
+    script.write_text(FACTORIES.format(root=str(ROOT)))
+    run = tmp_path / "run"
+    first = small_config(tmp_path, run, dp=1, steps=2, interval=2, single_stage=True, positions=False)
+    assert "factory called with 0" in torchrun(first, 1, cwd=shards, script=script).stdout
+    bigger = dict(checkpoints={"allow_data_change": True})
+    second = small_config(tmp_path, run, dp=1, accum=2, steps=4, interval=2, single_stage=True, positions=False,
+                          **bigger)
+    assert "factory called with 4\n" in torchrun(second, 1, cwd=shards, script=script).stdout
+    third = small_config(tmp_path, run, dp=1, accum=2, steps=6, interval=2, single_stage=True, positions=False,
+                         **bigger)
+    assert "factory called with 12\n" in torchrun(third, 1, cwd=shards, script=script).stdout
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import ROOT
 from dist_harness import free_port
 from trainhelpers import metrics, small_config, torchrun, worker_stderr
@@ -66,12 +67,12 @@ def test_two_nodes_train_like_one(reference, shards, tmp_path):
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl"]
 
 
-def start_slow(cfg: Path, tmp_path: Path, shards: Path) -> subprocess.Popen:
+def start_slow(cfg: Path, tmp_path: Path, shards: Path, new_session: bool = False) -> subprocess.Popen:
     script = tmp_path / "slow_train.py"
     script.write_text(SLOW_TRAIN)
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              str(script), "--config", str(cfg)], cwd=shards, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=new_session)
 
 
 def wait_for_step(run: Path, step: int, proc: subprocess.Popen) -> None:
@@ -144,4 +145,23 @@ def test_sigusr1_to_one_worker_stops_every_rank(shards, tmp_path):
     saved = run / "checkpoints" / f"step-{step:06d}"
     assert (run / "checkpoints" / "latest").read_text().strip() == saved.name
     assert {"rng-rank0.pt", "rng-rank1.pt", "metadata.json"} <= {p.name for p in saved.iterdir()}
+    assert [r["step"] for r in metrics(run)] == list(range(1, step + 1))
+
+
+def test_sigterm_to_every_process_of_the_job_step(shards, tmp_path):
+    """Slurm signals every process of the step: torchrun (which forwards it, so the ranks get it twice),
+    the ranks and their loader workers. The workers ignore it; the ranks stop after one step with one
+    checkpoint (was: "DataLoader worker (pid N) is killed by signal: Terminated" in the middle of the save)."""
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, single_stage=True)
+    config = yaml.safe_load(cfg.read_text())
+    config["data_stages"][0]["data"]["num_loading_workers"] = 1
+    cfg.write_text(yaml.safe_dump(config))
+    proc = start_slow(cfg, tmp_path, shards, new_session=True)
+    wait_for_step(run, 3, proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    step = stopped_at(out, "SIGTERM")
+    assert 3 <= step < 12 and "DataLoader worker" not in err and "Traceback" not in worker_stderr(err), err
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"step-{step:06d}"
     assert [r["step"] for r in metrics(run)] == list(range(1, step + 1))

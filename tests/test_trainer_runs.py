@@ -230,3 +230,21 @@ def test_rng_state_loads_with_weights_only(tmp_path):
     torch.manual_seed(0), np.random.seed(0), random.seed(0)
     _set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert (torch.rand(3).tolist(), np.random.standard_normal(3).tolist(), random.random()) == expected
+
+
+def test_the_stop_message_says_how_to_resume(tmp_path, capsys):
+    """After a preemption, "rerun the same command" is true only with resume: latest (null would start
+    over or be refused, a path would rewind to it)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from runtime.trainer import Trainer, TrainSummary
+
+    for resume, how in (("latest", "rerun the same command"), (None, "set checkpoints.resume: latest and rerun"),
+                        ("/elsewhere/step-000002", "set checkpoints.resume: latest and rerun")):
+        trainer = SimpleNamespace(config=SimpleNamespace(checkpoints=SimpleNamespace(resume=resume)),
+                                  metrics=MetricsLogger(tmp_path, enabled=True, tensorboard=False))
+        summary = TrainSummary(4, checkpoint=Path("run/checkpoints/step-000004"), stopped_by_signal=True)
+        Trainer._print_summary(trainer, summary, "SIGTERM")
+        assert capsys.readouterr().out == (f"stopped by SIGTERM after step 4: checkpoint run/checkpoints/step-000004; "
+                                           f"{how} to resume\n")

@@ -3,7 +3,9 @@ ranks that need no data - a loader of TensorPointers that never touches the disk
 
 from __future__ import annotations
 
+import functools
 import random
+import signal
 from typing import Any, Iterator
 
 import numpy as np
@@ -12,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from runtime.data.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
 from runtime.data.sampler import get_sampler
+from runtime.preemption import SIGNALS as PREEMPTION_SIGNALS
 
 from runtime.data.prefetch import PrefetchLoader
 
@@ -42,6 +45,15 @@ def seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
+def init_worker(worker_init_fn: Any, worker_id: int) -> None:
+    """Loader workers ignore the preemption signals: Slurm sends them to every process of the job step,
+    and a worker killed by one would crash the step that the trainer finishes before it saves."""
+    for sig in PREEMPTION_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
+
+
 def get_train_dataloader(train_dataset: Any, sequence_length: int, parallel_context: Any, input_pp_rank: int,
                          output_pp_rank: int, micro_batch_size: int, consumed_train_samples: int = 0,
                          dataloader_num_workers: int = 0, seed_worker: Any = seed_worker,
@@ -66,7 +78,7 @@ def get_train_dataloader(train_dataset: Any, sequence_length: int, parallel_cont
     loader = DataLoader(
         train_dataset, batch_size=micro_batch_size, sampler=sampler, collate_fn=collator,
         num_workers=dataloader_num_workers, pin_memory=dataloader_pin_memory and torch.cuda.is_available(),
-        drop_last=dataloader_drop_last, worker_init_fn=seed_worker,
+        drop_last=dataloader_drop_last, worker_init_fn=functools.partial(init_worker, seed_worker),
         persistent_workers=False, prefetch_factor=4 if dataloader_num_workers > 0 else None,
     )
     return PrefetchLoader(loader, prefetch) if prefetch > 0 else loader
