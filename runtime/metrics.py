@@ -25,8 +25,9 @@ def peak_flops(device: torch.device) -> float | None:
 def flops_per_token(model_args, sequence_length: int) -> float:
     """Training FLOPs per token: 6 · parameters (matmuls) + attention scores, forward and backward."""
     h, n, v = model_args.hidden_size, model_args.num_hidden_layers, model_args.vocab_size
-    kv = model_args.kv_heads * (h // model_args.num_attention_heads)
-    params = n * (2 * h * h + 2 * h * kv + 3 * h * model_args.intermediate_size) + h * v
+    q = model_args.num_attention_heads * model_args.head_size
+    kv = model_args.kv_heads * model_args.head_size
+    params = n * (2 * h * q + 2 * h * kv + 3 * h * model_args.intermediate_size) + h * v
     return 6 * params + 12 * n * h * sequence_length
 
 

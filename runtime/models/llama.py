@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.config import ModelArgs
+from runtime.config import ModelArgs, RopeScalingArgs
+from runtime.models.rope import rope_inv_freq
 from runtime.models.document_attention import attend, document_mask
 
 
@@ -28,10 +29,10 @@ class RMSNorm(nn.Module):
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
-def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+                scaling: RopeScalingArgs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, ``[batch, seq, 1, head_dim / 2]``, for the given positions."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim))
+    inv_freq = rope_inv_freq(head_dim, theta, scaling, position_ids.device)
     angles = position_ids.float()[..., None] * inv_freq
     return angles.cos()[:, :, None, :].to(dtype), angles.sin()[:, :, None, :].to(dtype)
 
@@ -45,7 +46,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.head_dim = args.hidden_size // args.num_attention_heads
+        self.head_dim = args.head_size
         self.q_proj = nn.Linear(args.hidden_size, args.num_attention_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(args.hidden_size, args.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(args.hidden_size, args.kv_heads * self.head_dim, bias=False)
@@ -114,8 +115,7 @@ class LlamaChunk(nn.Module):
             if position_ids is None:
                 position_ids = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
             x = self.embed_tokens(x)
-        head_dim = self.args.hidden_size // self.args.num_attention_heads
-        cos, sin = rope_tables(position_ids, head_dim, self.args.rope_theta, x.dtype)
+        cos, sin = rope_tables(position_ids, self.args.head_size, self.args.rope_theta, x.dtype, self.args.rope_scaling)
         mask = document_mask(position_ids) if self.args.attention == "document" else None
         for layer in self.layers.values():
             x = layer(x, cos, sin, mask)

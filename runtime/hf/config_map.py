@@ -1,0 +1,156 @@
+"""Hugging Face ``config.json`` ↔ our ``model`` section, both ways.
+
+Import reads a ``LlamaForCausalLM`` (or ``MistralForCausalLM`` without sliding window) config in
+the transformers 4 form (``rope_theta``, ``rope_scaling``) or the transformers 5 form
+(``rope_parameters``), refuses what our model cannot reproduce (biases, another activation, a
+rope scaling other than linear and llama3), and fills the sizes the YAML omits; sizes given in
+both must agree. Export writes every field itself: a config that transformers fills with its
+own defaults would silently change the model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from runtime.config import ModelArgs, RopeScalingArgs
+from runtime.config_loading import ConfigError
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+# our ModelArgs key → the config.json key (the same names)
+MODEL_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+              "max_position_embeddings", "num_key_value_heads", "head_dim", "tie_word_embeddings", "rope_theta",
+              "rms_norm_eps", "rope_scaling")
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def read_hf_config(folder: str | Path) -> dict:
+    """``folder/config.json`` as a dict, checked to be a model our Llama reproduces."""
+    path = Path(folder) / "config.json"
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(f"model.init_from_hf: {folder}: no such folder (give a local folder holding a "
+                                f"Hugging Face model's config.json and model.safetensors)")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"model.init_from_hf: {path}: missing; the folder must hold a Hugging Face "
+                                f"model's config.json") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.init_from_hf: {path}: not readable JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"model.init_from_hf: {path}: not a JSON object")
+    archs = cfg.get("architectures") or []
+    if not any(a in ARCHITECTURES for a in archs):
+        raise ConfigError(f"model.init_from_hf: {path}: architectures {archs} is not one of {list(ARCHITECTURES)}; "
+                          f"only Llama-style models can be imported")
+    refuse = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu", "sliding_window": None}
+    for key, ours in refuse.items():
+        if cfg.get(key, ours) != ours:
+            raise ConfigError(f"model.init_from_hf: {path}: {key} {cfg[key]!r} is not supported (our Llama has "
+                              f"{key} {ours!r})")
+    if cfg.get("pretraining_tp", 1) != 1:
+        raise ConfigError(f"model.init_from_hf: {path}: pretraining_tp {cfg['pretraining_tp']} is not supported "
+                          f"(only 1)")
+    return cfg
+
+
+def rope_from_hf(cfg: dict, where: str) -> tuple[float, RopeScalingArgs | None]:
+    """``(rope_theta, scaling)`` from either config form; an unsupported scaling is an error, never ignored."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" in params:  # transformers 5
+        theta, scaling = params["rope_theta"], params
+    else:  # transformers 4: rope_theta beside an optional rope_scaling
+        theta, scaling = cfg.get("rope_theta", 10000.0), cfg.get("rope_scaling")
+    if scaling is None:
+        return float(theta), None
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return float(theta), None
+    if kind == "linear":
+        return float(theta), RopeScalingArgs("linear", float(scaling["factor"]))
+    if kind == "llama3":
+        missing = [k for k in LLAMA3_KEYS if k not in scaling]
+        if missing:
+            raise ConfigError(f"model.init_from_hf: {where}: llama3 rope scaling without {', '.join(missing)}")
+        return float(theta), RopeScalingArgs("llama3", float(scaling["factor"]), float(scaling["low_freq_factor"]),
+                                             float(scaling["high_freq_factor"]),
+                                             int(scaling["original_max_position_embeddings"]))
+    raise ConfigError(f"model.init_from_hf: {where}: rope scaling {kind!r} is not supported (only linear and llama3); "
+                      f"training with it would silently change the model")
+
+
+def hf_model_values(folder: str | Path) -> dict:
+    """Our ``model`` keys as the Hugging Face config at ``folder`` sets them."""
+    cfg = read_hf_config(folder)
+    where = str(Path(folder) / "config.json")
+    out = {}
+    for key in MODEL_KEYS[:6]:
+        if not isinstance(cfg.get(key), int) or isinstance(cfg.get(key), bool):
+            raise ConfigError(f"model.init_from_hf: {where}: {key} is missing or not an integer")
+        out[key] = cfg[key]
+    out["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim")
+    out["head_dim"] = None if head_dim in (None, cfg["hidden_size"] // cfg["num_attention_heads"]) else head_dim
+    out["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
+    out["rms_norm_eps"] = float(cfg.get("rms_norm_eps", 1e-6))
+    out["rope_theta"], out["rope_scaling"] = rope_from_hf(cfg, where)
+    return out
+
+
+def apply_hf_config(model: ModelArgs, given: set[str]) -> None:
+    """Fill ``model`` from its ``init_from_hf`` config.json; keys in ``given`` (written in the YAML) must agree."""
+    values = hf_model_values(model.init_from_hf)
+    for key, value in values.items():
+        if key in given:
+            mine = getattr(model, key)
+            if key == "num_key_value_heads" and mine is None:
+                mine = model.num_attention_heads
+            if key == "head_dim" and (mine or 0) == values["hidden_size"] // values["num_attention_heads"]:
+                mine = None
+            if key == "rope_scaling" and mine is not None:
+                mine = RopeScalingArgs(**asdict(mine))
+            if mine != value:
+                raise ConfigError(f"model.{key}: {_show(mine)} in the config but {_show(value)} in "
+                                  f"{Path(model.init_from_hf) / 'config.json'} (model.init_from_hf); remove the key "
+                                  f"or make them agree")
+        setattr(model, key, value)
+
+
+def _show(value) -> object:
+    return asdict(value) if isinstance(value, RopeScalingArgs) else value
+
+
+def hf_config_json(model: ModelArgs, bos_id: int | None, eos_id: int | None, dtype: str) -> dict:
+    """A complete ``LlamaForCausalLM`` config.json for ``model`` (both rope forms, so transformers 4 and 5 read it)."""
+    rope = {"rope_type": "default"} if model.rope_scaling is None else {
+        k: v for k, v in asdict(model.rope_scaling).items() if v is not None}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": model.hidden_size,
+        "intermediate_size": model.intermediate_size,
+        "num_hidden_layers": model.num_hidden_layers,
+        "num_attention_heads": model.num_attention_heads,
+        "num_key_value_heads": model.kv_heads,
+        "head_dim": model.head_size,
+        "vocab_size": model.vocab_size,
+        "max_position_embeddings": model.max_position_embeddings,
+        "rms_norm_eps": model.rms_norm_eps,
+        "rope_theta": model.rope_theta,
+        "rope_scaling": None if model.rope_scaling is None else rope,
+        "rope_parameters": dict(rope, rope_theta=model.rope_theta),
+        "tie_word_embeddings": model.tie_word_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "pretraining_tp": 1,
+        "initializer_range": model.init_std,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": None,
+        "use_cache": True,
+        "torch_dtype": dtype,
+        "dtype": dtype,
+    }

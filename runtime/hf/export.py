@@ -1,0 +1,183 @@
+"""A checkpoint of any layout → a Hugging Face ``LlamaForCausalLM`` folder, on one CPU process.
+
+The DCP files are keyed by layout-independent parameter names, so one process reads them without
+a process group, a safetensors file's worth at a time (never more than one output shard in
+memory). ``config.json`` is written from the checkpoint's own model section, the BOS/EOS ids and
+tokenizer files from the data's manifest record; the folder appears atomically (temp + rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import warnings
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+
+from nanoset import TokenizerInfo
+from nanoset.format import atomic_write_text
+from runtime.config import ModelArgs
+from runtime.config_loading import ConfigError, from_dict
+from runtime.hf.config_map import hf_config_json
+from runtime.hf.load import INDEX, SINGLE, _expected, hf_name
+
+MAX_SHARD_BYTES = 5 * 10**9  # as save_pretrained: one file up to 5 GB, else shards with an index
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+def read_checkpoint_metadata(checkpoint: Path) -> dict:
+    path = checkpoint / "metadata.json"
+    try:
+        metadata = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{checkpoint}: no metadata.json; give a step-N folder that a run saved (or the "
+                                f"checkpoints folder, for its latest)") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: unreadable ({e})") from None
+    if not isinstance(metadata.get("config", {}).get("model"), dict):
+        raise ConfigError(f"{path}: records no model section (config.model); is it a checkpoint of this runtime?")
+    return metadata
+
+
+def _model_args(metadata: dict, where: Path) -> ModelArgs:
+    model = dict(metadata["config"]["model"])
+    known = {f.name for f in fields(ModelArgs)}
+    return from_dict(ModelArgs, {k: v for k, v in model.items() if k in known}, f"{where}: config.model")
+
+
+def _stored_tensors(checkpoint: Path) -> dict:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        return FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
+    except Exception as e:  # a missing or torn .metadata file
+        raise ConfigError(f"{checkpoint}: the DCP files are unreadable ({e}); choose another checkpoint") from None
+
+
+def _shards(names: list[tuple[str, tuple[int, ...]]], itemsize: int, limit: int) -> list[list[tuple[str, tuple]]]:
+    """Parameters in order, cut into groups of at most ``limit`` bytes (a larger tensor alone)."""
+    groups: list[list] = [[]]
+    size = 0
+    for name, shape in names:
+        n = itemsize * int(torch.Size(shape).numel())
+        if groups[-1] and size + n > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append((name, shape))
+        size += n
+    return groups
+
+
+def _read_group(checkpoint: Path, group: list[tuple[str, tuple]], stored: dict, dtype: torch.dtype | None
+                ) -> dict[str, torch.Tensor]:
+    import torch.distributed.checkpoint as dcp
+
+    state = {}
+    for name, shape in group:
+        meta = stored.get(f"model.{name}")
+        if meta is None or not hasattr(meta, "size"):
+            raise ConfigError(f"{checkpoint}: holds no model tensor {name}; is it a complete checkpoint?")
+        if tuple(meta.size) != shape:
+            raise ConfigError(f"{checkpoint}: tensor {name} has shape {list(meta.size)}, but its model section "
+                              f"needs {list(shape)}")
+        state[name] = torch.empty(shape, dtype=meta.properties.dtype)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
+    return {hf_name(n): (t if dtype is None else t.to(dtype)).contiguous() for n, t in state.items()}
+
+
+def _write_weights(checkpoint: Path, tmp: Path, args: ModelArgs, dtype: torch.dtype | None, limit: int) -> str:
+    from safetensors.torch import save_file
+
+    stored = _stored_tensors(checkpoint)
+    names = _expected(args)  # a tied lm_head is the embedding: named once, as transformers saves it
+    first = stored.get(f"model.{names[0][0]}")
+    itemsize = torch.empty((), dtype=dtype or getattr(getattr(first, "properties", None), "dtype", torch.float32)
+                           ).element_size()
+    groups = _shards(names, itemsize, limit)
+    weight_map, total = {}, 0
+    for i, group in enumerate(groups):
+        file = SINGLE if len(groups) == 1 else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        tensors = _read_group(checkpoint, group, stored, dtype)
+        save_file(tensors, str(tmp / file), metadata={"format": "pt"})
+        for name, t in tensors.items():
+            weight_map[name] = file
+            total += t.numel() * t.element_size()
+        out_dtype = next(iter(tensors.values())).dtype
+        del tensors
+    if len(groups) > 1:
+        atomic_write_text(tmp / INDEX, json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                                  indent=2) + "\n")
+    return str(out_dtype).removeprefix("torch.")
+
+
+def _copy_tokenizer(info: TokenizerInfo | None, tmp: Path) -> str:
+    """The data's tokenizer files beside the weights; says what was done (for the log)."""
+    if info is None or not info.path:
+        return "no tokenizer recorded for the data: tokenizer files not written"
+    src = Path(info.path)
+    if not src.is_file():
+        return f"tokenizer {src} is gone: tokenizer files not written"
+    if info.sha256 and hashlib.sha256(src.read_bytes()).hexdigest() != info.sha256:
+        return f"{src} changed since the data was made (sha256): tokenizer files not written"
+    shutil.copyfile(src, tmp / "tokenizer.json")
+    for name in TOKENIZER_SIDE_FILES:
+        if (src.parent / name).is_file():
+            shutil.copyfile(src.parent / name, tmp / name)
+    if not (tmp / "tokenizer_config.json").is_file():  # transformers needs one to load tokenizer.json
+        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": info.eos_token}
+        atomic_write_text(tmp / "tokenizer_config.json", json.dumps(cfg, indent=2) + "\n")
+    return f"tokenizer files from {src.parent}"
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None = None, replace: bool = False,
+                      max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+    """Write ``out`` (a Hugging Face folder) from ``checkpoint`` (a step-N folder, or a checkpoints folder:
+    its ``latest``). ``dtype``: ``float32`` or ``bfloat16``, default the checkpoint's. Returns ``out``."""
+    checkpoint, out = _resolve(Path(checkpoint)), Path(out)
+    if dtype is not None and dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype!r} is not one of {list(DTYPES)}")
+    if out.exists() and not replace:
+        raise FileExistsError(f"{out}: exists; remove it or choose another output folder")
+    metadata = read_checkpoint_metadata(checkpoint)
+    args = _model_args(metadata, checkpoint)
+    info = TokenizerInfo(**metadata["tokenizer"]) if metadata.get("tokenizer") else None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        written = _write_weights(checkpoint, tmp, args, DTYPES.get(dtype), max_shard_bytes)
+        bos, eos = (info.bos_id, info.eos_id) if info is not None else (None, None)
+        atomic_write_text(tmp / "config.json", json.dumps(hf_config_json(args, bos, eos, written), indent=2) + "\n")
+        generation = {"bos_token_id": bos, "eos_token_id": eos}
+        atomic_write_text(tmp / "generation_config.json", json.dumps(generation, indent=2) + "\n")
+        note = _copy_tokenizer(info, tmp)
+        atomic_write_text(tmp / "nanoset_export.json", json.dumps(
+            {"checkpoint": str(checkpoint.resolve()), "step": metadata.get("training", {}).get("last_train_step"),
+             "tokenizer": note}, indent=1) + "\n")
+        old = out.with_name(f".old-{out.name}-{os.getpid()}") if out.exists() else None
+        if old is not None:
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _resolve(checkpoint: Path) -> Path:
+    """A checkpoints folder stands for the checkpoint its ``latest`` names."""
+    pointer = checkpoint / "latest"
+    if not (checkpoint / "metadata.json").is_file() and pointer.is_file():
+        return checkpoint / pointer.read_text().strip()
+    if not checkpoint.exists():
+        raise FileNotFoundError(f"{checkpoint}: no such checkpoint folder")
+    return checkpoint

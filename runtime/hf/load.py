@@ -1,0 +1,149 @@
+"""Load a Hugging Face Llama's safetensors straight into this rank's parameter shards.
+
+Each rank opens the (memory-mapped) safetensors files that hold its chunks' tensors and reads
+only its own slice of each: the slice comes from the parameter's DTensor placements (tensor
+parallel rows or columns, FSDP2's dim-0 shards, both at once), so no rank ever holds the whole
+model, whatever the tp/pp/dp layout. ``check_hf_weights`` reads only the headers, before any
+process group, so a missing tensor or a wrong shape is one line instead of a crash on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from runtime.config import ModelArgs
+from runtime.config_loading import ConfigError
+
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+_LAYER_PARTS = {"attn_norm.weight": "input_layernorm.weight", "mlp_norm.weight": "post_attention_layernorm.weight"}
+
+
+def hf_name(name: str) -> str:
+    """Our parameter name → the Hugging Face one (``layers.3.attn.q_proj.weight`` → ``model.layers.3.self_attn...``)."""
+    if name == "lm_head.weight":
+        return name
+    m = _LAYER.fullmatch(name)
+    if m is None:
+        return f"model.{name}"  # embed_tokens.weight, norm.weight
+    part = _LAYER_PARTS.get(m.group(2)) or m.group(2).replace("attn.", "self_attn.", 1)
+    return f"model.layers.{m.group(1)}.{part}"
+
+
+class SafetensorsFolder:
+    """The tensors of ``model.safetensors`` or of the files a ``model.safetensors.index.json`` names."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        if (self.folder / SINGLE).is_file():
+            self.files = {SINGLE: None}
+            self.where: dict[str, str] | None = None  # filled from the single file's header on first use
+        elif (self.folder / INDEX).is_file():
+            try:
+                weight_map = json.loads((self.folder / INDEX).read_text(encoding="utf-8"))["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise ConfigError(f"model.init_from_hf: {self.folder / INDEX}: not a safetensors index ({e})") from None
+            self.where = dict(weight_map)
+            self.files = {f: None for f in sorted(set(weight_map.values()))}
+        else:
+            raise FileNotFoundError(f"model.init_from_hf: {self.folder}: neither {SINGLE} nor {INDEX}; save the "
+                                    f"model with save_pretrained(..., safe_serialization=True)")
+        self._open: dict[str, object] = {}
+
+    def _handle(self, file: str):
+        if file not in self._open:
+            from safetensors import safe_open
+
+            path = self.folder / file
+            if not path.is_file():
+                raise FileNotFoundError(f"model.init_from_hf: {path}: missing ({INDEX} names it)")
+            try:
+                self._open[file] = safe_open(str(path), framework="pt", device="cpu")
+            except Exception as e:  # safetensors raises its own SafetensorError for a bad header or size
+                raise ConfigError(f"model.init_from_hf: {path}: not a valid safetensors file ({e}); "
+                                  f"download or save it again") from None
+        return self._open[file]
+
+    def file_of(self, name: str) -> str | None:
+        if self.where is None:
+            self.where = {k: SINGLE for k in self._handle(SINGLE).keys()}
+        return self.where.get(name)
+
+    def slice(self, name: str):
+        """The lazily read tensor ``name`` (index it to read a part); None when the checkpoint lacks it."""
+        file = self.file_of(name)
+        if file is None:
+            return None
+        try:
+            return self._handle(file).get_slice(name)
+        except Exception as e:
+            raise ConfigError(f"model.init_from_hf: {self.folder / file}: tensor {name} unreadable ({e})") from None
+
+    def path_of(self, name: str) -> Path:
+        return self.folder / (self.file_of(name) or SINGLE)
+
+
+def _expected(args: ModelArgs) -> list[tuple[str, tuple[int, ...]]]:
+    """Our parameter names and full shapes for ``args`` (built on the meta device: no memory)."""
+    from runtime.models.llama import LlamaChunk
+
+    with torch.device("meta"):
+        chunk = LlamaChunk(args)
+    return [(n, tuple(p.shape)) for n, p in chunk.named_parameters()]
+
+
+def _checked(files: SafetensorsFolder, name: str, shape: tuple[int, ...]):
+    hf = hf_name(name)
+    sl = files.slice(hf)
+    if sl is None:
+        raise ConfigError(f"model.init_from_hf: {files.folder}: tensor {hf} is missing (needed for our {name}); "
+                          f"is it a complete {'tied ' if name == 'lm_head.weight' else ''}checkpoint of this model?")
+    found = tuple(sl.get_shape())
+    if found != shape:
+        raise ConfigError(f"model.init_from_hf: {files.path_of(hf)}: tensor {hf} has shape {list(found)}, but the "
+                          f"model (config.json) needs {list(shape)}")
+    return sl
+
+
+def check_hf_weights(args: ModelArgs) -> None:
+    """Every tensor the model needs is in ``args.init_from_hf`` with the right shape (headers only)."""
+    files = SafetensorsFolder(args.init_from_hf)
+    for name, shape in _expected(args):
+        _checked(files, name, shape)
+
+
+def _local_slices(p: torch.Tensor) -> tuple[slice, ...]:
+    """The part of the full tensor that this rank's shard of ``p`` holds (all of it for a plain tensor)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(p, DTensor):
+        return tuple(slice(0, n) for n in p.shape)
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    return tuple(slice(o, o + n) for o, n in zip(offset, shape))
+
+
+@torch.no_grad()
+def load_hf_weights(chunks: list[nn.Module], folder: str | Path) -> int:
+    """Copy this rank's slices of the Hugging Face weights in ``folder`` into ``chunks``; returns the
+    number of parameters set. Tied weights are one parameter, read once (``model.embed_tokens``)."""
+    files = SafetensorsFolder(folder)
+    count = 0
+    for chunk in chunks:
+        for name, p in chunk.named_parameters():
+            sl = _checked(files, name, tuple(p.shape))
+            local = p.to_local() if hasattr(p, "to_local") else p
+            index = _local_slices(p)
+            part = sl[index] if local.ndim else sl[:]
+            if tuple(part.shape) != tuple(local.shape):
+                raise AssertionError(f"{name}: read {tuple(part.shape)} for a local shard of {tuple(local.shape)}")
+            local.copy_(part)
+            count += 1
+    return count

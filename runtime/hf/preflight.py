@@ -1,0 +1,39 @@
+"""Checks of ``model.init_from_hf`` that run before any process group: the weights' headers and the
+tokenizer, so that a wrong folder is one line printed once, not a crash on every rank."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from nanoset import TokenizerInfo
+from runtime.config import Config
+from runtime.config_loading import ConfigError
+
+
+def data_tokenizer(plan) -> TokenizerInfo | None:
+    """The tokenizer the run's data was made with (the plan checked that all datasets share one)."""
+    return next((w.reader.tokenizer for w in plan.datasets if w.reader.tokenizer is not None), None)
+
+
+def check_tokenizer(folder: str | Path, data: TokenizerInfo | None) -> None:
+    """``folder/tokenizer.json``, when there is one, must be the file the data was tokenized with."""
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file() or data is None or not data.sha256:
+        return
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    if sha != data.sha256:
+        raise ConfigError(f"model.init_from_hf: {path} (sha256 {sha[:12]}) is not the tokenizer the data was made "
+                          f"with ({data.describe()}); tokenize the data with the model's tokenizer")
+
+
+def check_init_from_hf(config: Config, plan, fresh_start: bool) -> None:
+    """The tokenizer always; the weights only when they will be loaded (no checkpoint to resume)."""
+    folder = config.model.init_from_hf
+    if folder is None:
+        return
+    check_tokenizer(folder, data_tokenizer(plan))
+    if fresh_start:
+        from runtime.hf.load import check_hf_weights
+
+        check_hf_weights(config.model)
