@@ -7,15 +7,16 @@ recursively in sorted order. Large splittable files are cut into byte or row ran
 
 from __future__ import annotations
 
+import codecs
 import glob
 import gzip
-import io
 import json
 import os
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from nanoset.errors import MissingColumnError, NanosetError
 
@@ -23,6 +24,8 @@ KINDS = {".jsonl": "jsonl", ".jsonl.gz": "jsonl.gz", ".jsonl.zst": "jsonl.zst", 
          ".parquet": "parquet", ".txt": "txt"}
 BATCH_CHARS = 1 << 20  # texts are yielded in batches of about this many characters
 READ_BLOCK = 4 << 20
+ZSTD_FEED = 1 << 20  # compressed bytes per decompress call
+T = TypeVar("T")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads keeps a lone "\\ud83d" escape: not encodable text
 
 
@@ -125,8 +128,58 @@ def discover(inputs: list[str]) -> list[Source]:
 
 
 def _first_byte(path: str) -> bytes:
+    """The first byte after a UTF-8 byte order mark and white space (``[`` for a JSON array)."""
     with open(path, "rb") as f:
-        return f.read(4096).lstrip()[:1]
+        return f.read(4096).removeprefix(codecs.BOM_UTF8).lstrip()[:1]
+
+
+def _decode_json_text(data: bytes, first: bool) -> str:
+    """Strict UTF-8 (``json.loads`` of bytes would let UTF-8-encoded lone surrogates through, which the
+    tokenizer then rejects with a TypeError); a byte order mark is allowed at the start of the file."""
+    text = data.decode("utf-8")
+    return text.removeprefix("\ufeff") if first else text
+
+
+def _blocks(f) -> Iterator[bytes]:
+    """The rest of an open binary file in blocks; closes it."""
+    with f:
+        while block := f.read(READ_BLOCK):
+            yield block
+
+
+def _zstd_blocks(path: str) -> Iterator[bytes]:
+    """The decompressed data of every frame. Frame by frame, because zstandard's stream reader ends
+    quietly where a truncated file ends: here a last frame left incomplete is an error."""
+    import zstandard
+
+    dctx = zstandard.ZstdDecompressor()
+    frame = None
+    with open(path, "rb") as f:
+        while data := f.read(ZSTD_FEED):
+            while data:
+                if frame is None:
+                    frame = dctx.decompressobj()
+                if out := frame.decompress(data):
+                    yield out
+                data = b""
+                if frame.eof:
+                    data, frame = frame.unused_data, None
+    if frame is not None:
+        raise EOFError("the file ends inside a frame")
+
+
+def _read_or_fail(items: Iterator[T], path: str, fmt: str, errors: tuple) -> Iterator[T]:
+    """``items`` read from a file, with a corrupt or truncated file (one of ``errors``) reported as one
+    error naming it (a bare EOFError would even read as 'aborted' on the command line)."""
+    try:
+        yield from items
+    except errors as e:
+        raise NanosetError(f"{path}: not a valid {fmt} file, or truncated ({_one_line(e)}); "
+                           f"download or write it again") from None
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
 
 
 def _cuts(size: int, target: int, room: int) -> list[int]:
@@ -148,9 +201,7 @@ def split_source(source: Source, target_bytes: int, room: int | None = None) -> 
         cuts = _cuts(source.bytes, target_bytes, room)
         return [Piece(source, a, b, b - a) for a, b in zip(cuts, cuts[1:])]
     if source.kind == "parquet":
-        import pyarrow.parquet as pq
-
-        meta = pq.ParquetFile(source.path).metadata
+        meta = _parquet_file(source.path).metadata
         groups = [meta.row_group(g) for g in range(meta.num_row_groups)]
         unpacked = max(1, sum(rg.total_byte_size for rg in groups))
         pieces, row, start, weight, filled = [], 0, 0, 0, target_bytes - room
@@ -168,6 +219,17 @@ def split_source(source: Source, target_bytes: int, room: int | None = None) -> 
         bounds = [c * rows // max(1, source.bytes) for c in cuts[:-1]] + [rows]
         return [Piece(source, a, b, y - x) for a, b, x, y in zip(bounds, bounds[1:], cuts, cuts[1:])]
     return [Piece(source, 0, source.bytes, source.bytes)]
+
+
+def _parquet_file(path: str):  # -> pyarrow.parquet.ParquetFile
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise NanosetError(f"{path}: not a valid parquet file, or truncated ({_one_line(e)}); "
+                           f"download or write it again") from None
 
 
 def _load_hf(source: Source):
@@ -268,35 +330,34 @@ class TextReader:
         except UnicodeDecodeError as e:
             raise NanosetError(f"{path}: invalid UTF-8 at byte offset {e.start}; convert the file to UTF-8") from e
 
-    def _open_lines(self) -> tuple[io.BufferedIOBase, int]:
-        """The line stream of the piece (decompressed if needed) and the offset of its first line."""
+    def _open_blocks(self) -> tuple[Iterator[bytes], int]:
+        """The blocks of the piece (decompressed if needed) and the offset of its first line."""
         src = self.piece.source
         if src.kind == "jsonl.gz":
-            return gzip.open(src.path, "rb"), 0  # type: ignore[return-value]
+            return _read_or_fail(_blocks(gzip.open(src.path, "rb")), src.path, "gzip",
+                                 (gzip.BadGzipFile, EOFError, zlib.error)), 0
         if src.kind == "jsonl.zst":
             import zstandard
 
-            raw = open(src.path, "rb")
-            return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)), 0
+            return _read_or_fail(_zstd_blocks(src.path), src.path, "zstd", (EOFError, zstandard.ZstdError)), 0
         f = open(src.path, "rb")
         start = self.piece.start
         if start > 0:
             f.seek(start - 1)
             if f.read(1) != b"\n":
                 start += len(f.readline())  # the partial line belongs to the previous piece
-        return f, start
+        return _blocks(f), start
 
     def _lines(self) -> Iterator[tuple[bytes, int]]:
         """(line, byte offset) for every line that starts inside the piece."""
-        f, pos = self._open_lines()
+        blocks, pos = self._open_blocks()
         self._start = pos
         stop = self.piece.stop if self.piece.source.kind in ("jsonl", "json") else float("inf")
-        with f:
-            for line in iter_lines(iter(lambda: f.read(READ_BLOCK), b"")):
-                if pos >= stop:
-                    return
-                yield line, pos
-                pos += len(line) + 1
+        for line in iter_lines(blocks):
+            if pos >= stop:
+                return
+            yield line, pos
+            pos += len(line) + 1
 
     def _line_number(self, index: int) -> int:
         """1-based file line number of the piece's line ``index``; the lines before the piece (a plain
@@ -330,7 +391,7 @@ class TextReader:
             if not line or line.isspace():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(_decode_json_text(line, offset == 0))
             except UnicodeDecodeError as e:
                 self._bad(lambda: f"{path}: invalid UTF-8 at byte offset {offset + e.start} "
                                   f"(line {self._line_number(n)})")
@@ -350,7 +411,7 @@ class TextReader:
         data = Path(path).read_bytes()
         escapes = b"\\u" in data
         try:
-            rows = json.loads(data)
+            rows = json.loads(_decode_json_text(data, True))
         except UnicodeDecodeError as e:
             raise NanosetError(f"{path}: invalid UTF-8 at byte offset {e.start}; convert the file to UTF-8") from e
         except json.JSONDecodeError as e:
@@ -401,10 +462,10 @@ class TextReader:
         return self._checked_column(table.column(0), first_row, where)
 
     def _parquet(self) -> Iterator[list[str]]:
-        import pyarrow.parquet as pq
+        import pyarrow as pa
 
         path = self.piece.source.path
-        pf = pq.ParquetFile(path)
+        pf = _parquet_file(path)
         columns = self._table_columns(pf.schema_arrow.names, path)
         meta = pf.metadata
         groups, row, first = [], 0, None
@@ -414,7 +475,8 @@ class TextReader:
                 first = row if first is None else first
             row += meta.row_group(g).num_rows
         row = first or 0
-        for batch in pf.iter_batches(batch_size=1024, row_groups=groups, columns=columns):
+        batches = pf.iter_batches(batch_size=1024, row_groups=groups, columns=columns)
+        for batch in _read_or_fail(batches, path, "parquet", (pa.ArrowException, OSError)):
             yield self._table_values(batch, row, path)
             row += batch.num_rows
 

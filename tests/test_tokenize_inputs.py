@@ -219,22 +219,9 @@ def test_long_line_is_read_once_without_recopying(tmp_path, monkeypatch):
     long_text = "word " * 2000  # 10,000 characters: a line of 100+ blocks
     f.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"text": long_text}) + "\n\n" + json.dumps({"text": "b"}))
     monkeypatch.setattr(corpus_mod, "READ_BLOCK", 97)
-    real = TextReader._open_lines
-
-    class Blocks:
-        def __init__(self, f):
-            self.f = f
-
-        def read(self, n):
-            return Block(self.f.read(n))
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-    monkeypatch.setattr(TextReader, "_open_lines", lambda self: (lambda f, pos: (Blocks(f), pos))(*real(self)))
+    real = TextReader._open_blocks
+    monkeypatch.setattr(TextReader, "_open_blocks",
+                        lambda self: (lambda blocks, pos: ((Block(b) for b in blocks), pos))(*real(self)))
     Block.scanned = 0
     reader = TextReader(Piece(Source(str(f), "jsonl", f.stat().st_size, 0), 0, f.stat().st_size, 1), "text", False)
     assert [t for batch in reader.batches() for t in batch] == ["a", long_text, "b"]
