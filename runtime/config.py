@@ -159,6 +159,13 @@ class HFDatasetArgs:
     hf_dataset_or_datasets: str
     text_column_name: str = "text"
     hf_dataset_splits: Union[str, list[str], None] = None
+    # rows are conversations (a messages column, or prompt + completion): rendered with the chat template,
+    # tokenized with loss masks (trained only on the assistant turns), as `nanoset tokenize --chat` does
+    sft: bool = False
+    chat_template: str | None = None  # sft: a Jinja file; default: the tokenizer's own template
+    messages_column_name: str = "messages"
+    prompt_column_name: str = "prompt"
+    completion_column_name: str = "completion"
 
 
 @dataclass
@@ -395,6 +402,9 @@ def _validate_stages(c: Config) -> None:
         elif c.tokenizer is None:
             raise ConfigError(f"{where}.data.dataset.hf_dataset_or_datasets needs a top-level "
                               f"tokenizer: {{tokenizer_name_or_path: ...}} to tokenize it")
+        elif ds.chat_template is not None and not ds.sft:
+            raise ConfigError(f"{where}.data.dataset.chat_template: only applies to conversations; set sft: true "
+                              f"or remove it")
     if 1 not in starts:
         raise ConfigError("data_stages: one stage must start at step 1 (start_training_step: 1)")
     if starts != sorted(starts):

@@ -1,6 +1,8 @@
 """Stages that name a Hugging Face dataset (a local path or a ``save_to_disk`` folder) are
 tokenized once into a Nanoset cache folder keyed by a fingerprint of the data, the splits, the
-text column and the tokenizer; later runs (and every other rank) read the cache.
+text column and the tokenizer (for an ``sft`` stage of conversations also the chat template and the
+conversation columns: it is tokenized as ``nanoset tokenize --chat``, with loss masks); later runs
+(and every other rank) read the cache.
 
 Every process of a run may find the cache missing, on one node or on many sharing the cache
 folder. An exclusive lock file next to the cache (``fcntl`` record locks: across processes and,
@@ -48,10 +50,25 @@ def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset")
                           f"downloaded at run time; save the dataset locally first)")
     tok = config.tokenizer
     tok_file = find_tokenizer_file(tok.tokenizer_name_or_path)
-    key = json.dumps([str(src.resolve()), _files_fingerprint(src), ds.hf_dataset_splits, ds.text_column_name,
-                      hashlib.sha256(tok_file.read_bytes()).hexdigest(), tok.eos_token])
+    parts = [str(src.resolve()), _files_fingerprint(src), ds.hf_dataset_splits, ds.text_column_name,
+             hashlib.sha256(tok_file.read_bytes()).hexdigest(), tok.eos_token]
+    if ds.sft:  # only conversation stages add these: plain stages keep their cache folders
+        parts += ["sft", _chat_template_sha256(tok_file, ds, where), ds.messages_column_name, ds.prompt_column_name,
+                  ds.completion_column_name]
+    key = json.dumps(parts)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(config.general.cache_dir) / f"{src.name}-{digest}"
+
+
+def _chat_template_sha256(tok_file: Path, ds: HFDatasetArgs, where: str) -> str:
+    """The template a conversation stage renders with (its own file, else the tokenizer's), by content."""
+    from nanoset.chat_template import load_chat_template
+    from nanoset.errors import NanosetError
+
+    try:
+        return load_chat_template(tok_file, ds.chat_template).sha256
+    except NanosetError as e:
+        raise ConfigError(f"{where}.chat_template: {e}") from None
 
 
 def _splits(ds: HFDatasetArgs) -> list[str] | None:
@@ -120,9 +137,13 @@ def prepare_hf_dataset(config: Config, ds: HFDatasetArgs, where: str = "data.dat
             tokenize(TokenizeOptions(inputs=[ds.hf_dataset_or_datasets], output=out,
                                      tokenizer=config.tokenizer.tokenizer_name_or_path,
                                      eos_token=config.tokenizer.eos_token, text_column=ds.text_column_name,
-                                     splits=_splits(ds), progress=False))
+                                     splits=_splits(ds), progress=False, chat=ds.sft, chat_template=ds.chat_template,
+                                     messages_column=ds.messages_column_name, prompt_column=ds.prompt_column_name,
+                                     completion_column=ds.completion_column_name))
         except MissingColumnError as e:
-            raise ConfigError(f"{where}.text_column_name: {e.column!r} is not a column of {e.where}; the columns "
+            keys = ("messages_column_name (or prompt_column_name and completion_column_name)" if ds.sft
+                    else "text_column_name")
+            raise ConfigError(f"{where}.{keys}: {e.column!r} is not a column of {e.where}; the columns "
                               f"there are: {', '.join(map(str, e.columns)) or 'none'}") from None
     return out
 

@@ -1,0 +1,71 @@
+"""SFT stages from Hugging Face datasets: conversations tokenized into the cache with loss masks,
+exactly as ``nanoset tokenize --chat`` does; packed whole, trained on the answers only (issue 9)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, TOKENIZER, run_cli
+from datahelpers import make_config
+
+from nanoset import open_dataset
+from runtime.config import ConfigError
+from runtime.data import DataPlan
+from runtime.data.hf_cache import resolve_stage_folders
+
+CHAT = FIXTURES / "chat" / "chat-000.jsonl"
+
+
+def sft_config(tmp_path, source, **dataset):
+    ds = {"hf_dataset_or_datasets": str(source), "sft": True, **dataset}
+    c = make_config(train_steps=4, seq=256, tokenizer={"tokenizer_name_or_path": str(TOKENIZER)},
+                    stages=[{"name": "sft", "start_training_step": 1,
+                             "data": {"use_position_ids": True, "packing": "documents", "dataset": ds}}])
+    c.general.cache_dir = str(tmp_path / "cache")
+    return c
+
+
+def test_sft_stage_is_tokenized_like_tokenize_chat(tmp_path):
+    config = sft_config(tmp_path, CHAT)
+    [[folder]] = resolve_stage_folders(config)
+    run_cli("tokenize", CHAT, "-o", tmp_path / "cli", "--tokenizer", TOKENIZER, "--chat", "--quiet")
+    ours, cli = open_dataset(folder), open_dataset(tmp_path / "cli")
+    assert ours.has_loss_masks and ours.num_documents == 300
+    n = cli.num_tokens
+    assert ours.num_tokens == n and np.array_equal(ours.tokens(0, n), cli.tokens(0, n))
+    assert np.array_equal(ours.loss_mask(0, n), cli.loss_mask(0, n))
+    assert 0 < int(ours.loss_mask(0, n).sum()) < n  # answers only
+    assert resolve_stage_folders(config) == [[folder]]  # cached: the same folder, not tokenized again
+    plan = DataPlan(config, [[folder]])
+    p = plan.datasets[0]
+    lengths = np.diff(ours.document_ends, prepend=0)
+    assert p.packing == "documents" and p.num_long_documents == int((lengths > 257).sum())
+    starts = set(np.concatenate([[0], ours.document_ends[:-1]]).tolist())
+    assert set(p.starts.tolist()) <= starts  # every packed sample begins at a conversation's start
+
+
+def test_sft_cache_is_keyed_by_the_chat_template(tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    [[own]] = resolve_stage_folders(sft_config(tmp_path, CHAT))
+    [[other]] = resolve_stage_folders(sft_config(tmp_path, CHAT, chat_template=str(template)))
+    assert own != other
+    text = open_dataset(other)
+    assert text.num_tokens != open_dataset(own).num_tokens and text.has_loss_masks
+
+
+def test_sft_stage_errors_name_the_config_keys(tmp_path):
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(3)))
+    with pytest.raises(ConfigError, match=r"data_stages\[0\] \(sft\)\.data\.dataset\.messages_column_name \(or "
+                                          r"prompt_column_name and completion_column_name\): 'messages' is not a "
+                                          r"column of .*plain\.jsonl.*; the columns there are: text"):
+        resolve_stage_folders(sft_config(tmp_path, plain))
+    with pytest.raises(ConfigError, match=r"data_stages\[0\] \(sft\)\.data\.dataset\.chat_template: only applies "
+                                          r"to conversations; set sft: true or remove it"):
+        sft_config(tmp_path, CHAT, sft=False, chat_template="t.jinja")
+    with pytest.raises(ConfigError, match=r"data_stages\[0\] \(sft\)\.data\.dataset\.chat_template: --chat-template "
+                                          r".*missing\.jinja: cannot read it"):
+        resolve_stage_folders(sft_config(tmp_path, CHAT, chat_template=str(tmp_path / "missing.jinja")))
