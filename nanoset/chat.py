@@ -101,7 +101,8 @@ class ChatReader(TextReader):
     def _weight(value: RenderedChat) -> int:  # type: ignore[override]
         return len(value.text)
 
-    def _value(self, row: dict, where: Callable[[], str], escapes: bool) -> RenderedChat | None:  # type: ignore[override]
+    def _value(self, row: dict, where: Callable[[], str],  # type: ignore[override]
+               escapes: bool) -> RenderedChat | None:
         if self.columns.messages not in row and not (self.columns.prompt in row and self.columns.completion in row):
             self.columns.choose(list(row), where())  # raises the missing-column error, naming the line
         try:

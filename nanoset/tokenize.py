@@ -89,7 +89,9 @@ def _init_worker(tokenizer_path: str, config: dict, counters: tuple, single_thre
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         os.environ["RAYON_NUM_THREADS"] = "1"
     chat = config.get("chat")
-    renderer = ChatRenderer(ChatTemplate(chat["template"], chat["template_origin"]), chat["special_tokens"]) if chat else None
+    renderer = None
+    if chat:
+        renderer = ChatRenderer(ChatTemplate(chat["template"], chat["template_origin"]), chat["special_tokens"])
     _worker.update(tokenizer=load_tokenizer(Path(tokenizer_path)), config=config, counters=counters, renderer=renderer)
 
 
@@ -236,7 +238,7 @@ def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: dict |
         del options["text_column"]
         options["chat"] = {"template_sha256": chat["template_sha256"], "special_tokens": chat["special_tokens"],
                            **{f"{k}_column": v for k, v in chat["columns"].items()}}
-    sources = discover(opts.inputs)
+    sources = discover(opts.inputs, exclude=opts.output)
     if opts.splits is not None:
         sources = [s for s in sources if s.split is None or s.split in opts.splits]
         missing = set(opts.splits) - {s.split for s in sources}

@@ -81,7 +81,8 @@ class ShardWriter:
         self._index = _HashedFile(self._tmp["index"])
         self._loss = _HashedFile(self._tmp["loss"]) if loss_masks else None
 
-    def add_document(self, token_ids: Sequence[int] | np.ndarray, loss: Sequence[int] | np.ndarray | None = None) -> None:
+    def add_document(self, token_ids: Sequence[int] | np.ndarray,
+                     loss: Sequence[int] | np.ndarray | None = None) -> None:
         """Append one document; its ids must already end with EOS if the dataset wants one."""
         ids = np.asarray(token_ids)
         self.add_documents(ids, np.array([len(ids)], dtype=np.int64), None if loss is None else np.asarray(loss))
