@@ -61,3 +61,17 @@ def packed_logits(rank: int, world: int, layout: dict, out_path: str) -> None:
         full = logits.full_tensor() if hasattr(logits, "full_tensor") else logits  # a collective: every tp rank
         if ctx.tp_rank == 0:
             torch.save(full, out_path)
+
+
+def label_tokens_on_every_rank(rank: int, world: int) -> None:
+    """pp = 2 with document attention: a train step reports the global batch's label-token count on
+    every rank (the first pipeline rank owns no labels; metrics are written by global rank 0)."""
+    from engine_workers import global_batch, rank_batches
+
+    from runtime.engine import Engine
+    from runtime.parallel.context import ParallelContext
+
+    engine = Engine(docmask_config(pp=2), ParallelContext(pp=2))
+    result = engine.train_step(rank_batches(0, engine.ctx, 4))
+    expected = int(global_batch(0)["label_mask"].sum())
+    assert result.num_label_tokens == expected, (rank, result.num_label_tokens, expected)

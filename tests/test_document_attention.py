@@ -94,3 +94,9 @@ def test_document_attention_needs_position_ids():
         from_dict(Config, d, "config").validate()
     d["data_stages"][0]["data"]["use_position_ids"] = True
     from_dict(Config, d, "config").validate()
+
+
+def test_label_tokens_reach_every_pipeline_rank():
+    from docmask_workers import label_tokens_on_every_rank
+
+    run_distributed(2, label_tokens_on_every_rank)
