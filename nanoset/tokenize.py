@@ -238,7 +238,7 @@ def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: dict |
         del options["text_column"]
         options["chat"] = {"template_sha256": chat["template_sha256"], "special_tokens": chat["special_tokens"],
                            **{f"{k}_column": v for k, v in chat["columns"].items()}}
-    sources = discover(opts.inputs, exclude=opts.output)
+    sources = discover(opts.inputs)
     if opts.splits is not None:
         sources = [s for s in sources if s.split is None or s.split in opts.splits]
         missing = set(opts.splits) - {s.split for s in sources}
