@@ -213,3 +213,24 @@ def test_trainer_resumed_with_a_new_batch_size_matches_explain(shards, tmp_path)
     web_drawn = sum(f == web for f, _ in stage1)
     assert resumed.stages[1].draw_offsets.tolist() == [web_drawn]
     assert [r["data_hash"] for r in rows[:4]] == [first.data_hash(t) for t in range(1, 5)]
+
+
+def test_a_dataset_moved_elsewhere_resumes_where_its_content_is(shards, tmp_path, monkeypatch):
+    """The same relative paths from another cwd, over a copy of the data (a node-local disk, another
+    mount): the record's folders are matched by content fingerprint, the order is unchanged, and the old
+    location is not needed (was: refused as changed data; with allow_data_change, the old folder reopened)."""
+    import shutil
+
+    first, second = tmp_path / "job1", tmp_path / "job2"
+    shutil.copytree(shards / "shards", first / "shards")
+    monkeypatch.chdir(first)
+    before = DataPlan(config(8))
+    ckpt = record(before, 14)
+    shutil.move(first, second)
+    monkeypatch.chdir(second)
+    resumed = DataPlan(config(8)).resumed_from(tmp_path / "step-14", ckpt)
+    assert [resumed.data_hash(t) for t in range(1, 21)] == [before.data_hash(t) for t in range(1, 21)]
+    web, code = str(second / "shards" / "web"), str(second / "shards" / "code")
+    assert sorted(resumed.folders) == [code, web]
+    again = record(resumed, 16)["training"]["data_stages"]
+    assert [p["datasets"] for s in again for p in s["parts"]] == [[web, code], [web]]

@@ -181,20 +181,21 @@ class DataPlan:
         recorded = record.parts or [_legacy_part(record, spec, self.history)]
         parts, content = [], {}
         after = dict(totals)
+        folders = [self._moved(r, ids) for r in recorded]
         for k, r in enumerate(recorded):
             stop = recorded[k + 1].start_step if k + 1 < len(recorded) else end
-            part_ids = [self._dataset(folder, i, stage) for folder in r.datasets]
+            part_ids = [self._dataset(folder, i, stage) for folder in folders[k]]
             for d, old in zip(part_ids, r.fingerprints):
                 new = self.datasets[d].reader.fingerprint
                 if old != new:
                     content[d] = f"{self.folders[d]} has other content (fingerprint {old} → {new})"
             offsets = r.draw_offsets if r.draw_offsets else [after.get(d, 0) for d in part_ids]
-            part = self._part(i, stage, r.start_step, stop, PartSpec(r.datasets, r.weights, r.seed,
+            part = self._part(i, stage, r.start_step, stop, PartSpec(folders[k], r.weights, r.seed,
                                                                      r.global_batch_size), part_ids, offsets)
             parts.append(part)
             _add_draws(after, part)
         in_progress = end > last + 1
-        changes = differences(self.config, i, spec, PartSpec(recorded[-1].datasets, recorded[-1].weights,
+        changes = differences(self.config, i, spec, PartSpec(folders[-1], recorded[-1].weights,
                                                              recorded[-1].seed, recorded[-1].global_batch_size),
                               in_progress)
         if (changes or content) and not self.config.checkpoints.allow_data_change:
@@ -207,6 +208,15 @@ class DataPlan:
                 _add_draws(after, part)
             parts.append(self._part(i, stage, last + 1, end, spec, ids, [after.get(d, 0) for d in ids]))
         return parts
+
+    def _moved(self, record: PartRecord, ids: list[int]) -> list[str]:
+        """The recorded folders, each one that the stage no longer lists replaced by the stage's folder with
+        the same content fingerprint: a dataset copied elsewhere (another mount, a node-local disk, a
+        relative path from another cwd) is the same dataset, and its draws continue there."""
+        listed = {self.folders[d] for d in ids}
+        found = {self.datasets[d].reader.fingerprint: self.folders[d] for d in ids}
+        return [folder if folder in listed or fp not in found else found[fp]
+                for folder, fp in zip(record.datasets, record.fingerprints or [""] * len(record.datasets))]
 
     # ---------------------------------------------------------------- lookups -------------------
 
