@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from runtime.config import Config, ConfigError
 from runtime.data.heldout import open_heldout
 from runtime.data.permutation import FeistelPermutation
 from runtime.metrics import MetricsLogger
+from runtime.validation import describe
 
 
 def with_validation(cfg: Path, **validation) -> Path:
@@ -32,8 +34,10 @@ def with_validation(cfg: Path, **validation) -> Path:
     return cfg
 
 
-def evaluate_cli(cfg: Path, checkpoint: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "runtime.evaluate", "--config", str(cfg), "--checkpoint",
+def evaluate_cli(cfg: Path, checkpoint: Path, cwd: Path, *extra: str, nproc: int = 1) -> subprocess.CompletedProcess:
+    launch = ["-m", "runtime.evaluate"] if nproc == 1 else [
+        "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "runtime.evaluate"]
+    return subprocess.run([sys.executable, *launch, "--config", str(cfg), "--checkpoint",
                            str(checkpoint), *extra], capture_output=True, text=True, cwd=cwd, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
@@ -74,8 +78,6 @@ def test_sample_set_is_the_seeded_permutation_prefix_whatever_the_stages(shards,
 
 def test_batches_follow_the_contract_and_pad_with_masked_labels(shards, tmp_path, monkeypatch):
     """5 samples, dp 2 × micro-batch 2 × accumulation 2 = 8 rows per step: one step, 3 padding rows."""
-    from types import SimpleNamespace
-
     monkeypatch.chdir(shards)
     cfg = with_validation(small_config(tmp_path, tmp_path / "run"), samples=5, datasets={"sft": "shards/sft"})
     (held,) = open_heldout(Config.from_yaml(cfg))
@@ -100,8 +102,6 @@ def test_batches_follow_the_contract_and_pad_with_masked_labels(shards, tmp_path
 def test_loss_masks_of_chat_folders_count_as_in_training(shards, tmp_path, monkeypatch):
     """A set of a chat folder (``.ds.loss``) and a plain one: a label counts when its target token is
     trained on (``loss[1:]``) and, with position ids, does not start a document."""
-    from types import SimpleNamespace
-
     from conftest import FIXTURES
 
     run_cli("tokenize", FIXTURES / "chat", "-o", tmp_path / "chat", "--tokenizer", TOKENIZER, "--chat", "--quiet")
@@ -208,12 +208,13 @@ def test_metrics_rows_and_log_lines(trained):
     assert len(lines) == 4 and lines[0].startswith("val       2 | pretrain | sft: loss ")
 
 
-@pytest.mark.parametrize("checkpoint", ["step-000003", "latest"])
-def test_evaluate_cli_gives_the_in_training_value(trained, shards, checkpoint):
+@pytest.mark.parametrize("checkpoint, nproc", [("step-000003", 1), ("latest", 1), ("latest", 2)])
+def test_evaluate_cli_gives_the_in_training_value(trained, shards, checkpoint, nproc):
+    """One process (the dp = 2 checkpoint resharded), or torchrun with the config's dp = 2."""
     cfg, run, _ = trained
     step = 3 if checkpoint == "step-000003" else 6
     path = run / "checkpoints" / (checkpoint if checkpoint != "latest" else "")
-    proc = evaluate_cli(cfg, path, shards, "--json")
+    proc = evaluate_cli(cfg, path, shards, "--json", nproc=nproc)
     assert proc.returncode == 0, proc.stderr
     row = json.loads(proc.stdout)
     (logged,) = [r for r in metrics(run) if "val" in r and r["step"] == step]
@@ -223,6 +224,42 @@ def test_evaluate_cli_gives_the_in_training_value(trained, shards, checkpoint):
         assert abs(row["val"][name]["loss"] - v["loss"]) < 1e-5
     text = evaluate_cli(cfg, path, shards)
     assert [line.split(": loss")[0] for line in text.stdout.splitlines()] == ["sft", "web"]
+
+
+def test_resumed_run_logs_each_validation_once_with_the_same_values(trained, shards, tmp_path):
+    """Resumed from the step-3 checkpoint: steps 4-6 are trained and evaluated again, their rows replaced."""
+    import shutil
+
+    cfg, run, _ = trained
+    first = metrics(run)
+    again = tmp_path / "run"
+    shutil.copytree(run, again)
+    d = yaml.safe_load(cfg.read_text())
+    d["general"]["run_dir"] = str(again)
+    d["checkpoints"]["resume"] = str(again / "checkpoints" / "step-000003")
+    resumed = tmp_path / "resumed.yaml"
+    resumed.write_text(yaml.safe_dump(d))
+    torchrun(resumed, 2, cwd=shards)
+    rows = metrics(again)
+    assert [(r["step"], "val" in r) for r in rows] == [(1, False), (2, False), (2, True), (3, False), (3, True),
+                                                       (4, False), (4, True), (5, False), (6, False), (6, True)]
+    for a, b in zip(first, rows):
+        if "val" in a:
+            assert a["val"].keys() == b["val"].keys()
+            for name in a["val"]:
+                assert abs(a["val"][name]["loss"] - b["val"][name]["loss"]) < 1e-6
+
+
+def test_validation_rows_tensorboard_and_log_line(tmp_path, capsys):
+    logger = MetricsLogger(tmp_path, enabled=True, tensorboard=False)
+    scalars = []
+    logger.tb = SimpleNamespace(add_scalar=lambda *a: scalars.append(a))
+    results = {"web": {"loss": 2.5, "ppl": math.exp(2.5), "tokens": 40}, "chat": {"loss": 1.0, "ppl": math.e, "tokens": 7}}
+    logger.log_validation(8, "anneal", results, describe(results))
+    assert metrics(tmp_path) == [{"step": 8, "stage": "anneal", "val": results}]
+    assert scalars == [("val/web/loss", 2.5, 8), ("val/chat/loss", 1.0, 8)]
+    assert capsys.readouterr().out == ("val       8 | anneal | web: loss 2.5000 ppl 12.18 tokens 40 | "
+                                       "chat: loss 1.0000 ppl 2.72 tokens 7\n")
 
 
 def test_resume_keeps_one_validation_row_per_step(tmp_path):
