@@ -115,3 +115,25 @@ def test_template_lookup(tmp_path):
     assert load_chat_template(tmp_path / "tokenizer.json", tmp_path / "mine.jinja").source == "M"
     with pytest.raises(NanosetError, match="chat template syntax error at template line 1"):
         renderer("{% for %}")
+
+
+def test_ids_and_mask_equal_transformers_assistant_tokens_mask():
+    """transformers marks the tokens of {% generation %} blocks; around each assistant content and its
+    end-of-turn text they must be exactly our mask (less the EOS we append)."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+
+    from nanoset.chat import RenderedChat, encode_chats
+
+    tagged = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}{% if m['role'] == 'assistant' %}"
+              "{% generation %}{{ m['content'] + '<|im_end|>\n' }}{% endgeneration %}{% else %}"
+              "{{ m['content'] + '<|im_end|>\n' }}{% endif %}{% endfor %}")
+    tok = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    text, spans = renderer(tagged).render_with_spans(CONVERSATION)
+    assert text == renderer(CHATML).render(CONVERSATION)
+    out = hf.apply_chat_template(CONVERSATION, chat_template=tagged, return_dict=True,
+                                 return_assistant_tokens_mask=True)
+    ids, loss, _ = encode_chats(tok, [RenderedChat(text, tuple(spans), True)], eos_id=0)
+    assert ids[:-1].tolist() == out["input_ids"] and loss[:-1].tolist() == out["assistant_masks"]
+    assert ids[-1] == 0 and loss[-1] == 1 and sum(out["assistant_masks"]) == 10  # "H" "ell" "o" "!" "Ġ" <|im_end|> "\n", "4" <|im_end|> "\n"
