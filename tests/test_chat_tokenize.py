@@ -157,6 +157,16 @@ def test_workers_give_byte_identical_folders(tmp_path, chat_dataset):
     assert same_folder(chat_dataset, tmp_path / "w3")
 
 
+def test_max_tokens_per_shard_cuts_masks_with_their_tokens(tmp_path, chat_dataset):
+    run_cli("tokenize", CHAT, "-o", tmp_path / "small", "--tokenizer", TOKENIZER, "--chat", "--task-bytes", 20_000,
+            "--max-tokens-per-shard", 1000, "--quiet")
+    ds, ref = open_dataset(tmp_path / "small"), open_dataset(chat_dataset)
+    assert len(ds.shards) > 25 and all(s.num_tokens <= 1000 for s in ds.shards)
+    np.testing.assert_array_equal(ds.tokens(0, ds.num_tokens), ref.tokens(0, ref.num_tokens))
+    np.testing.assert_array_equal(ds.loss_mask(0, ds.num_tokens), ref.loss_mask(0, ref.num_tokens))
+    assert run_cli("verify", tmp_path / "small").stdout.startswith("OK")
+
+
 def test_worker_killed_then_rerun_equals_uninterrupted(tmp_path, chat_dataset):
     out = tmp_path / "killed"
     args = ["tokenize", CHAT, "-o", out, "--tokenizer", TOKENIZER, "--chat", "--task-bytes", 20_000, "--workers", 2,
