@@ -116,18 +116,18 @@ def convert(src: Path, output: Path, tokenizer: str | None, eos_token: str | Non
 def main() -> None:
     try:
         cli.main(standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("error: aborted", err=True)
+    except click.exceptions.Abort as e:  # click turns Ctrl-C (and a stray EOFError) into Abort
+        if isinstance(e.__cause__, KeyboardInterrupt):
+            click.echo("error: interrupted; rerun the same command to resume", err=True)
+        else:
+            click.echo(f"error: aborted ({e.__cause__!r})" if e.__cause__ else "error: aborted", err=True)
         sys.exit(130)
     except click.ClickException as e:
         click.echo(f"error: {e.format_message()}", err=True)
         sys.exit(e.exit_code)
-    except (NanosetError, FileNotFoundError, PermissionError, IsADirectoryError) as e:
+    except (NanosetError, OSError) as e:  # OSError: a full disk, a read-only or missing folder, too many files
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
-    except KeyboardInterrupt:
-        click.echo("error: interrupted; rerun the same command to resume", err=True)
-        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -103,12 +103,15 @@ def _expand(path: Path) -> list[Source]:
     return [Source(str(path), kind_of(str(path)), st.st_size, st.st_mtime_ns)]
 
 
-def discover(inputs: list[str]) -> list[Source]:
+def discover(inputs: list[str], exclude: str | Path | None = None) -> list[Source]:
     """Expand files, folders and globs into the ordered list of sources; unknown files are errors.
 
     A source reached twice (the same file under two spellings, or inside two given folders) is read once,
-    at its first place; the lookup is a dict so that 100k files cost a 100k steps."""
+    at its first place; the lookup is a dict so that 100k files cost a 100k steps. Files directly in the
+    folder ``exclude`` (the output, where tokenize writes) are left out: an output folder inside an input
+    folder must not read its own ``nanoset.json`` as input when the job is run again."""
     sources: dict[tuple[str, str | None], Source] = {}
+    excluded = os.path.realpath(exclude) if exclude is not None else None
     for spec in inputs:
         p = Path(spec)
         if p.is_file() and not kind_of(spec):
@@ -122,8 +125,15 @@ def discover(inputs: list[str]) -> list[Source]:
             found = [s for m in matches if Path(m).is_dir() or kind_of(m) for s in _expand(Path(m))]
         if not found:
             raise NanosetError(f"{spec}: holds no input files ({', '.join(KINDS)})")
+        kept = 0
         for s in found:
-            sources.setdefault((os.path.realpath(s.path), s.split), s)
+            real = os.path.realpath(s.path)
+            if os.path.dirname(real) != excluded:
+                sources.setdefault((real, s.split), s)
+                kept += 1
+        if not kept:
+            raise NanosetError(f"{spec}: its input files are all in the output folder {exclude}, where "
+                               f"tokenize writes; choose another output folder")
     return list(sources.values())
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -175,8 +176,7 @@ class OutputFolder:
         """Remove what a tokenize job writes (shards, manifest, work files); leave anything else."""
         self._remove_work()
         for p in self.path.iterdir():
-            n = p.name.lstrip(".")
-            if p.is_file() and (n == MANIFEST_NAME or any(s in n for s in (TOKENS_SUFFIX, INDEX_SUFFIX, METADATA_SUFFIX))):
+            if p.is_file() and _written_by_tokenize(p.name):
                 p.unlink()
 
     def remove_partials(self, prefix: str) -> None:
@@ -208,6 +208,14 @@ class OutputFolder:
         self._remove_work()
         for p in self.path.glob(".*.partial-*"):
             p.unlink(missing_ok=True)
+
+
+def _written_by_tokenize(name: str) -> bool:
+    """A shard file or the manifest, or the temporary name of one (``.NAME.partial-PID``, ``.NAME.tmp-PID``):
+    matched by suffix, never by substring, so that ``--overwrite`` spares ``notes.dsv`` or ``a.ds.txt``."""
+    if name.startswith("."):
+        name = re.sub(r"\.(partial|tmp)-\d+$", "", name[1:])
+    return name == MANIFEST_NAME or name.endswith((TOKENS_SUFFIX, INDEX_SUFFIX, METADATA_SUFFIX, LOSS_SUFFIX))
 
 
 def _read_text(path: Path) -> str | None:

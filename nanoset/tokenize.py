@@ -238,7 +238,7 @@ def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: dict |
         del options["text_column"]
         options["chat"] = {"template_sha256": chat["template_sha256"], "special_tokens": chat["special_tokens"],
                            **{f"{k}_column": v for k, v in chat["columns"].items()}}
-    sources = discover(opts.inputs)
+    sources = discover(opts.inputs, exclude=opts.output)
     if opts.splits is not None:
         sources = [s for s in sources if s.split is None or s.split in opts.splits]
         missing = set(opts.splits) - {s.split for s in sources}
@@ -251,6 +251,8 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
     """Run (or resume) the job described by ``opts``; returns what was done."""
     if opts.workers < 1:
         raise NanosetError(f"--workers must be ≥ 1, got {opts.workers}")
+    if opts.num_tasks < 1:
+        raise NanosetError(f"--num-tasks must be ≥ 1, got {opts.num_tasks}")
     if not 0 <= opts.task_index < opts.num_tasks:
         raise NanosetError(f"--task-index must be in [0, {opts.num_tasks}), got {opts.task_index}")
     if opts.task_bytes is not None and opts.task_bytes < 1:

@@ -28,6 +28,16 @@ def run_cli(*args: str | Path, check: bool = True, cwd: Path | None = None, env:
     return proc
 
 
+def one_line_error(proc, *fragments: str) -> str:
+    """Assert ``proc`` failed as a user mistake should: exit 1, one ``error:`` line holding every fragment."""
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
 def read_texts_in_corpus_order() -> list[str]:
     """The fixture corpus read independently of nanoset.corpus, in the documented order."""
     import pyarrow.parquet as pq

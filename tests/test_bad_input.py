@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TOKENIZER, run_cli
+from conftest import TOKENIZER, one_line_error, run_cli
 
 from nanoset import open_dataset
 
@@ -14,14 +14,6 @@ from nanoset import open_dataset
 def tokenize(tmp_path: Path, *inputs, extra=(), out="out"):
     return run_cli("tokenize", *inputs, "-o", tmp_path / out, "--tokenizer", TOKENIZER, "--quiet", *extra,
                    check=False)
-
-
-def one_line_error(proc, *fragments: str) -> None:
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
 
 
 def write_lines(path: Path, lines: list[bytes]) -> Path:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from conftest import TOKENIZER, run_cli
+from conftest import TOKENIZER, one_line_error, run_cli
 
 from nanoset import open_dataset
 from nanoset.corpus import Piece, Source, TextReader
@@ -22,15 +22,6 @@ DATA = b"\n".join(LINES) + b"\n"
 def tokenize(tmp_path: Path, *inputs, extra=()):
     return run_cli("tokenize", *inputs, "-o", tmp_path / "out", "--tokenizer", TOKENIZER, "--quiet", "--overwrite",
                    *extra, check=False)
-
-
-def one_line_error(proc, *fragments: str) -> str:
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
-    return lines[0]
 
 
 def texts_of(path: Path, kind: str, skip_bad: bool = False) -> list[str]:

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import CORPUS, TOKENIZER, run_cli
+from conftest import CORPUS, TOKENIZER, one_line_error, run_cli
 
 from nanoset import open_dataset
 from nanoset import corpus as corpus_mod
@@ -17,15 +17,6 @@ from nanoset.corpus import Piece, Source, TextReader, discover
 def all_docs(folder: Path) -> list[list[int]]:
     ds = open_dataset(folder)
     return [ds.document(i).tolist() for i in range(ds.num_documents)]
-
-
-def one_line_error(proc, *fragments: str) -> str:
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
-    return lines[0]
 
 
 # ---------------------------------------------------------------- item 1: tokenizer settings ---------------

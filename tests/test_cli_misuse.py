@@ -1,0 +1,88 @@
+"""The command line used the wrong way: the output folder inside the input, replacing a folder that
+holds other files, paths that are not folders, nonsense counts. One error line, or the right result."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TOKENIZER, one_line_error, run_cli
+
+from nanoset import open_dataset
+
+
+def corpus(folder: Path) -> Path:
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.jsonl").write_text("".join(json.dumps({"text": f"alpha {i}"}) + "\n" for i in range(50)))
+    (folder / "sub" / "b.json").write_text(json.dumps([{"text": f"beta {i}"} for i in range(30)]))
+    return folder
+
+
+def tokenize(*args, check=False):
+    return run_cli("tokenize", *args, "--tokenizer", TOKENIZER, "--quiet", check=check)
+
+
+def test_output_inside_the_input_folder_is_not_read_as_input(tmp_path, tokenizer, eos_id):
+    data = corpus(tmp_path / "data")
+    out = data / "tokenized"
+    tokenize(data, "-o", out, check=True)
+    first = (out / "nanoset.json").read_bytes()
+    # rerun: its own nanoset.json (a .json file in the input folder) was an input, so the plan differed:
+    # 'holds a different dataset', and with --overwrite a FileNotFoundError once the manifest was cleared
+    proc = tokenize(data, "-o", out, check=True)
+    assert "ran 0 of 1 tasks (1 already done)" in proc.stdout
+    tokenize(data, "-o", out, "--overwrite", check=True)
+    assert (out / "nanoset.json").read_bytes() == first
+    ds = open_dataset(out)
+    texts = [f"alpha {i}" for i in range(50)] + [f"beta {i}" for i in range(30)]
+    assert [ds.document(i).tolist() for i in range(ds.num_documents)] == [
+        tokenizer.encode(t).ids + [eos_id] for t in texts]
+
+
+def test_output_folder_equal_to_the_input_folder(tmp_path):
+    data = corpus(tmp_path / "data")
+    one_line_error(tokenize(data / "sub", "-o", data / "sub", "--overwrite"),
+                   f"{data / 'sub'}: its input files are all in the output folder {data / 'sub'}, where tokenize "
+                   f"writes; choose another output folder")
+    assert (data / "sub" / "b.json").is_file() and sorted(p.name for p in (data / "sub").iterdir()) == ["b.json"]
+
+
+def test_overwrite_removes_only_what_tokenize_writes(tmp_path):
+    data = corpus(tmp_path / "data")
+    out = tmp_path / "out"
+    out.mkdir()
+    keep = ["notes.dsv", "budget.dss.csv", "a.ds.txt", "README", ".hidden"]
+    gone = ["old.ds", "old.ds.index", "old.ds.metadata", "old.ds.loss", ".old.ds.partial-12", ".nanoset.json.tmp-7"]
+    for name in keep + gone:
+        (out / name).write_text("x")
+    tokenize(data, "-o", out, "--overwrite", check=True)
+    left = {p.name for p in out.iterdir()}
+    assert set(keep) <= left and not set(gone) & left  # a substring match deleted notes.dsv and budget.dss.csv
+
+
+def test_filesystem_errors_are_one_line(tmp_path):
+    data = corpus(tmp_path / "data")
+    (tmp_path / "afile").write_text("x")
+    one_line_error(tokenize(data, "-o", tmp_path / "afile" / "out"), "[Errno 20] Not a directory", "afile")
+    one_line_error(tokenize(data, "-o", tmp_path / "o", "--num-tasks", "0"), "--num-tasks must be ≥ 1, got 0")
+
+
+@pytest.mark.parametrize("raised, line", [
+    (KeyboardInterrupt(), "error: interrupted; rerun the same command to resume"),
+    (EOFError("stream ended"), "error: aborted (EOFError('stream ended'))"),
+])
+def test_ctrl_c_says_that_a_rerun_resumes(monkeypatch, capsys, raised, line):
+    # click turns KeyboardInterrupt into Abort, so the CLI's own Ctrl-C message was never printed
+    import nanoset.tokenize
+    from nanoset import cli
+
+    def interrupted(opts):
+        raise raised
+
+    monkeypatch.setattr(nanoset.tokenize, "tokenize", interrupted)
+    monkeypatch.setattr(sys, "argv", ["nanoset", "tokenize", "in", "-o", "out", "--tokenizer", "tok"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 130 and capsys.readouterr().err.strip() == line
