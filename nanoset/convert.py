@@ -3,7 +3,8 @@
 Why: a manifest brings checksums, the tokenizer record and the largest id, so the data is verified
 and checked against a model like freshly tokenized data. Token ids are copied as they are, in
 bounded chunks, cast to the narrowest Nanoset dtype (uint16 when the vocabulary, or else the
-largest id, allows); document ends are copied; checksums are computed while writing. The folder
+largest id, allows); document ends and a datatrove folder's loss masks (``NAME.ds.loss``) are copied;
+checksums are computed while writing. The folder
 is built under a temporary name beside OUT and renamed into place: OUT is never half written.
 """
 
@@ -70,9 +71,26 @@ def _check_output(src: Path, out: Path, overwrite: bool) -> None:
         raise NanosetError(f"{out}: exists; pass --overwrite to replace it, or choose another output folder")
 
 
+def _copy_loss(shard: ShardReader, path: Path, h: Any) -> int:
+    """Copy a datatrove shard's loss mask (one 0/1 byte per token); returns the count of tokens trained on."""
+    trained = 0
+    with open(path, "wb") as f:
+        for start in range(0, shard.num_tokens, CHUNK):
+            chunk = np.asarray(shard.loss[start : start + CHUNK])
+            if chunk.size and int(chunk.max()) > 1:
+                pos = start + int(np.argmax(chunk > 1))
+                raise NanosetError(f"{shard.loss_path}: loss mask value {int(chunk[pos - start])} at token {pos}; "
+                                   f"only 0 and 1 are valid")
+            trained += int(np.count_nonzero(chunk))
+            _write(f, h, chunk.tobytes())
+        _close(f)
+    return trained
+
+
 def _copy_shard(shard: ShardReader, folder: Path, dtype: np.dtype, tok: TokenizerInfo) -> tuple[ShardInfo, bool]:
-    """Copy one shard's tokens and ends into ``folder``; returns its record and whether its documents end with EOS."""
-    files = shard_files(shard.name)
+    """Copy one shard's tokens, ends and loss mask (if any) into ``folder``; returns its record and whether its
+    documents end with EOS."""
+    files = shard_files(shard.name, loss=shard.has_loss)
     sha = {role: hashlib.sha256() for role in files}
     top = -1
     with open(folder / files["ds"], "wb") as f:
@@ -98,12 +116,13 @@ def _copy_shard(shard: ShardReader, folder: Path, dtype: np.dtype, tok: Tokenize
                 eos_ok = bool((np.asarray(shard.tokens[part.astype(np.int64) - 1]) == tok.eos_id).all())
             _write(f, sha["index"], part.tobytes())
         _close(f)
+    trained = _copy_loss(shard, folder / files["loss"], sha["loss"]) if shard.has_loss else None
     meta = metadata_text(tok.name, dtype.itemsize, shard.num_tokens).encode("utf-8")
     with open(folder / files["metadata"], "wb") as f:
         _write(f, sha["metadata"], meta)
         _close(f)
     info = ShardInfo(name=shard.name, num_tokens=shard.num_tokens, num_documents=shard.num_documents,
-                     sha256={role: h.hexdigest() for role, h in sha.items()}, max_token_id=top)
+                     sha256={role: h.hexdigest() for role, h in sha.items()}, max_token_id=top, loss_tokens=trained)
     return info, eos_ok
 
 
@@ -147,7 +166,7 @@ def convert(src: str | Path, out: str | Path, tokenizer: str | None = None, eos_
         eos_ok = all(ok for _, ok in copied) if tok.eos_id is not None else None
         build = {"converted_from": ds.format, "source": str(src), "documents_end_with_eos": eos_ok}
         write_manifest(tmp, Manifest(tokenizer=tok, dtype=dtype_name(dtype), shards=[s for s, _ in copied],
-                                     build=build))
+                                     build=build, loss_masks=ds.has_loss_masks))
         _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -66,8 +66,7 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | No
         raise _fail(shard.tokens_path, f"largest token id {largest} differs from the manifest's {expected.max_token_id}")
     if shard.has_loss:
         _verify_loss(shard, expected)
-    # `nanoset convert` records documents_end_with_eos: false for foreign data that does not end its documents so
-    if tok is not None and tok.eos_id is not None and len(ends) and _eos_terminated(ds):
+    if _checks_eos(ds) and len(ends):
         last = np.asarray(shard.tokens[ends - 1])
         missing = np.flatnonzero(last != tok.eos_id)
         if len(missing):
@@ -90,8 +89,26 @@ def _verify_loss(shard: ShardReader, expected: ShardInfo | None) -> None:
         raise _fail(shard.loss_path, f"{trained} tokens with loss, the manifest says {expected.loss_tokens}")
 
 
-def _eos_terminated(ds: NanosetReader) -> bool:
-    return ds.manifest is None or ds.manifest.build.get("documents_end_with_eos", True) is not False
+def _checks_eos(ds: NanosetReader) -> bool:
+    """Whether every document must end with EOS: the tokenizer's EOS is known, and the data is not converted
+    foreign data whose documents do not (``nanoset convert`` records ``documents_end_with_eos: false``)."""
+    tok = ds.tokenizer
+    return (tok is not None and tok.eos_id is not None
+            and (ds.manifest is None or ds.manifest.build.get("documents_end_with_eos") is not False))
+
+
+def _checked(ds: NanosetReader) -> str:
+    """What was verified, in words."""
+    if ds.format == "megatron":
+        return "sizes and offsets; Megatron data: no checksums, and its documents need not end with EOS"
+    parts = ["checksums", "index", "token ids"] if ds.format == "nanoset" else ["sizes", "index"]
+    parts += ["EOS"] * _checks_eos(ds) + ["loss masks"] * ds.has_loss_masks
+    words = ", ".join(parts[:-1]) + " and " + parts[-1]
+    if ds.format == "datatrove":
+        return words + " (datatrove folder: no checksums)"
+    if ds.tokenizer.eos_id is None:
+        return words + "; no EOS check: the tokenizer is unknown"
+    return words if _checks_eos(ds) else words + "; converted data whose documents need not end with EOS"
 
 
 def verify_dataset(path: Path) -> str:
@@ -99,12 +116,5 @@ def verify_dataset(path: Path) -> str:
     ds = open_dataset(path)
     largest = max(verify_shard(ds, shard, ds.manifest.shards[i] if ds.manifest else None)
                   for i, shard in enumerate(ds.shards))
-    kind = {"nanoset": ("checksums, index, token ids, EOS and loss masks" if ds.has_loss_masks else
-                        "checksums, index, token ids and EOS") if _eos_terminated(ds) else
-                       "checksums, index and token ids; converted data whose documents need not end with EOS",
-            "datatrove": ("sizes, index and loss masks" if ds.has_loss_masks else "sizes and index")
-                         + " (datatrove folder: no checksums)",
-            "megatron": "sizes and offsets; Megatron data: no checksums, and its documents need not end with EOS",
-            }[ds.format]
     return (f"OK: {path}: {len(ds.shards)} shards, {ds.num_documents:,} documents, {ds.num_tokens:,} tokens, "
-            f"largest id {largest} verified ({kind})")
+            f"largest id {largest} verified ({_checked(ds)})")

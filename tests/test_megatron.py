@@ -231,7 +231,8 @@ def test_convert_megatron_to_nanoset_then_verify(tmp_path):
     out = tmp_path / "converted"
     assert run_cli("convert", prefix, "-o", out).stdout == (
         f"converted {prefix} (megatron) to {out}: 1 shards, 5 documents, 15 tokens as uint16, tokenizer unknown\n")
-    assert run_cli("verify", out).stdout.startswith(f"OK: {out}: 1 shards, 5 documents, 15 tokens, largest id 103 ")
+    assert run_cli("verify", out).stdout == (f"OK: {out}: 1 shards, 5 documents, 15 tokens, largest id 103 verified "
+                                             f"(checksums, index and token ids; no EOS check: the tokenizer is unknown)\n")
     ds = open_dataset(out)
     assert (ds.format, ds.dtype.name, ds.tokens(0, 15).tolist(), ds.document_ends.tolist()) == \
         ("nanoset", "uint16", STREAM, ENDS)
@@ -355,3 +356,21 @@ def test_training_on_a_megatron_prefix_equals_training_on_the_same_datatrove_sha
         train_one(cfg, tmp_path)
         losses.append([m["loss"] for m in metrics(tmp_path / f"run-{name}") if "loss" in m])
     assert len(losses[0]) == 3 and losses[0] == losses[1]
+
+
+def test_convert_keeps_a_datatrove_folders_loss_masks(tmp_path):
+    src = tmp_path / "dt"
+    write_datatrove(src, [[[5, 6, 0], [7, 0]], [[9, 0]]])
+    (src / "000.ds.loss").write_bytes(bytes([0, 1, 1, 0, 1]))
+    (src / "001.ds.loss").write_bytes(bytes([1, 1]))
+    out = tmp_path / "out"
+    run_cli("convert", src, "-o", out)
+    ds = open_dataset(out)
+    assert ds.has_loss_masks and ds.loss_mask(0, 7).tolist() == [0, 1, 1, 0, 1, 1, 1]
+    manifest = json.loads((out / "nanoset.json").read_text())
+    assert manifest["loss_masks"] is True and [s["loss_tokens"] for s in manifest["shards"]] == [3, 2]
+    assert run_cli("verify", out).stdout.endswith(
+        "verified (checksums, index, token ids and loss masks; no EOS check: the tokenizer is unknown)\n")
+    (src / "001.ds.loss").write_bytes(bytes([1, 2]))
+    proc = run_cli("convert", src, "-o", tmp_path / "bad", check=False)
+    assert proc.stderr == f"error: {src}/001.ds.loss: loss mask value 2 at token 1; only 0 and 1 are valid\n"
