@@ -277,8 +277,8 @@ def _validate_sizes(c: Config) -> None:
     m, t = c.model, c.tokens
     for name in MODEL_SIZE_KEYS:
         if getattr(m, name) is None:
-            raise ConfigError(f"model.{name}: required key is missing (give it, or model.init_from_hf: PATH of a "
-                              f"Hugging Face model whose config.json has it)")
+            raise ConfigError(f"config.model.{name}: required key is missing (give it, or model.init_from_hf: PATH "
+                              f"of a Hugging Face model whose config.json has it)")
         _positive(getattr(m, name), f"model.{name}")
     for name in ("sequence_length", "micro_batch_size", "train_steps", "batch_accumulation_per_replica"):
         _positive(getattr(t, name), f"tokens.{name}")
@@ -306,6 +306,9 @@ def _validate_sizes(c: Config) -> None:
         raise ConfigError(f"lr_scheduler.wsd_decay_fraction must be in (0, 1], got {s.wsd_decay_fraction}")
     _positive(c.checkpoints.checkpoint_interval, "checkpoints.checkpoint_interval", allow_zero=True)
     _positive(c.checkpoints.keep_last, "checkpoints.keep_last")
+    if c.checkpoints.export_hf and not c.checkpoints.save_final:
+        raise ConfigError("checkpoints.export_hf: exports the final checkpoint, but checkpoints.save_final is false; "
+                          "set save_final: true or export a checkpoint with python -m runtime.export")
     _positive(c.logging.log_interval, "logging.log_interval")
 
 

@@ -147,6 +147,9 @@ def test_export_round_trip_is_bit_identical_and_loads_in_transformers(saved_from
     torch.testing.assert_close(reference_logits(out, ids), theirs, rtol=0, atol=0)
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert tok.eos_token_id == 0
+    gen = subprocess.run([sys.executable, "tools/hf_generate.py", str(out), "The history of", "--tokens", "3"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert gen.returncode == 0 and gen.stdout.startswith(f"transformers loaded {out}: 'The history of' → "), gen.stderr
 
 
 def test_export_sharded_bf16_cli(saved_from_hf, tmp_path):
@@ -205,8 +208,8 @@ def test_sizes_come_from_config_json_and_must_agree(tmp_path):
                             f"{hf / 'config.json'} (model.init_from_hf); remove the key or make them agree")
     with pytest.raises(ConfigError, match=r"model.rms_norm_eps: 1e-06 in the config but 1e-05 in"):
         Config.from_yaml(write_yaml(tmp_path, hf, rms_norm_eps=1e-6))
-    with pytest.raises(ConfigError, match=r"model.hidden_size: required key is missing \(give it, or "
-                                          r"model.init_from_hf"):
+    with pytest.raises(ConfigError, match=r"config.model.hidden_size: required key is missing \(give it, or "
+                                          r"model.init_from_hf: PATH"):
         Config.from_yaml(write_yaml(tmp_path, hf, init_from_hf=None))
 
 
@@ -334,3 +337,18 @@ def test_training_starts_from_hf_and_exports_at_the_end(tmp_path, tokenizer):
     assert bad.returncode == 1 and bad.stderr == (
         f"error: model.init_from_hf: {hf}: tensor model.norm.weight is missing (needed for our norm.weight); is it a "
         f"complete checkpoint of this model?\n")
+
+
+def test_export_hf_needs_save_final(tmp_path):
+    from hf_workers import BASE
+
+    d = json.loads(json.dumps(BASE))
+    d["model"] = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 48,
+                  "vocab_size": 96, "max_position_embeddings": 64}
+    d["checkpoints"] = {"export_hf": True, "save_final": False}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(ConfigError) as e:
+        Config.from_yaml(tmp_path / "c.yaml")
+    assert str(e.value) == (f"{tmp_path / 'c.yaml'}: checkpoints.export_hf: exports the final checkpoint, but "
+                            f"checkpoints.save_final is false; set save_final: true or export a checkpoint with "
+                            f"python -m runtime.export")
