@@ -132,6 +132,7 @@ class Trainer:
                 if is_due(c, step, stage.index):  # before a checkpoint of this step: a resume never repeats it
                     results = evaluate(self.engine, self.heldout, stage.sequence_length, stage.use_position_ids)
                     self.metrics.log_validation(step, stage.name, results, describe(results))
+                    prev_end = time.perf_counter()  # the next step's tokens/s leaves the evaluation out
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
                 # every rank stops after the same step; a signal during the last one changes nothing

@@ -17,7 +17,7 @@ import yaml
 from conftest import TOKENIZER, run_cli
 from dist_harness import run_distributed
 from trainhelpers import error_lines, metrics, small_config, torchrun, train_one
-from validation_workers import evaluate_in_layout
+from validation_workers import evaluate_in_layout, train_with_slow_evaluations
 
 from nanoset import open_dataset
 from runtime.config import Config, ConfigError
@@ -248,6 +248,17 @@ def test_resumed_run_logs_each_validation_once_with_the_same_values(trained, sha
             assert a["val"].keys() == b["val"].keys()
             for name in a["val"]:
                 assert abs(a["val"][name]["loss"] - b["val"][name]["loss"]) < 1e-6
+
+
+def test_tokens_per_second_leaves_evaluations_out(shards, tmp_path, monkeypatch):
+    monkeypatch.chdir(shards)
+    cfg = with_validation(small_config(tmp_path, tmp_path / "run", dp=1, steps=3, single_stage=True),
+                          interval=1, samples=2, datasets={"sft": "shards/sft"})
+    run_distributed(1, train_with_slow_evaluations, str(cfg), str(tmp_path))
+    rows = [r for r in metrics(tmp_path / "run") if "val" not in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    tokens_per_step = 2 * 32  # dp 1 · micro-batch 2 · accumulation 1 samples of 32 tokens
+    assert all(r["tokens_per_s"] > tokens_per_step / 1.5 for r in rows[1:])  # a step, not a step + 2 s evaluation
 
 
 def test_validation_rows_tensorboard_and_log_line(tmp_path, capsys):

@@ -28,3 +28,24 @@ def evaluate_in_layout(rank: int, world: int, config_path: str, layout: dict, ou
     results = evaluate(engine, open_heldout(config), config.stage_sequence_length(stage), stage.data.use_position_ids)
     with open(f"{out_path}.rank{rank}", "w") as f:
         json.dump(results, f)
+
+
+def train_with_slow_evaluations(rank: int, world: int, config_path: str, out_path: str) -> None:
+    """Train with every evaluation taking 2 s more: the tokens/s of the following steps must not see it."""
+    import time
+
+    import runtime.trainer as trainer_module
+    from runtime.trainer import Trainer
+
+    evaluate = trainer_module.evaluate
+
+    def slow(*args, **kwargs):
+        time.sleep(2)
+        return evaluate(*args, **kwargs)
+
+    trainer_module.evaluate = slow
+    trainer = Trainer(config_path)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
