@@ -69,3 +69,20 @@ def test_sft_stage_errors_name_the_config_keys(tmp_path):
     with pytest.raises(ConfigError, match=r"data_stages\[0\] \(sft\)\.data\.dataset\.chat_template: --chat-template "
                                           r".*missing\.jinja: cannot read it"):
         resolve_stage_folders(sft_config(tmp_path, CHAT, chat_template=str(tmp_path / "missing.jinja")))
+
+
+def test_demo_config_ends_with_a_packed_document_masked_sft_stage(shards, tmp_path):
+    from conftest import CONFIGS
+
+    from runtime.config import Config
+
+    config = Config.from_yaml(CONFIGS / "three-stage.yaml")
+    assert config.model.attention == "document" and [s.name for s in config.data_stages] == ["pretrain", "anneal",
+                                                                                                "sft"]
+    run_cli("tokenize", FIXTURES / "chat", "-o", tmp_path / "chat", "--tokenizer", TOKENIZER, "--chat", "--quiet")
+    config.general.cache_dir = str(tmp_path / "cache")
+    folders = [[str(shards / "shards" / n) for n in ("web", "code")], [str(shards / "shards" / "sft")],
+               [str(tmp_path / "chat")]]
+    plan = DataPlan(config, folders)
+    sft = plan.datasets[plan.stages[2].dataset_ids[0]]
+    assert sft.packing == "documents" and sft.reader.has_loss_masks and sft.num_long_documents == 0
