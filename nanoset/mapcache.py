@@ -12,9 +12,11 @@ Each cached map is keyed by a number unique to one shard reader of this process 
 
 from __future__ import annotations
 
+import errno
 import itertools
 import mmap
 import os
+import resource
 import sys
 import threading
 from collections import OrderedDict
@@ -39,21 +41,36 @@ def new_key() -> int:
 
 def map_file(path: Path, dtype: np.dtype) -> np.ndarray:
     """A read-only ndarray over the whole file; the descriptor used to map it is closed at once."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return np.empty(0, dtype=dtype)
-        if size % dtype.itemsize:
-            raise NanosetError(f"{path}: {size} bytes is not a multiple of {dtype.itemsize}; the file changed "
-                               f"while in use (run `nanoset verify {path.parent}`)")
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ, **_MMAP_KWARGS)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return np.empty(0, dtype=dtype)
+            if size % dtype.itemsize:
+                raise NanosetError(f"{path}: {size} bytes is not a multiple of {dtype.itemsize}; the file changed "
+                                   f"while in use (run `nanoset verify {path.parent}`)")
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ, **_MMAP_KWARGS)
+    except OSError as e:
+        if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+            raise
+        raise NanosetError(f"{path}: cannot map it ({e.strerror}): set ${ENV_MAX_OPEN_SHARDS} lower (shards kept "
+                           f"mapped, now {_cache.capacity // 2}) or raise `ulimit -n`") from None
     return np.frombuffer(mm, dtype=dtype)
+
+
+def default_max_open_shards() -> int:
+    """64, or fewer where ``ulimit -n`` is low: before Python 3.13 every map keeps a file descriptor (two
+    per shard), and maps may take at most a quarter of the descriptors the process may open."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if _MMAP_KWARGS or soft == resource.RLIM_INFINITY:
+        return DEFAULT_MAX_OPEN_SHARDS
+    return max(1, min(DEFAULT_MAX_OPEN_SHARDS, soft // 8))
 
 
 def _env_capacity() -> int:
     value = os.environ.get(ENV_MAX_OPEN_SHARDS)
     try:
-        n = int(value) if value is not None else DEFAULT_MAX_OPEN_SHARDS
+        n = int(value) if value is not None else default_max_open_shards()
     except ValueError:
         raise NanosetError(f"environment variable {ENV_MAX_OPEN_SHARDS}={value!r} is not an integer") from None
     if n < 1:
@@ -104,8 +121,8 @@ def shared_cache() -> MapCache:
 
 
 def set_max_open_shards(n: int) -> None:
-    """Bound the shards (two maps each: tokens and index) kept mapped by this process; default 64,
-    or ``$NANOSET_MAX_OPEN_SHARDS``."""
+    """Bound the shards (two maps each: tokens and index) kept mapped by this process; default
+    ``$NANOSET_MAX_OPEN_SHARDS``, else ``default_max_open_shards()``."""
     if n < 1:
         raise NanosetError(f"max open shards must be ≥ 1, got {n}")
     with _cache._lock:

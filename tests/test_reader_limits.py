@@ -176,3 +176,32 @@ def test_views_outlive_eviction_and_pickled_readers_reopen(tmp_path):
         assert copy.tokens(0, 9).tolist() == [10, 20, 0, 11, 21, 0, 12, 22, 0] and copy.document(2).tolist() == [12, 22, 0]
     finally:
         set_max_open_shards(DEFAULT_MAX_OPEN_SHARDS)
+
+
+def test_default_open_shards_follow_a_low_ulimit(tmp_path):
+    """With no NANOSET_MAX_OPEN_SHARDS, ``ulimit -n 64`` is enough to inspect and verify 300 shards (the fixed
+    default of 64 shards kept 128 descriptors); forcing 64 shards there is one line naming what to change."""
+    import resource
+
+    folder = tmp_path / "three-hundred"
+    folder.mkdir()
+    for k in range(300):
+        (folder / f"{k:03d}.ds").write_bytes(np.array([1 + k, 0], dtype="<u2").tobytes())
+        (folder / f"{k:03d}.ds.index").write_bytes(np.array([2], dtype="<u8").tobytes())
+        (folder / f"{k:03d}.ds.metadata").write_text("toy|2\n2\n2")
+
+    def nanoset(*args, **env):
+        env = {**{k: v for k, v in os.environ.items() if k != "NANOSET_MAX_OPEN_SHARDS"}, **env}
+        return subprocess.run([sys.executable, "-m", "nanoset.cli", *args], capture_output=True, text=True, env=env,
+                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+
+    verified = nanoset("verify", str(folder))
+    assert verified.returncode == 0, verified.stderr[-2000:]
+    assert verified.stdout.startswith(f"OK: {folder}: 300 shards, 300 documents, 600 tokens, largest id 300")
+    inspected = nanoset("inspect", str(folder), "--json")
+    assert inspected.returncode == 0 and json.loads(inspected.stdout)["max_token_id"] == 300, inspected.stderr[-2000:]
+    forced = nanoset("verify", str(folder), NANOSET_MAX_OPEN_SHARDS="64")
+    lines = forced.stderr.strip().splitlines()
+    assert forced.returncode == 1 and len(lines) == 1, forced.stderr[-2000:]
+    assert lines[0].endswith("cannot map it (Too many open files): set $NANOSET_MAX_OPEN_SHARDS lower (shards kept "
+                             "mapped, now 64) or raise `ulimit -n`"), lines[0]
