@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import os
 import struct
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -99,11 +100,17 @@ class MegatronIndex:
         return self._array("<i8", HEADER_BYTES + 12 * self.num_sequences, self.num_boundaries)
 
     def last_token_end(self) -> int:
-        """Tokens the ``.bin`` file must hold by the header and the last sequence (two values read)."""
-        if not self.num_sequences:
+        """Tokens the ``.bin`` file must hold by the last sequence's length and pointer (two values read,
+        nothing mapped: every open checks this)."""
+        n = self.num_sequences
+        if not n:
             return 0
-        end = int(self.pointers[-1]) + int(self.lengths[-1]) * self.dtype.itemsize
-        return end // self.dtype.itemsize
+        with open(self.path, "rb") as f:
+            f.seek(HEADER_BYTES + 4 * (n - 1))
+            (length,) = struct.unpack("<i", f.read(4))
+            f.seek(HEADER_BYTES + 4 * n + 8 * (n - 1))
+            (pointer,) = struct.unpack("<q", f.read(8))
+        return (pointer + length * self.dtype.itemsize) // self.dtype.itemsize
 
 
 def check_data_size(index: MegatronIndex, bin_size: int) -> None:
@@ -172,7 +179,7 @@ def document_ends_file(index: MegatronIndex, bin_size: int) -> Path:
     path = _cache_file(index.path)
     if path.is_file():
         return path
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")  # unique across the nodes sharing a cache
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
