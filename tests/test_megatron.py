@@ -20,7 +20,7 @@ from test_reader_foreign import write_datatrove
 from trainhelpers import metrics, small_config, train_one
 
 from nanoset import NanosetError, open_dataset
-from nanoset.mapcache import DEFAULT_MAX_OPEN_SHARDS, set_max_open_shards, shared_cache
+from nanoset.mapcache import set_max_open_shards, shared_cache
 from runtime.data.plan import DataPlan
 from runtime.data.windows import TokenWindows
 
@@ -120,6 +120,7 @@ def test_many_pairs_are_read_under_the_open_maps_bound(tmp_path):
     folder = tmp_path / "mg"
     for k in range(6):
         write_mmidx(folder / f"part{k}", [[[k, 10 + k]], [[20 + k]]], "uint16")
+    before = shared_cache().capacity // 2
     set_max_open_shards(2)
     try:
         ds = open_dataset(folder)
@@ -127,7 +128,7 @@ def test_many_pairs_are_read_under_the_open_maps_bound(tmp_path):
         assert [int(ds.document_bounds(i)[1]) for i in range(12)] == [2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18]
         assert len(shared_cache()) <= 4
     finally:
-        set_max_open_shards(DEFAULT_MAX_OPEN_SHARDS)
+        set_max_open_shards(before)
 
 
 def test_document_ends_are_cached_and_rebuilt(tmp_path, cache_dir):
