@@ -184,22 +184,37 @@ class Manifest:
         path = Path(folder) / MANIFEST_NAME
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
             raise NanosetError(f"{path}: cannot read the manifest ({e}); re-run `nanoset tokenize`") from e
+        if not isinstance(d, dict):
+            raise NanosetError(f"{path}: malformed manifest (a JSON {type(d).__name__}, not an object); "
+                               f"re-run `nanoset tokenize`")
         if d.get("format") != FORMAT_NAME or d.get("version") != FORMAT_VERSION:
             raise NanosetError(
                 f"{path}: format {d.get('format')!r} version {d.get('version')!r} is not supported "
                 f"(this nanoset reads {FORMAT_NAME} version {FORMAT_VERSION})"
             )
-        return Manifest(
-            tokenizer=TokenizerInfo(**d["tokenizer"]),
-            dtype=d["dtype"],
-            shards=[ShardInfo.from_json(s) for s in d["shards"]],
-            build=d.get("build", {}),
-            skipped_lines=d.get("skipped_lines", 0),
-            loss_masks=bool(d.get("loss_masks", False)),
-            chat_template_sha256=d.get("chat_template_sha256"),
-        )
+        try:
+            manifest = Manifest(
+                tokenizer=TokenizerInfo(**d["tokenizer"]),
+                dtype=d["dtype"],
+                shards=[ShardInfo.from_json(s) for s in d["shards"]],
+                build=d.get("build", {}),
+                skipped_lines=d.get("skipped_lines", 0),
+                loss_masks=bool(d.get("loss_masks", False)),
+                chat_template_sha256=d.get("chat_template_sha256"),
+            )
+            for s in manifest.shards:
+                if not (isinstance(s.name, str) and _count(s.num_tokens) and _count(s.num_documents)):
+                    raise TypeError(f"shard {s.name!r}: name, num_tokens or num_documents is not a name or a count")
+            return manifest
+        except (KeyError, TypeError) as e:  # a key missing, unknown or of the wrong type (edited by hand?)
+            raise NanosetError(f"{path}: malformed manifest ({type(e).__name__}: {e}); "
+                               f"re-run `nanoset tokenize`") from None
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def atomic_write_text(path: Path, text: str) -> None:

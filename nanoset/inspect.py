@@ -28,15 +28,31 @@ def _histogram(lengths: np.ndarray) -> list[dict[str, int]]:
     return [{"lo": 1 << k, "hi": (1 << (k + 1)) - 1, "count": int(c)} for k, c in enumerate(counts) if c]
 
 
-def _decoder(spec: str | None):
-    if spec is None:
-        return None
+def _decoder(given: str | None, recorded: str | None):
+    """The tokenizer to decode samples with: ``--tokenizer`` (an error if it cannot be loaded), else the one
+    the dataset records, if it is still there."""
     from nanoset.tokenizer import find_tokenizer_file, load_tokenizer
 
+    if given is not None:
+        return load_tokenizer(find_tokenizer_file(given))
     try:
-        return load_tokenizer(find_tokenizer_file(spec))
+        return load_tokenizer(find_tokenizer_file(recorded)) if recorded is not None else None
     except NanosetError:
         return None
+
+
+def _document_lengths(ds) -> np.ndarray:
+    """Every document's length in tokens; an index whose ends do not increase (a damaged or hand-made
+    datatrove shard) is named, as ``verify`` names it, instead of breaking the histogram."""
+    parts = []
+    for shard in ds.shards:
+        lengths = np.diff(np.asarray(shard.ends, dtype=np.int64), prepend=0)
+        bad = np.flatnonzero(lengths <= 0)
+        if len(bad):
+            raise NanosetError(f"{shard.index_path}: document ends not strictly increasing at document "
+                               f"{int(bad[0])}; the shard is corrupt (run `nanoset verify {ds.folder}`)")
+        parts.append(lengths)
+    return np.concatenate(parts)
 
 
 def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) -> dict[str, Any]:
@@ -44,11 +60,12 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
     if samples < 0:
         raise NanosetError(f"--samples must be ≥ 0, got {samples}")
     ds = open_dataset(path)
-    lengths = np.concatenate([np.diff(np.asarray(s.ends, dtype=np.int64), prepend=0) for s in ds.shards])
+    lengths = _document_lengths(ds)
     max_id = ds.max_token_id
     tok_info = ds.tokenizer
-    decoder = _decoder(tokenizer or (tok_info.path or tok_info.name if tok_info else None))
-    picks = sorted(set(np.linspace(0, ds.num_documents - 1, samples).round().astype(int).tolist())) if samples else []
+    decoder = _decoder(tokenizer, tok_info.path or tok_info.name if tok_info else None)
+    picks = (sorted(set(np.linspace(0, ds.num_documents - 1, samples).round().astype(int).tolist()))
+             if samples and ds.num_documents else [])
     sample_docs = []
     for i in picks:
         ids = np.asarray(ds.document(i)).tolist()
