@@ -147,11 +147,30 @@ def test_long_documents_are_truncated_or_dropped_and_counted(tmp_path):
 
 def test_packing_is_cached_by_fingerprint_and_length(tmp_path, monkeypatch):
     p = packed(tmp_path, 7)
-    files = sorted(f.name for f in (tmp_path / "cache" / "packing").iterdir())
-    assert files == [f"v1-{p.reader.fingerprint}-8-truncate.npy"]
-    monkeypatch.setattr(packing_module, "packing_table", lambda *a: pytest.fail("computed again"))
-    again = PackedDocuments(tmp_path / "chat", 7, p.reader, tmp_path / "cache")
+    [name] = [f.name for f in (tmp_path / "cache" / "packing").iterdir()]
+    assert name.startswith(f"v1-{p.reader.fingerprint}-") and name.endswith("-8-truncate.npy")
+    with monkeypatch.context() as m:
+        m.setattr(packing_module, "packing_table", lambda *a: pytest.fail("computed again"))
+        again = PackedDocuments(tmp_path / "chat", 7, p.reader, tmp_path / "cache")
     assert again.starts.tolist() == p.starts.tolist() and again.stops.tolist() == p.stops.tolist()
+    # a datatrove index rewritten with the same size (its fingerprint is names and sizes) is packed anew
+    index = tmp_path / "chat" / "s0.ds.index"
+    (tmp_path / "new.index").write_bytes(np.array([1, 4, 10], dtype="<u8").tobytes())  # documents 1, 3, 6
+    (tmp_path / "new.index").replace(index)
+    reader = open_dataset(tmp_path / "chat")
+    assert reader.fingerprint == p.reader.fingerprint
+    fresh = PackedDocuments(tmp_path / "chat", 7, reader, tmp_path / "cache")
+    assert [fresh.token_range(i) for i in range(fresh.num_samples)] == [(0, 4), (4, 10), (10, 14), (14, 20)]
+
+
+def test_an_unwritable_cache_is_a_config_error(tmp_path):
+    from runtime.config import ConfigError
+
+    (tmp_path / "file").write_text("not a folder")
+    reader = write_folder(tmp_path / "chat", DOCS)
+    with pytest.raises(ConfigError, match=r"general\.cache_dir: cannot write the document packing of .*chat to "
+                                          r".*file/packing .*; make it writable or set general\.cache_dir elsewhere"):
+        PackedDocuments(tmp_path / "chat", 7, reader, tmp_path / "file")
 
 
 def chat_config(tmp_path, packing="documents", seq=7, steps=3, **data):

@@ -15,12 +15,16 @@ fingerprint, L, mode) with numpy and cached under ``general.cache_dir``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import socket
 from pathlib import Path
 
 import numpy as np
 
 from nanoset import NanosetReader, open_dataset
+from runtime.config import ConfigError
 from runtime.data.windows import position_ids_at
 
 CACHE_VERSION = 1
@@ -180,12 +184,26 @@ def packing_table(reader: NanosetReader, capacity: int, drop_long_documents: boo
     return table
 
 
+def _content_key(reader: NanosetReader) -> str:
+    """The dataset fingerprint; for a folder without a manifest (whose fingerprint holds only names and
+    sizes) also the size, mtime and inode of its files, so a rewritten index never meets a stale packing."""
+    if reader.manifest is not None:
+        return reader.fingerprint
+    stamps = []
+    for shard in reader.shards:
+        for path in (shard.tokens_path, shard.index_path):
+            if path.is_file():
+                st = path.stat()
+                stamps.append((str(path), st.st_size, st.st_mtime_ns, st.st_ino))
+    return reader.fingerprint + "-" + hashlib.sha256(json.dumps(stamps).encode()).hexdigest()[:8]
+
+
 def _cached_packing(reader: NanosetReader, capacity: int, drop: bool, cache_dir: str | Path | None) -> np.ndarray:
     """The packing table, read from ``cache_dir/packing/`` when there, else computed and written atomically."""
     if cache_dir is None:
         return packing_table(reader, capacity, drop)
     mode = "drop" if drop else "truncate"
-    path = Path(cache_dir) / "packing" / f"v{CACHE_VERSION}-{reader.fingerprint}-{capacity}-{mode}.npy"
+    path = Path(cache_dir) / "packing" / f"v{CACHE_VERSION}-{_content_key(reader)}-{capacity}-{mode}.npy"
     try:
         table = np.load(path, mmap_mode="r", allow_pickle=False)
         if table.ndim == 2 and table.shape[1] == 2 and int(table[0, 1]) == reader.num_documents:
@@ -193,11 +211,15 @@ def _cached_packing(reader: NanosetReader, capacity: int, drop: bool, cache_dir:
     except (OSError, ValueError):
         pass
     table = packing_table(reader, capacity, drop)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        np.save(f, table, allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            np.save(f, table, allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ConfigError(f"general.cache_dir: cannot write the document packing of {reader.folder} to {path.parent} "
+                          f"({e.strerror or e}); make it writable or set general.cache_dir elsewhere") from None
     return table
