@@ -70,11 +70,18 @@ def test_logits_match_transformers_untied(tmp_path, layout):
 
 @pytest.mark.parametrize("layout", [{}, {"dp": 2}], ids=["dp1", "dp2-fsdp"])
 def test_logits_match_transformers_tied(tmp_path, layout):
+    """Tied: one tensor in and out (the export of the dp 2 checkpoint is the original file's tensors)."""
     hf = save_hf(tmp_path / "hf", tie=True)
     ids = fixed_ids()
     with safetensors_torch.safe_open(hf / "model.safetensors", "pt") as f:
         assert "lm_head.weight" not in f.keys()  # a tied model stores the embedding once
-    torch.testing.assert_close(ours(tmp_path, hf, layout, ids), reference_logits(hf, ids), rtol=0, atol=1e-5)
+    logits = ours(tmp_path, hf, layout, ids, checkpoint=str(tmp_path / "ckpt"), tokenizer=None)
+    torch.testing.assert_close(logits, reference_logits(hf, ids), rtol=0, atol=1e-5)
+    out = export_checkpoint(tmp_path / "ckpt", tmp_path / "out")
+    original, exported = tensors(hf), tensors(out)
+    assert sorted(exported) == sorted(original) and all(torch.equal(exported[n], t) for n, t in original.items())
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
+    assert "no tokenizer recorded" in json.loads((out / "nanoset_export.json").read_text())["tokenizer"]
 
 
 def test_llama31_rope_scaling_and_head_dim_match_transformers(tmp_path):
@@ -89,6 +96,19 @@ def test_llama31_rope_scaling_and_head_dim_match_transformers(tmp_path):
     # the scaling matters here: without it the logits differ
     plain = save_hf(tmp_path / "plain", head_dim=16)
     assert (reference_logits(plain, ids) - theirs).abs().max() > 1e-3
+
+
+def test_exported_config_json_reproduces_llama31_scaling(tmp_path):
+    """The config.json export writes (both rope forms, head_dim) makes transformers compute the same logits."""
+    from runtime.hf.config_map import hf_config_json
+
+    hf = save_hf(tmp_path / "hf", rope_scaling=dict(LLAMA3), head_dim=16)
+    ids = torch.randint(0, VOCAB, (1, 60), generator=torch.Generator().manual_seed(1))  # far past 8 positions
+    theirs = reference_logits(hf, ids)
+    cfg = hf_config_json(hf_config(hf).model, bos_id=None, eos_id=0, dtype="float32")
+    assert cfg["rope_parameters"] == {**LLAMA3, "rope_theta": 5000.0} and cfg["rope_scaling"] == LLAMA3
+    (hf / "config.json").write_text(json.dumps(cfg))
+    torch.testing.assert_close(reference_logits(hf, ids), theirs, rtol=0, atol=0)
 
 
 def test_transformers4_config_form(tmp_path):
