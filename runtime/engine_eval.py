@@ -14,18 +14,21 @@ import torch.distributed as dist
 from runtime.engine import Engine
 
 
-def forward_only(schedule, *args, **kwargs) -> None:
-    """``schedule.eval`` (torch ≥ 2.8); before it existed, the same thing by hand: step with backward off."""
+def forward_only(schedule, *args, **kwargs):
+    """``schedule.eval`` (torch ≥ 2.9). Before it existed, the same by hand: a step with backward off,
+    which on those versions also skips the schedule's loss; the last stage then returns the merged
+    outputs (logits of all micro-batches) and the caller computes the loss from them."""
     if hasattr(schedule, "eval"):
         schedule.eval(*args, **kwargs)
-        return
+        return None
     stages = getattr(schedule, "_stages", None) or [schedule._stage]
     saved = schedule._has_backward, [s.has_backward for s in stages]
     schedule._has_backward = False
     for s in stages:
         s.has_backward = False
+    kwargs.pop("losses", None)  # none are computed: asking for them would be an error
     try:
-        schedule.step(*args, **kwargs)
+        return schedule.step(*args, **kwargs)
     finally:
         schedule._has_backward = saved[0]
         for s, flag in zip(stages, saved[1]):
@@ -51,7 +54,10 @@ def eval_loss(engine: Engine, batches: list[dict], sequence_length: int) -> tupl
                 if engine.owns_inputs:
                     forward_only(schedule, *engine._inputs(batches))
                 elif engine.owns_loss:
-                    forward_only(schedule, target=engine._targets(batches), losses=losses)
+                    targets = engine._targets(batches)
+                    logits = forward_only(schedule, target=targets, losses=losses)
+                    if not losses:  # torch without schedule.eval computed no loss: take it from the logits
+                        losses.append(engine._loss(logits, targets))
                 else:
                     forward_only(schedule)
     finally:

@@ -133,6 +133,8 @@ LAYOUTS = {
     "pp2-1f1b": ({"pp": 2, "pp_engine": "1f1b"}, False),
     "pp2-interleaved": ({"pp": 2, "pp_engine": "interleaved-1f1b", "pp_virtual_stages": 2}, False),
     "pp2-without-schedule-eval": ({"pp": 2, "pp_engine": "afab"}, True),
+    "pp2-interleaved-without-schedule-eval": ({"pp": 2, "pp_engine": "interleaved-1f1b", "pp_virtual_stages": 2},
+                                              True),
 }
 
 

@@ -15,10 +15,15 @@ def evaluate_in_layout(rank: int, world: int, config_path: str, layout: dict, ou
     from runtime.parallel.context import ParallelContext
     from runtime.validation import evaluate
 
-    if without_schedule_eval:  # torch before 2.8: pipeline schedules have no eval()
+    if without_schedule_eval:  # torch before 2.9: no eval(), and no loss computed without backward
         from torch.distributed.pipelining import schedules
 
+        def old_maybe_compute_loss(self, stage, output, target_mbs, mb_index, loss_kwargs=None):
+            if stage.is_last and self._has_backward:
+                self._internal_losses.append(self._compute_loss(output, target_mbs[mb_index]))
+
         del schedules._PipelineSchedule.eval
+        schedules._PipelineSchedule._maybe_compute_loss = old_maybe_compute_loss
     config = Config.from_yaml(config_path)
     config = dataclasses.replace(config, parallelism=ParallelismArgs(**layout))
     config.validate()
