@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from nanoset.errors import NanosetError
 from nanoset.format import atomic_write_text
 
 SCAN_CHUNK = 1 << 24  # tokens per max() call: bounded memory whatever the shard size
@@ -35,9 +36,17 @@ def cache_dir() -> Path:
         return Path(tempfile.gettempdir()) / "nanoset"
 
 
-def scan_max(tokens: np.ndarray) -> int:
-    """The largest id of a shard's tokens, -1 when it has none."""
-    return max((int(tokens[i : i + SCAN_CHUNK].max()) for i in range(0, len(tokens), SCAN_CHUNK)), default=-1)
+def scan_max(tokens: np.ndarray, path: Path) -> int:
+    """The largest id of a shard's tokens (at ``path``), -1 when it has none. Signed tokens (Megatron's int
+    dtypes) are also checked for negative ids, which no embedding table can look up."""
+    top = -1
+    for i in range(0, len(tokens), SCAN_CHUNK):
+        chunk = tokens[i : i + SCAN_CHUNK]
+        if chunk.dtype.kind == "i" and int(chunk.min()) < 0:
+            pos = i + int(np.argmax(chunk < 0))
+            raise NanosetError(f"{path}: negative token id {int(tokens[pos])} at position {pos}; token ids must be ≥ 0")
+        top = max(top, int(chunk.max()))
+    return top
 
 
 def _record_path(folder: Path) -> Path:
@@ -69,7 +78,7 @@ def dataset_max_token_id(reader: Any) -> int:
     if saved and saved.get("folder") == str(folder) and saved.get("files") == files:
         found = saved["max_token_ids"]
     else:
-        found = [scan_max(shards[i].tokens) for i in unknown]
+        found = [scan_max(shards[i].tokens, shards[i].tokens_path) for i in unknown]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, json.dumps({"folder": str(folder), "files": files, "max_token_ids": found}))

@@ -375,3 +375,11 @@ def test_convert_keeps_a_datatrove_folders_loss_masks(tmp_path):
     (src / "001.ds.loss").write_bytes(bytes([1, 2]))
     proc = run_cli("convert", src, "-o", tmp_path / "bad", check=False)
     assert proc.stderr == f"error: {src}/001.ds.loss: loss mask value 2 at token 1; only 0 and 1 are valid\n"
+
+
+def test_negative_ids_are_refused_before_training(tmp_path):
+    prefix = write_mmidx(tmp_path / "neg", [[[5, 6]], [[7, -1, 8]]], "int32")
+    stages = [{"name": "s", "start_training_step": 1, "data": {"dataset": {"dataset_folder": str(prefix)}}}]
+    with pytest.raises(NanosetError) as e:
+        DataPlan(make_config(seq=2, stages=stages))
+    assert str(e.value) == f"{tmp_path}/neg.bin: negative token id -1 at position 3; token ids must be ≥ 0"
