@@ -203,10 +203,11 @@ class OutputFolder:
         atomic_write_text(self.marker(task.index), json.dumps(result.to_json(), sort_keys=True))
 
     def finish(self) -> None:
-        """After the manifest: drop the work folder and any temporary file left by a killed attempt.
-        Idempotent: every machine that finds the job complete may call it, at the same time."""
+        """After the manifest: drop the work folder and any temporary file left by a killed attempt (shard
+        files, or the manifest itself: killed while writing it). Idempotent: every machine that finds the
+        job complete may call it, at the same time."""
         self._remove_work()
-        for p in self.path.glob(".*.partial-*"):
+        for p in [*self.path.glob(".*.partial-*"), *self.path.glob(f".{MANIFEST_NAME}.tmp-*")]:
             p.unlink(missing_ok=True)
 
 

@@ -305,7 +305,12 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
                         chat_template_sha256=chat["template_sha256"] if chat else None)
     if manifest.num_documents == 0:
         raise NanosetError(f"{', '.join(opts.inputs)}: no documents found in the input; nothing to tokenize")
-    write_manifest(opts.output, manifest)
+    try:
+        write_manifest(opts.output, manifest)
+    except FileNotFoundError:  # another machine finished at the same time and removed our temporary file
+        finished = folder.completed_manifest()
+        if finished is None or finished.build != plan.build:
+            raise
     folder.finish()
     return _summary(opts, plan, manifest, len(todo), len(mine) - len(todo), True, t0)
 

@@ -200,3 +200,33 @@ def test_machines_starting_together_share_one_work_folder(tmp_path, monkeypatch,
     with pytest.raises(NanosetError, match="another run is writing a different dataset there"):
         OutputFolder(out)._create_work(other.state_json())
     assert [p.name for p in out.iterdir()] == [".nanoset-work"]
+
+
+def test_a_manifest_left_half_written_is_removed_when_the_job_finishes(tmp_path, fixture_dataset):
+    """Killed while writing nanoset.json: its temporary file stayed in the finished dataset for good."""
+    out = tmp_path / "out"
+    base = ["tokenize", CORPUS, "-o", out, "--tokenizer", TOKENIZER, "--task-bytes", 200_000, "--quiet"]
+    run_cli(*base, "--num-tasks", 2, "--task-index", 0)
+    (out / ".nanoset.json.tmp-4242").write_text('{"format": "nano')
+    assert "; complete" in run_cli(*base, "--num-tasks", 2, "--task-index", 1).stdout
+    assert same_folder(fixture_dataset, out) and not (out / ".nanoset.json.tmp-4242").exists()
+
+
+def test_two_machines_writing_the_manifest_at_once(tmp_path, fixture_dataset, monkeypatch):
+    """Both machines find every task done; the other one finishes first and, removing temporary files,
+    removes the manifest we are writing: ours is then a complete job too, not a FileNotFoundError."""
+    from nanoset import tokenize as tokenize_mod
+    from nanoset.tokenize import TokenizeOptions
+
+    out = tmp_path / "out"
+    base = ["tokenize", CORPUS, "-o", out, "--tokenizer", TOKENIZER, "--task-bytes", 200_000, "--quiet"]
+    run_cli(*base, "--num-tasks", 2, "--task-index", 0)
+    def the_other_finishes_first(folder, manifest):
+        assert "; complete" in run_cli(*base, "--num-tasks", 2, "--task-index", 0).stdout
+        raise FileNotFoundError(2, "No such file or directory", str(folder / ".nanoset.json.tmp-1"))
+
+    monkeypatch.setattr(tokenize_mod, "write_manifest", the_other_finishes_first)
+    summary = tokenize_mod.tokenize(TokenizeOptions(inputs=[str(CORPUS)], output=out, tokenizer=str(TOKENIZER),
+                                                    task_bytes=200_000, num_tasks=2, task_index=1, progress=False))
+    assert summary.complete
+    assert same_folder(fixture_dataset, out)
