@@ -45,7 +45,7 @@ def assert_each_document_alone(logits: torch.Tensor, ids: torch.Tensor) -> None:
 def test_document_ids_and_mask():
     pos = torch.tensor([[0, 1, 2, 0, 1, 0, 0]])
     assert document_ids(pos).tolist() == [[0, 0, 0, 1, 1, 2, 3]]
-    mask = document_mask(pos)[0, 0].int()
+    mask = document_mask(pos, head_dim=8)[0, 0].int()
     assert mask.tolist() == [
         [1, 0, 0, 0, 0, 0, 0],
         [1, 1, 0, 0, 0, 0, 0],

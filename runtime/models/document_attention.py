@@ -3,9 +3,10 @@
 Documents are found where ``position_ids`` restart at 0 (the same boundaries the data layer
 restarts positions at; each padding token of a packed sample is position 0, a document of its
 own). The mask is built once per chunk forward from the position ids that travel with the
-micro-batch (also through the pipeline), and shared by the chunk's layers. On CUDA it is a
-``flex_attention`` block mask (compiled kernel; blocks of other documents are skipped); elsewhere
-a boolean ``[batch, 1, seq, seq]`` mask for ``scaled_dot_product_attention``.
+micro-batch (also through the pipeline), and shared by the chunk's layers. On CUDA, for head sizes
+flex_attention's kernels take (a power of two ≥ 16), it is a block mask for the compiled
+``flex_attention`` (blocks of other documents are skipped); elsewhere a boolean
+``[batch, 1, seq, seq]`` mask for ``scaled_dot_product_attention``.
 """
 
 from __future__ import annotations
@@ -28,18 +29,19 @@ def _flex():
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
         return None
-    return torch.compile(flex_attention, dynamic=False), create_block_mask
+    # compiled, the block mask is built block by block instead of as a dense [batch, seq, seq] tensor
+    return torch.compile(flex_attention, dynamic=False), torch.compile(create_block_mask)
 
 
-def use_flex(device: torch.device) -> bool:
-    return device.type == "cuda" and _flex() is not None
+def use_flex(device: torch.device, head_dim: int) -> bool:
+    return device.type == "cuda" and head_dim >= 16 and head_dim & (head_dim - 1) == 0 and _flex() is not None
 
 
-def document_mask(position_ids: torch.Tensor):
-    """The attention mask of documents restarting where ``position_ids`` is 0: a flex BlockMask on CUDA,
-    else a boolean ``[batch, 1, seq, seq]`` tensor (True: may attend)."""
+def document_mask(position_ids: torch.Tensor, head_dim: int):
+    """The attention mask of documents restarting where ``position_ids`` is 0: a flex BlockMask on CUDA
+    (see ``use_flex``), else a boolean ``[batch, 1, seq, seq]`` tensor (True: may attend)."""
     doc = document_ids(position_ids)
-    if use_flex(position_ids.device):
+    if use_flex(position_ids.device, head_dim):
         _, create_block_mask = _flex()
 
         def mask_mod(b, h, q, kv):

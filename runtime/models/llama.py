@@ -116,7 +116,7 @@ class LlamaChunk(nn.Module):
                 position_ids = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
             x = self.embed_tokens(x)
         cos, sin = rope_tables(position_ids, self.args.head_size, self.args.rope_theta, x.dtype, self.args.rope_scaling)
-        mask = document_mask(position_ids) if self.args.attention == "document" else None
+        mask = document_mask(position_ids, self.args.head_size) if self.args.attention == "document" else None
         for layer in self.layers.values():
             x = layer(x, cos, sin, mask)
         if self.lm_head is None:
