@@ -9,6 +9,7 @@ one folder.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import time
@@ -72,7 +73,8 @@ def resolve_checkpoint(folder: Path, resume: str | None) -> Path | None:
     path = Path(resume)
     if not (path / "metadata.json").is_file():
         what = "no such folder" if not path.exists() else "no metadata.json; it is not a complete checkpoint"
-        raise FileNotFoundError(f"checkpoints.resume: {path}: {what} (latest | PATH of a step-N folder | null)")
+        typo = "; did you mean 'latest'?" if not path.exists() and difflib.get_close_matches(resume, [LATEST]) else ""
+        raise FileNotFoundError(f"checkpoints.resume: {path}: {what} (latest | PATH of a step-N folder | null){typo}")
     return path
 
 
@@ -123,6 +125,11 @@ def plan_start(config: Config) -> RunStart:
     metadata = read_metadata(path) if path is not None else None
     if path is not None:
         check_same_model(config, metadata, path)
+        last = metadata["training"]["last_train_step"]
+        if last > config.tokens.train_steps:  # it would train nothing and report "done: step 12/10"
+            raise ConfigError(f"checkpoint {path} is at step {last}, past tokens.train_steps "
+                              f"{config.tokens.train_steps}; raise tokens.train_steps or resume from an earlier "
+                              f"checkpoint")
     continues = config.checkpoints.resume == LATEST or (
         path is not None and path.resolve().parent == folder.resolve())
     found = [] if continues else existing_run(config)

@@ -179,10 +179,21 @@ def test_checkpoint_of_another_model_is_refused_once(reference, shards, tmp_path
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("case", ["missing-path", "dangling-latest", "tied-tp2", "not-a-checkpoint", "run-dir-in-a-file"])
-def test_user_mistakes_are_one_line_before_start_up(shards, tmp_path, case):
+@pytest.mark.parametrize("case", ["missing-path", "dangling-latest", "tied-tp2", "not-a-checkpoint", "run-dir-in-a-file",
+                                  "latest-typo", "past-train-steps"])
+def test_user_mistakes_are_one_line_before_start_up(reference, shards, tmp_path, case):
     run = tmp_path / "run"
-    if case == "not-a-checkpoint":  # a metadata.json that is no training record (was: AttributeError traceback)
+    if case == "latest-typo":
+        cfg = small_config(tmp_path, run, checkpoints={"resume": "lastest"})
+        expected = ("error: checkpoints.resume: lastest: no such folder (latest | PATH of a step-N folder | null); "
+                    "did you mean 'latest'?")
+    elif case == "past-train-steps":  # was: exit 0 after "done: step 4/2", nothing trained
+        run = copy_of(reference, tmp_path)
+        (run / "metrics.jsonl").unlink()
+        cfg = small_config(tmp_path, run, steps=2, single_stage=True)
+        expected = (f"error: checkpoint {run}/checkpoints/step-000004 is at step 4, past tokens.train_steps 2; raise "
+                    f"tokens.train_steps or resume from an earlier checkpoint")
+    elif case == "not-a-checkpoint":  # a metadata.json that is no training record (was: AttributeError traceback)
         (tmp_path / "other").mkdir()
         (tmp_path / "other" / "metadata.json").write_text("[1]")
         cfg = small_config(tmp_path, run, checkpoints={"resume": str(tmp_path / "other")})
