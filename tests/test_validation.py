@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -230,8 +231,6 @@ def test_evaluate_cli_gives_the_in_training_value(trained, shards, checkpoint, n
 
 def test_resumed_run_logs_each_validation_once_with_the_same_values(trained, shards, tmp_path):
     """Resumed from the step-3 checkpoint: steps 4-6 are trained and evaluated again, their rows replaced."""
-    import shutil
-
     cfg, run, _ = trained
     first = metrics(run)
     again = tmp_path / "run"
@@ -320,5 +319,20 @@ def test_data_mistakes_are_one_line_before_start_up(shards, tmp_path):
     assert proc.returncode == 1 and error_lines(proc.stderr) == [
         f"error: validation.datasets.t: {tokens} tokens, too few for one window of 33 (the longest stage sequence "
         f"length + 1); add data or shorten the stages' sequence_length"]
+    other = tmp_path / "other-tokenizer"
+    shutil.copytree(shards / "shards" / "sft", other)
+    manifest = json.loads((other / "nanoset.json").read_text())
+    manifest["tokenizer"].update(name="other", sha256="f" * 64)
+    (other / "nanoset.json").write_text(json.dumps(manifest))
+    mixed = with_validation(small_config(tmp_path, tmp_path / "run", dp=1, name="mixed.yaml"),
+                            datasets={"v": str(other)})
+    proc = train_one(mixed, shards, check=False)
+    web = open_dataset(shards / "shards" / "web").tokenizer.describe()
+    assert proc.returncode == 1 and error_lines(proc.stderr) == [
+        f"error: validation.datasets.v: {other} was tokenized with 'other' sha256 ffffffffffff, but shards/web with "
+        f"{web}; validation data must be made with the training tokenizer"]
     bad = evaluate_cli(cfg, tmp_path / "missing", shards)
-    assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0 and "Traceback" not in bad.stderr
+    assert bad.returncode == 1 and bad.stderr == f"error: --checkpoint {tmp_path}/missing: no such folder\n"
+    empty = evaluate_cli(small_config(tmp_path, tmp_path / "run", dp=1, name="none.yaml"), tmp_path, shards)
+    assert empty.returncode == 1 and empty.stderr == (f"error: {tmp_path}/none.yaml: validation.datasets is empty; "
+                                                      f"name the datasets to evaluate on\n")
