@@ -100,3 +100,11 @@ def test_label_tokens_reach_every_pipeline_rank():
     from docmask_workers import label_tokens_on_every_rank
 
     run_distributed(2, label_tokens_on_every_rank)
+
+
+def test_flex_attention_only_on_cuda_for_head_sizes_its_kernels_take():
+    from runtime.models.document_attention import use_flex
+
+    cuda = torch.device("cuda")
+    assert not use_flex(torch.device("cpu"), 64)
+    assert [use_flex(cuda, d) for d in (8, 48, 16, 64, 128)] == [False, False, True, True, True]
