@@ -179,10 +179,13 @@ class OutputFolder:
             if p.is_file() and _written_by_tokenize(p.name):
                 p.unlink()
 
-    def remove_partials(self, prefix: str) -> None:
-        """Delete temporary files an interrupted attempt at a task left behind."""
-        for p in self.path.glob(f".{prefix}_*.partial-*"):
-            p.unlink(missing_ok=True)
+    def remove_partials(self, prefixes: list[str]) -> None:
+        """Delete temporary files interrupted attempts at these tasks left behind (``.PREFIX_NNNNN...partial-PID``),
+        in one listing of the folder: one per task cost 20 s before a rerun of 2,000 tasks."""
+        wanted = set(prefixes)
+        for p in self.path.glob(".*.partial-*"):
+            if p.name[1:].split("_", 1)[0] in wanted:
+                p.unlink(missing_ok=True)
 
     def done(self, task: Task, itemsize: int) -> TaskResult | None:
         """The result of a task completed earlier (marker present, shard files of the right size)."""

@@ -332,8 +332,7 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
     ctx = mp.get_context("spawn")
     counters = (ctx.Value("q", 0), ctx.Value("q", 0))
     workers = min(opts.workers, max(1, len(todo)))
-    for task in todo:
-        folder.remove_partials(task.shard_prefix(plan.width))
+    folder.remove_partials([task.shard_prefix(plan.width) for task in todo])
     initargs = (str(tokenizer.path), config, counters, workers > 1)
     bar = tqdm(total=len(todo), unit="task", disable=not opts.progress or None, dynamic_ncols=True)
     start = time.perf_counter()
