@@ -34,9 +34,9 @@ def pack_documents(lengths: np.ndarray, capacity: int) -> np.ndarray:
     """Next-fit packing in corpus order: bin ``b`` holds documents ``[first[b], first[b + 1])``.
 
     Returns ``first`` with ``len(lengths)`` appended (int64). Lengths above ``capacity`` count as
-    ``capacity`` (such a document fills a bin alone). No per-document Python: ``nxt[a]`` (the first
+    ``capacity`` (such a document fills a bin alone). No per-document Python: ``jump[a]`` (the first
     document of the bin after one that starts at ``a``) comes from one ``searchsorted`` over the
-    cumulative lengths, and the chain ``0, nxt[0], nxt[nxt[0]], …`` by pointer doubling: each round
+    cumulative lengths, and the chain ``0, jump[0], jump[jump[0]], …`` by pointer doubling: each round
     doubles the known prefix of the chain and squares the jump table, so the work is
     ``O(n · log(bins))`` in vectorised passes and the memory ``O(n)``.
     """
