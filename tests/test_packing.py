@@ -286,3 +286,21 @@ def test_sft_stage_trains_on_exactly_the_explained_loss_tokens(tmp_path):
     plan = DataPlan(config)
     expected = [sum(r["loss_tokens"] for r in explain_step(plan, step)) for step in (1, 2, 3, 4)]
     assert [r["label_tokens"] for r in rows] == expected and all(n > 0 for n in expected)
+
+
+def test_a_stage_blending_a_chat_folder_and_a_plain_one_masks_only_the_chat_rows(tmp_path):
+    from runtime.data import DataPlan, StageDataset
+
+    write_folder(tmp_path / "chat", DOCS, LOSS)
+    write_folder(tmp_path / "plain", DOCS)
+    config = chat_config(tmp_path, packing="window", seq=4)
+    config.data_stages[0].data.dataset.dataset_folder = [str(tmp_path / "chat"), str(tmp_path / "plain")]
+    config.data_stages[0].data.dataset.dataset_weights = [1.0, 1.0]
+    plan = DataPlan(config)
+    stage = plan.stages[0]
+    examples = StageDataset(plan, stage).__getitems__(list(range(6)))
+    loc = plan.locate(stage, list(range(6)))
+    assert sorted(set(loc.dataset.tolist())) == [0, 1]
+    for ex, d, s in zip(examples, loc.dataset.tolist(), loc.sample.tolist()):
+        expected = [bool(LOSS_STREAM[t]) if d == 0 else True for t in range(4 * s + 1, 4 * s + 5)]
+        assert ex["label_mask"].tolist() == expected
