@@ -44,7 +44,7 @@ def _reference_positions(doc_starts: set[int], start: int, width: int) -> list[i
 
 def test_position_ids_match_the_definition_across_shards(tmp_path):
     reader, stream, doc_starts = _random_folder(tmp_path)
-    for L in (1, 4, 17, 64):
+    for L in (1, 4, 17, 64, 256):  # 256: many documents per window, the running-maximum path
         w = TokenWindows("toy", L, reader)
         idx = np.random.default_rng(L).permutation(w.num_samples)
         pos = w.position_ids(idx)
@@ -55,6 +55,10 @@ def test_position_ids_match_the_definition_across_shards(tmp_path):
             expected = _reference_positions(doc_starts, i * L, L + 1)
             assert pos[row].tolist() == expected == pos2[row].tolist()
             assert tok[row].tolist() == stream[i * L : i * L + L + 1]
+            # one window alone: inside one shard mostly (the one-shard paths), else across shards
+            assert w.position_ids(i).tolist() == expected and w.tokens(i).tolist() == tok[row].tolist()
+        first = np.arange(min(3, w.num_samples))  # a batch from the first shard only
+        assert w.position_ids(first).tolist() == [_reference_positions(doc_starts, i * L, L + 1) for i in first]
     starts = np.array([0, 5, len(stream) - 9])
     assert position_ids_at(reader, starts, 9).tolist() == [_reference_positions(doc_starts, s, 9) for s in starts]
 
@@ -67,3 +71,27 @@ def test_position_ids_search_the_index_in_its_own_dtype(tmp_path, monkeypatch):
     monkeypatch.setattr(type(shard), "ends", property(lambda self: strict))
     pos = TokenWindows("toy", 8, reader).position_ids(np.array([3, 1, 2]))
     assert pos.tolist() == [_reference_positions(doc_starts, i * 8, 9) for i in (3, 1, 2)]
+
+
+def test_collator_takes_the_stage_buffers_as_a_list_of_rows_would_give(shards, monkeypatch):
+    """StageDataset hands the collator its buffers (no stacking); a plain list of the same rows (any
+    other dataset) gives exactly the same batch."""
+    from datahelpers import make_config
+
+    from runtime.data import DataPlan, StageDataset
+    from runtime.data.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds
+    from runtime.data.stage_dataset import Examples
+
+    monkeypatch.chdir(shards)
+    plan = DataPlan(make_config(mbs=4))
+    for stage in plan.stages:  # with position ids, then without
+        cls = DataCollatorForCLMWithPositionIds if stage.use_position_ids else DataCollatorForCLM
+        collator = cls(stage.sequence_length)
+        examples = StageDataset(plan, stage).__getitems__([5, 0, 17, 3])
+        assert isinstance(examples, Examples) and len(examples) == 4
+        fast, plain = collator(examples), collator([dict(ex) for ex in examples])
+        assert sorted(fast) == sorted(plain)
+        for key in fast:
+            assert fast[key].dtype == plain[key].dtype and fast[key].tolist() == plain[key].tolist(), key
+        assert fast["input_ids"].data_ptr() == examples.ids.ctypes.data  # the stage's buffer, not a copy
+    assert [s.use_position_ids for s in plan.stages] == [True, False]

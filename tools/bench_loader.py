@@ -2,6 +2,9 @@
 
     python tools/bench_loader.py [--work bench_work/loader] [--samples 20000]
 
+0. One folder, 0 workers: the cost of position ids, and ours vs datatrove's ``DatatroveFolderDataset``
+   + ``DataLoader`` building the same complete batch dict (skipped with a note when datatrove is not
+   installed: it is a benchmark-only comparison, ``pip install datatrove``).
 1. Throughput: a stage blending 3 folders (shuffle on, L=2048, position ids, 2 loader workers):
    samples/s of our DataLoader (sampler, blend, permutation, windows, position ids, collator,
    worker processes) vs a baseline that reads the same windows straight from numpy memmaps in a
@@ -66,7 +69,7 @@ def make_sparse_folder(folder: Path, shards: int, tokens_per_shard: int) -> None
 
 
 def config(folders: list[str], weights: list[float], mbs: int, steps: int, workers: int, packing: str = "window",
-           cache_dir: Path | None = None) -> Config:
+           cache_dir: Path | None = None, positions: bool = True) -> Config:
     c = from_dict(Config, {
         "general": {"project": "bench", "run": "loader", "seed": 1,
                     **({"cache_dir": str(cache_dir)} if cache_dir is not None else {})},
@@ -75,7 +78,7 @@ def config(folders: list[str], weights: list[float], mbs: int, steps: int, worke
         "tokens": {"sequence_length": L, "micro_batch_size": mbs, "train_steps": steps},
         "optimizer": {"learning_rate": 1e-3},
         "data_stages": [{"name": "blend", "start_training_step": 1, "data": {
-            "num_loading_workers": workers, "use_position_ids": True, "packing": packing,
+            "num_loading_workers": workers, "use_position_ids": positions, "packing": packing,
             "dataset": {"dataset_folder": folders, "dataset_weights": weights}}}],
     }, "config")
     c.validate()
@@ -86,7 +89,7 @@ def loader(plan: DataPlan, workers: int):
     stage = plan.stages[0]
     ctx = SimpleNamespace(dp_rank=0, dp_size=1, pp_rank=0)
     return get_train_dataloader(StageDataset(plan, stage), L, ctx, 0, 0, plan.config.tokens.micro_batch_size,
-                                dataloader_num_workers=workers, use_position_ids=True)
+                                dataloader_num_workers=workers, use_position_ids=stage.use_position_ids)
 
 
 def baseline(plan: DataPlan, n: int) -> float:
@@ -160,12 +163,77 @@ def documents_packing(args: argparse.Namespace, folders: list[str]) -> None:
               f"documents {args.samples / doc_s:>8,.0f} samples/s, ratio {win_s / doc_s:.3f}")
 
 
+def _timed(make_iter, n: int, mbs: int) -> float:
+    """Seconds for ``n`` samples from a fresh iterator, after its first batch."""
+    it = make_iter()
+    next(it)
+    t0 = time.perf_counter()
+    for _ in range(n // mbs):
+        batch = next(it)
+    seconds = time.perf_counter() - t0
+    assert batch["input_ids"].shape[0] == mbs
+    return seconds
+
+
+def complete_batch(samples: list[dict]) -> dict:
+    """datatrove's samples (``L + 1`` ids, positions) as the complete batch dict the engine takes: ids,
+    labels, masks, positions (the label before a document start masked), as our collator makes it."""
+    import torch
+
+    ids = torch.stack([s["input_ids"] for s in samples])
+    pos = torch.stack([s["positions"] for s in samples]).long()
+    mask = torch.ones(len(samples), L, dtype=torch.bool)
+    return {"input_ids": ids[:, :-1], "label_ids": ids[:, 1:], "position_ids": pos[:, :-1], "input_mask": mask,
+            "label_mask": pos[:, 1:] != 0}
+
+
+def versus_datatrove(args: argparse.Namespace, folder: str) -> None:
+    """One folder, 0 workers, micro-batch ``--mbs``: position ids' cost, and ours vs datatrove's
+    ``DatatroveFolderDataset`` + ``DataLoader``. Configurations alternate, ``--rounds`` times; the
+    best round of each counts (the machine may be shared)."""
+    from torch.utils.data import DataLoader
+
+    mbs = args.mbs
+    runs = {}
+    for positions in (False, True):
+        plan = DataPlan(config([folder], [1.0], mbs, 100_000, 0, positions=positions))
+        runs[f"ours, {'with' if positions else 'no'} position ids"] = lambda plan=plan: iter(loader(plan, 0))
+    try:
+        from datatrove.utils.dataset import DatatroveFolderDataset
+    except ImportError:
+        print("  datatrove is not installed: its comparison is skipped (pip install datatrove to add it)")
+    else:
+        def datatrove(positions: bool):
+            ds = DatatroveFolderDataset(folder, L, filename_pattern="*.ds", token_size=2, return_positions=positions)
+            collate = complete_batch if positions else None  # its own default_collate without positions
+            return iter(DataLoader(ds, batch_size=mbs, num_workers=0, collate_fn=collate))
+
+        runs["datatrove, ids only"] = lambda: datatrove(False)
+        runs["datatrove, complete batch"] = lambda: datatrove(True)
+    best = {name: float("inf") for name in runs}
+    for _ in range(args.rounds):
+        for name, make in runs.items():
+            best[name] = min(best[name], _timed(make, args.samples, mbs))
+    print(f"one folder, 0 workers, micro-batch {mbs}, best of {args.rounds} alternating rounds of {args.samples} "
+          f"samples (ours: shuffled windows; datatrove: its sequential order):")
+    for name, s in best.items():
+        print(f"  {name:<30} {args.samples / s:>9,.0f} samples/s")
+    with_pos, no_pos = best["ours, with position ids"], best["ours, no position ids"]
+    print(f"  position ids cost: {with_pos / no_pos:.2f}x the time without (target <= 1.3)")
+    if "datatrove, complete batch" in best:
+        complete, ids_only = best["datatrove, complete batch"], best["datatrove, ids only"]
+        print(f"  ours with position ids vs datatrove's complete batch: {complete / with_pos:.2f}x faster "
+              f"(target >= 1.5); vs datatrove's ids only: {ids_only / with_pos:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, default=Path("bench_work/loader"))
     ap.add_argument("--samples", type=int, default=16384)
     ap.add_argument("--mbs", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds of the 0-worker comparison")
+    ap.add_argument("--only-datatrove", action="store_true", help="run only the 0-worker comparison")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     folders = []
@@ -175,6 +243,9 @@ def main() -> None:
             shutil.rmtree(folder, ignore_errors=True)
             make_folder(folder, tokens, i)
         folders.append(str(folder))
+    versus_datatrove(args, folders[0])
+    if args.only_datatrove:
+        return
     print(f"throughput, L={L}, 3-folder blend, shuffle, position ids, {args.samples} samples "
           f"(baseline: the same windows read from numpy memmaps in a loop):")
     for workers in (args.workers, 0):

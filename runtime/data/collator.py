@@ -59,12 +59,15 @@ class DataCollatorForCLM:
             raise ValueError(f"examples hold {width} tokens; the collator needs sequence_length + 1 = "
                              f"{self.sequence_length + 1} (one extra token for the shifted labels)")
         # one int64 buffer (tokens, positions) and one bool buffer (masks): few storages to pass
-        # from loader workers, every key a view
-        ids = np.empty((len(self.input_keys) - 1, len(examples), width), dtype=np.int64)
-        np.stack([np.asarray(ex["input_ids"]) for ex in examples], out=ids[0], casting="unsafe")
-        self._positions(examples, ids[1:])
+        # from loader workers, every key a view. StageDataset's examples come in that layout already.
+        ids = getattr(examples, "ids", None)
+        if ids is None or len(ids) != len(self.input_keys) - 1:
+            ids = np.empty((len(self.input_keys) - 1, len(examples), width), dtype=np.int64)
+            np.stack([np.asarray(ex["input_ids"]) for ex in examples], out=ids[0], casting="unsafe")
+            self._positions(examples, ids[1:])
         t = torch.from_numpy(ids)
-        masks = torch.ones((2, len(examples), self.sequence_length), dtype=torch.bool)
+        mask_buffer = np.ones((2, len(examples), self.sequence_length), dtype=bool)  # numpy: cheaper on small arrays
+        masks = torch.from_numpy(mask_buffer)
         if self.pp_rank == self.input_pp_rank:
             batch["input_ids"] = t[0, :, :-1]
             batch["input_mask"] = masks[0]
@@ -74,9 +77,12 @@ class DataCollatorForCLM:
             batch["label_ids"] = t[0, :, 1:]
             batch["label_mask"] = masks[1]
             if len(ids) > 1:  # the label that would predict a new document's first token
-                masks[1] = t[1, :, 1:] != 0
+                np.not_equal(ids[1, :, 1:], 0, out=mask_buffer[1])
             if "label_mask" in examples[0]:  # the dataset's own: loss masks, padding of packed documents
-                masks[1] &= torch.from_numpy(np.stack([np.asarray(ex["label_mask"], dtype=bool) for ex in examples]))
+                own = getattr(examples, "label_mask", None)
+                if own is None:
+                    own = np.stack([np.asarray(ex["label_mask"], dtype=bool) for ex in examples])
+                mask_buffer[1] &= own
         return batch
 
 

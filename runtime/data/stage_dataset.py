@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from runtime.data.plan import DataPlan, StagePlan
@@ -23,6 +25,7 @@ class StageDataset:
         self.plan = plan
         self.stage = stage
         self._block: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._masked: bool | None = None
 
     def _locate(self, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(dataset, window) of stage samples ``j``, from a cached block when they fall in one."""
@@ -43,31 +46,62 @@ class StageDataset:
     def __getitem__(self, j: int) -> dict[str, np.ndarray]:
         return self.__getitems__([j])[0]
 
-    def __getitems__(self, indices: list[int]) -> list[dict[str, np.ndarray]]:
+    def __getitems__(self, indices: list[int]) -> Examples:
         j = np.asarray(indices, dtype=np.int64)
         if len(j) and (j.min() < 0 or j.max() >= len(self)):
             raise IndexError(f"stage {self.stage.name!r} sample {int(j.max())} outside [0, {len(self)})")
         dataset, sample = self._locate(j)
         width = self.stage.sequence_length + 1
-        tokens = np.empty((len(j), width), dtype=np.int64)
-        positions = np.empty((len(j), width), dtype=np.int64) if self.stage.use_position_ids else None
+        # tokens and positions in the collator's buffer layout: it takes them as they are (Examples.ids)
+        ids = np.empty((1 + self.stage.use_position_ids, len(j), width), dtype=np.int64)
+        tokens = ids[0]
+        positions = ids[1] if self.stage.use_position_ids else None
         # every example of a stage has the same keys: a label mask for all when any dataset has one
-        masked = any(self.plan.datasets[d].has_label_mask for d in self.stage.dataset_ids)
-        masks = np.ones((len(j), width - 1), dtype=bool) if masked else None
-        for d in np.unique(dataset).tolist():
-            rows = np.flatnonzero(dataset == d)
+        if self._masked is None:
+            self._masked = any(self.plan.datasets[d].has_label_mask for d in self.stage.dataset_ids)
+        masks = np.ones((len(j), width - 1), dtype=bool) if self._masked else None
+        one = len(dataset) and dataset.min() == dataset.max()
+        for d in [int(dataset[0])] if one else np.unique(dataset).tolist():
+            rows = slice(None) if one else np.flatnonzero(dataset == d)
             windows = self.plan.datasets[d]
-            tokens[rows] = windows.tokens(sample[rows])
-            if positions is not None:
-                positions[rows] = windows.position_ids(sample[rows])
+            if one and hasattr(windows, "read"):  # straight into the buffer
+                windows.read(sample, tokens, positions)
+            elif hasattr(windows, "read"):  # a blend: this dataset's rows together, then in place
+                part = np.empty((len(ids), len(rows), width), dtype=np.int64)
+                windows.read(sample[rows], part[0], part[1] if positions is not None else None)
+                ids[:, rows] = part
+            else:
+                tokens[rows] = windows.tokens(sample[rows])
+                if positions is not None:
+                    positions[rows] = windows.position_ids(sample[rows])
             if masks is not None and windows.has_label_mask:
                 masks[rows] = windows.label_mask(sample[rows], positions[rows] if positions is not None else None)
-        out = [{"input_ids": row} for row in tokens]
-        for key, values in (("position_ids", positions), ("label_mask", masks)):
-            if values is not None:
-                for ex, v in zip(out, values):
-                    ex[key] = v
-        return out
+        return Examples(ids, masks)
+
+
+class Examples(Sequence):
+    """A micro-batch's examples: a sequence of dicts of row views, as any collator expects, made on
+    access from the buffers it carries: ``ids`` ``[1 or 2, n, L + 1]`` int64 (tokens, positions)
+    and ``label_mask`` ``[n, L]`` bool or None. The CLM collators take the buffers as they are, so
+    the batch is neither split into rows nor stacked and copied again."""
+
+    def __init__(self, ids: np.ndarray, label_mask: np.ndarray | None) -> None:
+        self.ids = ids
+        self.label_mask = label_mask
+        self._keys = ("input_ids", "position_ids")[: len(ids)]
+
+    def __len__(self) -> int:
+        return self.ids.shape[1]
+
+    def __getitem__(self, row):
+        if isinstance(row, slice):
+            return [self[r] for r in range(*row.indices(len(self)))]
+        if not -len(self) <= row < len(self):
+            raise IndexError(f"example {row} of {len(self)}")
+        ex = {k: self.ids[i, row] for i, k in enumerate(self._keys)}
+        if self.label_mask is not None:
+            ex["label_mask"] = self.label_mask[row]
+        return ex
 
 
 def label_mask(windows, samples: np.ndarray, use_position_ids: bool) -> np.ndarray:

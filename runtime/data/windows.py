@@ -7,6 +7,7 @@ document and shard boundaries; position ids restart at every document start read
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,12 @@ class TokenWindows:
     def _read_tokens(self, starts: np.ndarray, shard: np.ndarray, inside: np.ndarray, out: np.ndarray) -> None:
         width = self.sequence_length + 1
         offsets = self.reader.token_offsets
+        s = _one_shard(shard, inside)
+        if s is not None:  # the common case: one map, fetched once
+            tokens = self.reader.shards[s].tokens
+            for row, local in enumerate((starts - int(offsets[s])).tolist()):
+                out[row] = tokens[local : local + width]
+            return
         for row, (start, s, ok) in enumerate(zip(starts.tolist(), shard.tolist(), inside.tolist())):
             if ok:
                 local = start - int(offsets[s])
@@ -128,9 +135,12 @@ def position_ids_at(reader: NanosetReader, starts: np.ndarray, width: int, out: 
     whole index to float64 on every call, a cost that grows with the shard.
     """
     starts = np.asarray(starts, dtype=np.int64)
-    base = np.empty((len(starts), width), dtype=np.int64) if out is None else out
-    base[...] = 0  # the offset of the latest document start, carried forward below
+    out = np.empty((len(starts), width), dtype=np.int64) if out is None else out
     shard, inside = by_shard if by_shard is not None else _shard_of(reader, starts, width)
+    s = _one_shard(shard, inside)
+    if s is not None and _few_starts(reader, s, starts, width, out):
+        return out
+    found: list[tuple[np.ndarray, np.ndarray]] = []  # (row, offset in the row) of each document start
     ins = shard[inside]
     for s in [int(ins[0])] if len(ins) and ins.min() == ins.max() else np.unique(ins).tolist():
         rows = np.flatnonzero(inside & (shard == s))
@@ -140,16 +150,73 @@ def position_ids_at(reader: NanosetReader, starts: np.ndarray, width: int, out: 
         lo = np.searchsorted(ends, local_u, side="right")
         counts = np.searchsorted(ends, local_u + width, side="left") - lo
         n = int(counts.sum())
-        if n == 0:
-            continue
-        first = np.repeat(np.cumsum(counts) - counts, counts)
-        which = np.arange(n) - first + np.repeat(lo, counts)
-        rel = ends[which].astype(np.int64) - np.repeat(local, counts)
-        base[np.repeat(rows, counts), rel] = rel
+        if n:
+            first = np.repeat(np.cumsum(counts) - counts, counts)
+            which = np.arange(n) - first + np.repeat(lo, counts)
+            found.append((np.repeat(rows, counts), ends[which].astype(np.int64) - np.repeat(local, counts)))
     for row in np.flatnonzero(~inside).tolist():
         start = int(starts[row])
         rel = reader.document_starts(start, start + width) - start
-        base[row, rel] = rel
-    np.maximum.accumulate(base, axis=1, out=base)
-    np.subtract(np.arange(width, dtype=np.int64), base, out=base)
-    return base
+        found.append((np.full(len(rel), row), rel))
+    if len(found) == 1:
+        rows, rels = found[0]
+    else:
+        rows = np.concatenate([f[0] for f in found]) if found else np.zeros(0, dtype=np.int64)
+        rels = np.concatenate([f[1] for f in found]) if found else np.zeros(0, dtype=np.int64)
+    _fill_positions(out, rows, rels)
+    return out
+
+
+def _one_shard(shard: np.ndarray, inside: np.ndarray) -> int | None:
+    """The shard holding every range whole, if there is one."""
+    if len(shard) and inside.all() and shard.min() == shard.max():
+        return int(shard[0])
+    return None
+
+
+def _few_starts(reader: NanosetReader, s: int, starts: np.ndarray, width: int, out: np.ndarray) -> bool:
+    """Ranges all inside shard ``s`` with few document starts (the common case: windows of long
+    documents): a ramp, restarted at each start by one slice copy. False (nothing written) when
+    there are more starts than ``8 · rows``; the caller's running maximum is cheaper then."""
+    ends = reader.shards[s].ends
+    local = starts - int(reader.token_offsets[s])
+    local_u = local.astype(ends.dtype)
+    lo = np.searchsorted(ends, local_u, side="right")
+    hi = np.searchsorted(ends, local_u + width, side="left")
+    if int((hi - lo).sum()) > 8 * len(starts):
+        return False
+    ramp = _ramp(width)
+    out[...] = ramp
+    for row, (a, b, base) in enumerate(zip(lo.tolist(), hi.tolist(), local.tolist())):
+        for end in ends[a:b].tolist():  # ascending: each start restarts the rest of the row
+            out[row, end - base :] = ramp[: width - (end - base)]
+    return True
+
+
+def _fill_positions(out: np.ndarray, rows: np.ndarray, rels: np.ndarray) -> None:
+    """``out[r, t] = t - d`` with ``d`` the latest document start ``≤ t`` of row ``r`` (0 if none), given
+    every start as ``(rows[k], rels[k])``, each row's together and ascending.
+
+    A ramp with one slice per document piece when the starts are few (windows of long documents:
+    a handful of copies); a running maximum over the whole batch when they are many."""
+    width = out.shape[1]
+    ramp = _ramp(width)
+    if len(rels) > 8 * len(out):
+        out[...] = 0
+        out[rows, rels] = rels
+        np.maximum.accumulate(out, axis=1, out=out)
+        np.subtract(ramp, out, out=out)
+        return
+    out[...] = ramp
+    if len(rels):
+        same_row = np.append(rows[1:] == rows[:-1], False)
+        stops = np.where(same_row, np.append(rels[1:], 0), width)
+        for row, a, b in zip(rows.tolist(), rels.tolist(), stops.tolist()):
+            out[row, a:b] = ramp[: b - a]
+
+
+@functools.lru_cache(maxsize=16)
+def _ramp(width: int) -> np.ndarray:
+    ramp = np.arange(width, dtype=np.int64)
+    ramp.flags.writeable = False
+    return ramp
