@@ -78,6 +78,10 @@ class ModelArgs:
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
     # document: a token attends only to earlier tokens of its own document (where position_ids restart)
     attention: Literal["causal", "document"] = "causal"
+    compile: bool = False  # torch.compile each decoder layer (the loss stays eager)
+    # recompute layers' activations in the backward pass: every layer (full) or every Nth (selective)
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    activation_checkpointing_every: int = 2  # selective: layers 0, N, 2N, ... (global indices)
 
     @property
     def kv_heads(self) -> int:
@@ -282,6 +286,7 @@ def _validate_sizes(c: Config) -> None:
         _positive(getattr(m, name), f"model.{name}")
     for name in ("sequence_length", "micro_batch_size", "train_steps", "batch_accumulation_per_replica"):
         _positive(getattr(t, name), f"tokens.{name}")
+    _positive(m.activation_checkpointing_every, "model.activation_checkpointing_every")
     if m.head_dim is not None:
         _positive(m.head_dim, "model.head_dim")
     elif m.hidden_size % m.num_attention_heads:
@@ -380,13 +385,13 @@ def _validate_stages(c: Config) -> None:
             raise ConfigError(f"{where}.sequence_length {seq} > model.max_position_embeddings "
                               f"{c.model.max_position_embeddings}")
         _positive(s.data.num_loading_workers, f"{where}.data.num_loading_workers", allow_zero=True)
+        _positive(s.data.prefetch, f"{where}.data.prefetch", allow_zero=True)
         if c.model.attention == "document" and not s.data.use_position_ids:
             raise ConfigError(f"{where}.data.use_position_ids: model.attention: document finds document boundaries "
                               f"where position ids restart; set use_position_ids: true in every stage")
         if s.data.drop_long_documents and s.data.packing != "documents":
             raise ConfigError(f"{where}.data.drop_long_documents: only applies with packing: documents (packing is "
                               f"{s.data.packing!r}); remove it or set packing: documents")
-        _positive(s.data.prefetch, f"{where}.data.prefetch", allow_zero=True)
         ds = s.data.dataset
         if isinstance(ds, NanosetDatasetsArgs):
             if not ds.folders:

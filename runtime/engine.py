@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.config import Config
+from runtime.models.compile import compile_layers
 from runtime.models.llama import LlamaChunk, init_weights
+from runtime.parallel.activation_checkpoint import apply_activation_checkpointing
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.data_parallel import apply_fsdp
 from runtime.parallel.pipeline import build_schedule, chunk_layer_ranges, chunks_of_rank, num_chunks
@@ -63,6 +65,11 @@ class Engine:
             chunk = LlamaChunk(args, *ranges[c]).to(self.device)
             init_weights(chunk, args, config.general.seed)
             apply_tensor_parallel(chunk, ctx.mesh["tp"])
+            # torchtitan's order: tensor parallel, activation checkpointing, compile, then FSDP
+            apply_activation_checkpointing(chunk, args.num_hidden_layers, args.activation_checkpointing,
+                                           args.activation_checkpointing_every)
+            if args.compile:
+                compile_layers(chunk)
             if self.use_fsdp:
                 apply_fsdp(chunk, ctx.mesh["dp"], self.dtype)
             self.chunks.append(chunk)

@@ -6,10 +6,15 @@ One process on CPU: the same small Llama (same initial weights), the same batche
 AdamW settings; the bare loop is forward, masked cross-entropy, backward, clip, step. Prints
 both times per step and the ratio (target ≤ 1.10). Runs alternate and the best of each counts.
 
-    python tools/bench_engine.py --gpu-1b [--steps 20]
+    python tools/bench_engine.py --compile [--steps 10]      # CPU: eager vs compiled layers
+    python tools/bench_engine.py --checkpointing              # CPU: peak RSS per activation_checkpointing
+
+    python tools/bench_engine.py --gpu-1b [--steps 20] [--gpu-compile both|on|off]
 
 On a CUDA machine: a ~1B-parameter Llama (hidden 2048, 16 layers, GQA, vocab 32000) in bf16 at
-sequence 2048 through ``Engine.train_step``: tokens/s and MFU against the device's bf16 peak.
+sequence 2048 through ``Engine.train_step``, compiled layers off and on, causal and document
+attention: one JSON line per configuration with tokens/s, MFU against the device's bf16 peak,
+peak memory, and whether the micro-batch loop synchronizes with the host.
 """
 
 from __future__ import annotations
@@ -90,35 +95,160 @@ def engine_loop(engine: Engine, data: list[list[dict]]) -> float:
     return time.perf_counter() - t0
 
 
-def gpu_1b(steps: int) -> None:
-    """tokens/s and MFU of a ~1B model in bf16 on one CUDA device."""
+def document_positions(mbs: int, seq: int, generator: torch.Generator) -> torch.Tensor:
+    """Position ids of rows packed with documents of 64-1024 tokens (restarting at each start)."""
+    pos = torch.empty(mbs, seq, dtype=torch.int64)
+    for row in range(mbs):
+        i = 0
+        while i < seq:
+            n = min(int(torch.randint(64, 1025, (), generator=generator)), seq - i)
+            pos[row, i : i + n] = torch.arange(n)
+            i += n
+    return pos
+
+
+def gpu_run(config: Config, ctx: ParallelContext, steps: int, label: dict) -> dict:
+    """One configuration on one CUDA device: tokens/s, MFU, peak memory, and whether the
+    micro-batch loop makes a host sync (``torch.cuda.set_sync_debug_mode("error")`` around it)."""
     from runtime.metrics import flops_per_token, peak_flops
 
-    config = make_config(2048, 16, 2048, 4, 2, steps, vocab=32000, intermediate=5632, kv_heads=8)
-    ctx = ParallelContext()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(ctx.device)
     engine = Engine(config, ctx)
     params = sum(p.numel() for p in engine.parameters())
-    data = [[{k: v.to(ctx.device) for k, v in b.items()} for b in step] for step in batches(config, steps + 3)]
-    for step in data[:3]:  # warm-up: kernels, allocator
+    g = torch.Generator().manual_seed(1)
+    data = batches(config, steps + 3)
+    for step in data:
+        for b in step:
+            if config.model.attention == "document":
+                b["position_ids"] = document_positions(*b["input_ids"].shape, g)
+    # the loader's form: host tensors, pinned, copied by the engine (asynchronously)
+    data = [[{k: v.contiguous().pin_memory() for k, v in b.items()} for b in step] for step in data]
+    for step in data[:2]:  # warm-up: kernels, allocator, compilation
         engine.train_step(step)
+    loop = engine._run_accumulation
+    sync = "none"
+
+    def checked(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return loop(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    engine._run_accumulation = checked
+    try:
+        engine.train_step(data[2])
+    except RuntimeError as e:  # a synchronizing call inside the loop
+        sync = str(e).splitlines()[0][:200]
+        torch.cuda.set_sync_debug_mode("default")
+    engine._run_accumulation = loop
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for step in data[3:]:
         engine.train_step(step)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    tokens = steps * config.global_batch_size * config.tokens.sequence_length
-    tps = tokens / seconds
+    tps = steps * config.global_batch_size * config.tokens.sequence_length / seconds
     peak = peak_flops(ctx.device)
-    mfu = tps * flops_per_token(config.model, config.tokens.sequence_length) / peak if peak else float("nan")
-    print(f"{torch.cuda.get_device_name(ctx.device)}: Llama {params / 1e9:.2f}B params, bf16, seq 2048, "
-          f"global batch {config.global_batch_size}: {tps:,.0f} tokens/s, MFU {100 * mfu:.1f}% (target >= 45%)")
+    mfu = tps * flops_per_token(config.model, config.tokens.sequence_length) / peak if peak else None
+    out = {**label, "device": torch.cuda.get_device_name(ctx.device), "params_b": round(params / 1e9, 3),
+           "seq": config.tokens.sequence_length, "global_batch": config.global_batch_size,
+           "tokens_per_s": round(tps), "mfu": round(mfu, 4) if mfu is not None else None,
+           "peak_memory_gib": round(torch.cuda.max_memory_allocated(ctx.device) / 2**30, 2),
+           "host_syncs_in_micro_batch_loop": sync}
+    del engine
+    return out
+
+
+def gpu_1b(steps: int, compile_modes: list[bool]) -> None:
+    """A ~1B Llama in bf16 at L=2048 on one CUDA device, one JSON line per configuration: compile
+    off/on × attention causal/document (when the model has document attention)."""
+    import json
+
+    from runtime.config import ModelArgs
+
+    attentions = ["causal", "document"] if "attention" in ModelArgs.__dataclass_fields__ else ["causal"]
+    ctx = ParallelContext()
+    for compiled in compile_modes:
+        for attention in attentions:
+            config = make_config(2048, 16, 2048, 4, 2, steps, vocab=32000, intermediate=5632, kv_heads=8)
+            config.model.compile = compiled
+            if attention != "causal":
+                config.model.attention = attention
+            try:
+                row = gpu_run(config, ctx, steps, {"compile": compiled, "attention": attention})
+            except Exception as e:  # noqa: BLE001 - one failing configuration does not hide the others
+                row = {"compile": compiled, "attention": attention, "error": f"{type(e).__name__}: {e}"[:500]}
+            print(json.dumps(row), flush=True)
     ctx.destroy()
+
+
+def compare_compile(args: argparse.Namespace) -> None:
+    """Eager vs compiled layers, same weights and batches, timed after a warm-up (compilation) step."""
+    ctx = ParallelContext()
+    times = {}
+    for compiled in (False, True):
+        config = make_config(args.hidden, args.layers, args.seq, 4, 2, args.steps)
+        config.model.compile = compiled
+        data = batches(config, args.steps + 2)
+        engine = Engine(config, ctx)
+        t0 = time.perf_counter()
+        for step in data[:2]:
+            engine.train_step(step)
+        warm = time.perf_counter() - t0
+        times[compiled] = min(engine_loop(engine, data[2:]) for _ in range(args.repeat)) / args.steps
+        print(f"  {'compiled' if compiled else 'eager   '} layers: {1000 * times[compiled]:.1f} ms/step "
+              f"(2 warm-up steps {warm:.1f}s)", flush=True)
+    print(f"  ratio compiled/eager: {times[True] / times[False]:.3f}")
+    ctx.destroy()
+
+
+def checkpointing_child(mode: str, args: argparse.Namespace) -> None:
+    """One activation-checkpointing mode in this (fresh) process: ms/step and peak RSS, as JSON."""
+    import json
+    import resource
+
+    ctx = ParallelContext()
+    config = make_config(args.hidden, args.layers, args.seq, 4, 2, args.steps)
+    config.model.activation_checkpointing = mode
+    data = batches(config, args.steps + 1)
+    engine = Engine(config, ctx)
+    engine.train_step(data[0])
+    seconds = engine_loop(engine, data[1:])
+    print(json.dumps({"mode": mode, "ms_per_step": 1000 * seconds / args.steps,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    ctx.destroy()
+
+
+def compare_checkpointing(args: argparse.Namespace) -> None:
+    """Each mode in its own process, so that each peak RSS is its own."""
+    import json
+    import subprocess
+    import sys
+
+    rows = []
+    for mode in ("none", "selective", "full"):
+        cmd = [sys.executable, __file__, "--checkpointing-child", mode, "--hidden", str(args.hidden), "--layers",
+               str(args.layers), "--seq", str(args.seq), "--steps", str(args.steps)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+    base = rows[0]
+    for r in rows:
+        print(f"  activation_checkpointing {r['mode']:>9}: {r['ms_per_step']:.1f} ms/step "
+              f"({r['ms_per_step'] / base['ms_per_step']:.2f}x), peak RSS {r['peak_rss_mb']:.0f} MB "
+              f"({r['peak_rss_mb'] - base['peak_rss_mb']:+.0f} MB)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--gpu-1b", action="store_true", help="the ~1B bf16 MFU benchmark on one CUDA device")
+    ap.add_argument("--gpu-1b", action="store_true", help="the ~1B bf16 benchmark on one CUDA device")
+    ap.add_argument("--gpu-compile", choices=["both", "on", "off"], default="both",
+                    help="with --gpu-1b: compiled layers on, off, or both")
+    ap.add_argument("--compile", action="store_true", help="CPU: eager vs compiled layers (model.compile)")
+    ap.add_argument("--checkpointing", action="store_true",
+                    help="CPU: step time and peak RSS of activation_checkpointing none/selective/full")
+    ap.add_argument("--checkpointing-child", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
@@ -126,7 +256,18 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
     if args.gpu_1b:
-        return gpu_1b(args.steps)
+        return gpu_1b(args.steps, {"both": [False, True], "on": [True], "off": [False]}[args.gpu_compile])
+    if args.checkpointing_child:
+        return checkpointing_child(args.checkpointing_child, args)
+    header = (f"CPU, {torch.get_num_threads()} threads, Llama hidden {args.hidden} × {args.layers} layers, "
+              f"seq {args.seq}, micro-batch 4 × 2 accumulation, {args.steps} steps:")
+    if args.compile or args.checkpointing:
+        print(header, flush=True)
+        if args.compile:
+            compare_compile(args)
+        if args.checkpointing:
+            compare_checkpointing(args)
+        return
     config = make_config(args.hidden, args.layers, args.seq, 4, 2, args.steps)
     data = batches(config, args.steps)
     ctx = ParallelContext()
@@ -134,8 +275,7 @@ def main() -> None:
     for _ in range(args.repeat):
         bare_s = min(bare_s, bare_loop(config, data))
         ours_s = min(ours_s, engine_loop(Engine(config, ctx), data))
-    print(f"CPU, {torch.get_num_threads()} threads, Llama hidden {args.hidden} × {args.layers} layers, "
-          f"seq {args.seq}, micro-batch 4 × 2 accumulation, {args.steps} steps:")
+    print(header)
     print(f"  bare PyTorch loop: {1000 * bare_s / args.steps:.1f} ms/step")
     print(f"  Engine.train_step: {1000 * ours_s / args.steps:.1f} ms/step")
     print(f"  ratio engine/bare: {ours_s / bare_s:.3f}  (target <= 1.10)")
