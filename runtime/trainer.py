@@ -141,6 +141,7 @@ class Trainer:
                 if summary.stopped_by_signal or interval and step % interval == 0 and step < c.tokens.train_steps:
                     self._save(step)
                     last_save = step
+                    summary.stopped_by_signal = stop.agreed()  # a signal during the save: this checkpoint is it
                 if summary.stopped_by_signal:
                     break
             if self.last_step > last_save and c.checkpoints.save_final:  # the final checkpoint

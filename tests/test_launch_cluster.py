@@ -165,3 +165,33 @@ def test_sigterm_to_every_process_of_the_job_step(shards, tmp_path):
     assert 3 <= step < 12 and "DataLoader worker" not in err and "Traceback" not in worker_stderr(err), err
     assert (run / "checkpoints" / "latest").read_text().strip() == f"step-{step:06d}"
     assert [r["step"] for r in metrics(run)] == list(range(1, step + 1))
+
+
+SIGNAL_DURING_SAVE = f'''
+import os, signal, sys
+sys.path.insert(0, {str(ROOT)!r})
+import torch.distributed as dist
+from runtime.checkpoint import CheckpointManager
+save = CheckpointManager.save
+
+def save_and_get_a_signal(self, engine, step, metadata):
+    if step == 3 and dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGUSR1)  # arrives while the checkpoint of step 3 is written
+    return save(self, engine, step, metadata)
+
+CheckpointManager.save = save_and_get_a_signal
+from runtime.train import main
+sys.exit(main())
+'''
+
+
+def test_a_signal_during_a_checkpoint_save_stops_on_that_checkpoint(shards, tmp_path):
+    """The checkpoint being written when the signal comes is the one: no further step and no second save
+    (was: one more step and another checkpoint, both inside the scheduler's grace time)."""
+    script = tmp_path / "signal_in_save.py"
+    script.write_text(SIGNAL_DURING_SAVE)
+    run = tmp_path / "run"
+    out = torchrun(small_config(tmp_path, run, single_stage=True), 2, cwd=shards, script=script).stdout
+    assert stopped_at(out, "a signal to another rank") == 3
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000003"]
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3]
