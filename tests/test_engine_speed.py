@@ -55,3 +55,19 @@ def test_compiled_layers_give_the_same_losses(tmp_path):
         assert out[name]["names"] == out["eager"]["names"]
         assert max(abs(a - b) for a, b in zip(out[name]["losses"], out["eager"]["losses"])) <= 1e-4
     assert out["compiled"]["unique_graphs"] == 1  # one graph for every layer: they share their code
+
+
+@pytest.mark.parametrize("model, fragment", [
+    ({"activation_checkpointing": "partial"},
+     "config.model.activation_checkpointing: 'partial' is not one of ['none', 'full', 'selective']"),
+    ({"activation_checkpointing_every": 0}, "model.activation_checkpointing_every: must be > 0, got 0"),
+    ({"compile": "yes"}, "config.model.compile: expected true or false, got 'yes'"),
+])
+def test_bad_speed_settings_are_one_clear_error(model, fragment):
+    from engine_workers import tiny_config
+
+    from runtime.config import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        tiny_config(**model)
+    assert str(e.value) == fragment

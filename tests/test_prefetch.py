@@ -160,3 +160,18 @@ def test_trainer_joins_the_thread_at_stage_switch_at_exit_and_on_failure(shards,
         assert out["frames"] == ["flaky"]
     # the first stage reads 3 micro-batches; the 4th read is the second stage's first
     assert out["switches"] == [[1, False, "PrefetchIterator"], [4, False, "PrefetchIterator"]]
+
+
+def test_a_negative_prefetch_is_one_clear_error():
+    import copy
+
+    from datahelpers import BASE
+
+    from runtime.config import Config, ConfigError
+    from runtime.config_loading import from_dict
+
+    d = copy.deepcopy(BASE)
+    d["data_stages"][0]["data"]["prefetch"] = -1
+    with pytest.raises(ConfigError) as e:
+        from_dict(Config, d, "config").validate()
+    assert str(e.value) == "data_stages[0] (pretrain).data.prefetch: must be ≥ 0, got -1"
