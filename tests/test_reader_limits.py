@@ -86,14 +86,20 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def run_limited(folder: Path, tmp_path: Path) -> dict:
-    script = tmp_path / "limited.py"
-    script.write_text(SCRIPT.format(tests=str(ROOT / "tests")))
+def run_script(template: str, folder: Path, tmp_path: Path) -> str:
+    """Run ``template`` (formatted with the tests folder) as a script on ``folder``, 16 shards mapped at most;
+    returns its stdout."""
+    script = tmp_path / "script.py"
+    script.write_text(template.format(tests=str(ROOT / "tests")))
     proc = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "NANOSET_MAX_OPEN_SHARDS": "16",
                                "NANOSET_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return proc.stdout
+
+
+def run_limited(folder: Path, tmp_path: Path) -> dict:
+    return json.loads(run_script(SCRIPT, folder, tmp_path).strip().splitlines()[-1])
 
 
 def test_5000_shards_under_ulimit_256(tmp_path):
@@ -143,14 +149,9 @@ LOADER_SCRIPT = textwrap.dedent('''
 def test_loader_workers_read_5000_shards_under_ulimit_256(tmp_path):
     folder = tmp_path / "many"
     write_raw_shards(folder)  # a datatrove folder: validation also scans all 5,000 shards for the largest id
-    script = tmp_path / "loader.py"
-    script.write_text(LOADER_SCRIPT.format(tests=str(ROOT / "tests")))
-    proc = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "NANOSET_MAX_OPEN_SHARDS": "16",
-                               "NANOSET_CACHE_DIR": str(tmp_path / "cache")})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    stdout = run_script(LOADER_SCRIPT, folder, tmp_path)
     windows = (NUM_SHARDS * 5 - 1) // 16
-    assert proc.stdout.split() == [str(windows), str(-(-windows // 8))]
+    assert stdout.split() == [str(windows), str(-(-windows // 8))]
 
 
 def test_views_outlive_eviction_and_pickled_readers_reopen(tmp_path):

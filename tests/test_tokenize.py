@@ -85,13 +85,14 @@ def test_hf_saved_dataset_input(tmp_path, tokenizer, eos_id):
     assert [ds.document(i).tolist() for i in range(3)] == [tokenizer.encode(t).ids + [eos_id] for t in texts]
 
 
-def big_corpus(folder: Path, files: int = 24, docs: int = 700) -> Path:
+def big_corpus(folder: Path, files: int = 24, docs: int = 700, seed: int = 7) -> Path:
+    """``files`` JSON lines files of ``docs`` generated web documents each."""
     import random
 
     from make_fixtures import web_doc
 
     folder.mkdir()
-    r = random.Random(7)
+    r = random.Random(seed)
     for i in range(files):
         with open(folder / f"part-{i:03d}.jsonl", "w") as f:
             for _ in range(docs):

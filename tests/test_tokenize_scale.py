@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import CORPUS, TOKENIZER, run_cli
-from test_tokenize import same_folder
+from test_tokenize import big_corpus, same_folder
 
 from nanoset.corpus import Source, discover
 from nanoset.plan import auto_task_bytes, make_plan
@@ -79,18 +79,8 @@ def test_small_corpus_default_plan_has_many_tasks_and_same_bytes_for_any_workers
 # ---------------------------------------------------------------- item 8: a killed worker -------------------
 
 
-def small_corpus(folder: Path, files: int = 4, docs: int = 150) -> Path:
-    import random
-
-    from make_fixtures import web_doc
-
-    folder.mkdir()
-    r = random.Random(11)
-    for i in range(files):
-        with open(folder / f"part-{i}.jsonl", "w") as f:
-            for _ in range(docs):
-                f.write(json.dumps({"text": web_doc(r)}) + "\n")
-    return folder
+def small_corpus(folder: Path) -> Path:
+    return big_corpus(folder, files=4, docs=150, seed=11)
 
 
 def test_killed_worker_stops_the_job_naming_its_task_and_rerun_resumes(tmp_path):
@@ -103,8 +93,8 @@ def test_killed_worker_stops_the_job_naming_its_task_and_rerun_resumes(tmp_path)
     assert len(plan.tasks) >= 6
     task = plan.tasks[3]
     first, last = task.pieces
-    assert describe_task(task) == (f"{corpus}/part-1.jsonl bytes {first.start}-{first.stop} to "
-                                   f"{corpus}/part-2.jsonl bytes 0-{last.stop}, 2 pieces")
+    assert describe_task(task) == (f"{corpus}/part-001.jsonl bytes {first.start}-{first.stop} to "
+                                   f"{corpus}/part-002.jsonl bytes 0-{last.stop}, 2 pieces")
 
     out = tmp_path / "out"
     killed = run_with_timeout(cli("tokenize", corpus, "-o", out, *args, "--workers", 2), timeout=90,
