@@ -409,6 +409,9 @@ class TextReader:
             except json.JSONDecodeError as e:
                 self._bad(lambda: f"{path}:{self._line_number(n)}: malformed JSON ({e.msg} at column {e.colno})")
                 continue
+            except RecursionError:
+                self._bad(lambda: f"{path}:{self._line_number(n)}: malformed JSON (nested too deeply to read)")
+                continue
             if not isinstance(row, dict):
                 self._bad(lambda: f"{path}:{self._line_number(n)}: expected a JSON object, got {type(row).__name__}")
                 continue
@@ -426,6 +429,8 @@ class TextReader:
             raise NanosetError(f"{path}: invalid UTF-8 at byte offset {e.start}; convert the file to UTF-8") from e
         except json.JSONDecodeError as e:
             raise NanosetError(f"{path}:{e.lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
+        except RecursionError:
+            raise NanosetError(f"{path}: malformed JSON (nested too deeply to read)") from None
         del data
 
         def texts() -> Iterator[str]:

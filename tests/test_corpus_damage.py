@@ -94,3 +94,17 @@ def test_json_array_with_a_byte_order_mark(tmp_path):
     assert texts_of(path, "json") == ["one", "two"]
     path.write_bytes(b'\xef\xbb\xbf{"text": "one"}\n{"text": "two"}\n')  # JSON lines after a BOM
     assert texts_of(path, "json") == ["one", "two"]
+
+
+def test_json_nested_too_deeply_is_bad_input(tmp_path):
+    # json.loads raised RecursionError: a traceback, even with --skip-bad-lines
+    deep = "[" * 100_000 + "]" * 100_000
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": "ok"}\n{"text": "a", "x": ' + deep + "}\n")
+    with pytest.raises(NanosetError, match=f"^{path}:2: malformed JSON \\(nested too deeply to read\\)"):
+        texts_of(path, "jsonl")
+    assert texts_of(path, "jsonl", skip_bad=True) == ["ok"]
+    array = tmp_path / "in.json"
+    array.write_text('[{"text": "a", "x": ' + deep + "}]")
+    with pytest.raises(NanosetError, match=f"^{array}: malformed JSON \\(nested too deeply to read\\)$"):
+        texts_of(array, "json")
