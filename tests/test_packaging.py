@@ -24,6 +24,18 @@ def test_runtime_needs_neither_datasets_nor_zstandard():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_runtime_trains_without_datasets_or_zstandard(shards, tmp_path):
+    """Not only imports: a whole run (data plan, loader, checkpoint) with both modules blocked."""
+    from trainhelpers import metrics, small_config
+
+    cfg = small_config(tmp_path, tmp_path / "run", dp=1, steps=2, interval=2, single_stage=True)
+    code = ("import sys\nsys.modules['datasets'] = None\nsys.modules['zstandard'] = None\n"
+            f"from runtime.train import main\nsys.exit(main(['--config', {str(cfg)!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=shards, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2]
+
+
 def test_cli_errors_are_one_line_without_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "nanoset.cli", "inspect", str(tmp_path / "nope")],
                           capture_output=True, text=True)
