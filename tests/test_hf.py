@@ -120,6 +120,10 @@ def test_transformers4_config_form(tmp_path):
     (hf / "config.json").write_text(json.dumps(cfg))
     m = hf_config(hf).model
     assert (m.rope_theta, m.rope_scaling.rope_type, m.rope_scaling.factor) == (123.0, "linear", 2.0)
+    cfg["rope_parameters"] = {"rope_type": "dynamic", "factor": 2.0}  # the 5 form wins, rope_theta beside it
+    (hf / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="rope scaling 'dynamic' is not supported"):
+        hf_config(hf)
     assert (m.hidden_size, m.num_hidden_layers, m.num_key_value_heads, m.vocab_size, m.rms_norm_eps) == (
         32, 2, 2, VOCAB, 1e-5)
 
@@ -167,9 +171,6 @@ def test_export_round_trip_is_bit_identical_and_loads_in_transformers(saved_from
     torch.testing.assert_close(reference_logits(out, ids), theirs, rtol=0, atol=0)
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert tok.eos_token_id == 0
-    gen = subprocess.run([sys.executable, "tools/hf_generate.py", str(out), "The history of", "--tokens", "3"],
-                         capture_output=True, text=True, cwd=ROOT)
-    assert gen.returncode == 0 and gen.stdout.startswith(f"transformers loaded {out}: 'The history of' → "), gen.stderr
 
 
 def test_export_sharded_bf16_cli(saved_from_hf, tmp_path):
@@ -345,6 +346,9 @@ def test_training_starts_from_hf_and_exports_at_the_end(tmp_path, tokenizer):
     assert (out / "tokenizer.json").read_bytes() == (TOKENIZER / "tokenizer.json").read_bytes()
     meta = json.loads((tmp_path / "run" / "checkpoints" / "step-000002" / "metadata.json").read_text())
     assert (meta["tokenizer"]["eos_id"], meta["tokenizer"]["path"]) == (eos, str(TOKENIZER / "tokenizer.json"))
+    gen = subprocess.run([sys.executable, "tools/hf_generate.py", str(out), "The history of", "--tokens", "3"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert gen.returncode == 0 and gen.stdout.startswith(f"transformers loaded {out}: 'The history of' → "), gen.stderr
 
     (hf / "tokenizer.json").write_bytes((TOKENIZER / "tokenizer.json").read_bytes() + b" ")
     bad = train_one(run_config(tmp_path, hf, data, "bad-tok"), cwd=tmp_path, check=False)

@@ -58,8 +58,8 @@ def read_hf_config(folder: str | Path) -> dict:
 def rope_from_hf(cfg: dict, where: str) -> tuple[float, RopeScalingArgs | None]:
     """``(rope_theta, scaling)`` from either config form; an unsupported scaling is an error, never ignored."""
     params = cfg.get("rope_parameters")
-    if isinstance(params, dict) and "rope_theta" in params:  # transformers 5
-        theta, scaling = params["rope_theta"], params
+    if isinstance(params, dict):  # transformers 5 (rope_theta inside, or beside it in some files)
+        theta, scaling = params.get("rope_theta", cfg.get("rope_theta", 10000.0)), params
     else:  # transformers 4: rope_theta beside an optional rope_scaling
         theta, scaling = cfg.get("rope_theta", 10000.0), cfg.get("rope_scaling")
     if scaling is None:
