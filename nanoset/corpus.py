@@ -77,7 +77,11 @@ def _hf_sources(folder: Path) -> list[Source]:
     size = sum(p.stat().st_size for p in folder.rglob("*.arrow"))
     mtime = max((p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()), default=0)
     if (folder / "dataset_dict.json").is_file():
-        splits = json.loads((folder / "dataset_dict.json").read_text())["splits"]
+        try:
+            splits = json.loads((folder / "dataset_dict.json").read_text())["splits"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise NanosetError(f"{folder / 'dataset_dict.json'}: malformed ({type(e).__name__}: {_one_line(e)}); "
+                               f"save the dataset again with save_to_disk") from None
         return [Source(str(folder), "hf", size, mtime, split) for split in splits]
     return [Source(str(folder), "hf", size, mtime)]
 
@@ -244,9 +248,14 @@ def _parquet_file(path: str):  # -> pyarrow.parquet.ParquetFile
 
 def _load_hf(source: Source):
     import datasets
+    import pyarrow as pa
 
-    ds = datasets.load_from_disk(source.path)
-    return ds[source.split] if source.split is not None else ds
+    try:
+        ds = datasets.load_from_disk(source.path)
+        return ds[source.split] if source.split is not None else ds
+    except (pa.ArrowException, ValueError, KeyError) as e:  # damaged files (OSError is one line already)
+        raise NanosetError(f"{source.path}: cannot load the saved dataset ({type(e).__name__}: {_one_line(e)}); "
+                           f"save it again with save_to_disk") from None
 
 
 def iter_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:

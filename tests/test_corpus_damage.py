@@ -108,3 +108,16 @@ def test_json_nested_too_deeply_is_bad_input(tmp_path):
     array.write_text('[{"text": "a", "x": ' + deep + "}]")
     with pytest.raises(NanosetError, match=f"^{array}: malformed JSON \\(nested too deeply to read\\)$"):
         texts_of(array, "json")
+
+
+def test_damaged_saved_hf_dataset_is_one_line(tmp_path):
+    import datasets
+
+    folder = tmp_path / "hf"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a b c"] * 100})}).save_to_disk(str(folder))
+    arrow = next((folder / "train").glob("*.arrow"))
+    arrow.write_bytes(arrow.read_bytes()[:300])
+    one_line_error(tokenize(tmp_path, folder), f"{folder}: cannot load the saved dataset (ArrowInvalid: ")
+    (folder / "dataset_dict.json").write_text("{}")  # a traceback (KeyError) while listing the inputs
+    one_line_error(tokenize(tmp_path, folder), f"{folder / 'dataset_dict.json'}: malformed (KeyError: 'splits'); "
+                                               f"save the dataset again with save_to_disk")
