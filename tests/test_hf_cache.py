@@ -105,3 +105,51 @@ def test_hf_stage_errors_name_the_config_keys(tmp_path):
         resolve_stage_folders(hf_config(tmp_path, source, splits="train"))
     with pytest.raises(ConfigError, match=r"^data_stages\[0\] \(sft\).data.dataset.hf_dataset_or_datasets: "):
         resolve_stage_folders(hf_config(tmp_path, tmp_path / "nope"))
+
+
+HOLD = '''
+import sys, time
+sys.path.insert(0, {root!r})
+from pathlib import Path
+import runtime.data.hf_cache as hf_cache
+hf_cache.HEARTBEAT_SECONDS = 0.2
+with hf_cache._exclusive(Path(sys.argv[1]), Path("out")):
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+'''
+
+
+def test_the_cache_lock_waits_for_a_live_holder_however_long(tmp_path, monkeypatch):
+    """Waiting for the rank that tokenizes is bounded by its silence, not by its time: a holder that
+    beats its heart is waited for past the limit (a fixed hour failed the other ranks of a run whose
+    dataset takes longer to tokenize); one that stopped (here: SIGSTOP) is given up on."""
+    import signal
+    import time
+
+    import runtime.data.hf_cache as hf_cache
+
+    monkeypatch.setattr(hf_cache, "STALE_SECONDS", 1.0)
+    script, lock = tmp_path / "hold.py", tmp_path / ".cache.lock"
+    script.write_text(HOLD.format(root=str(ROOT)))
+
+    def holder(seconds):
+        proc = subprocess.Popen([sys.executable, str(script), str(lock), str(seconds)], stdout=subprocess.PIPE,
+                                text=True)
+        assert proc.stdout.readline() == "locked\n"
+        return proc
+
+    proc = holder(3)
+    start = time.monotonic()
+    with hf_cache._exclusive(lock, tmp_path / "out"):
+        assert time.monotonic() - start > 2  # waited three times the limit, then got the lock
+    proc.wait(timeout=30)
+    proc = holder(60)
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(TimeoutError) as e, hf_cache._exclusive(lock, tmp_path / "out"):
+            pass
+        assert str(e.value).startswith(f"{tmp_path / 'out'}: {os.uname().nodename} pid {proc.pid} holds {lock} but "
+                                       f"has shown no sign of life for ")
+    finally:
+        proc.kill()
+        proc.wait()

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import socket
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +28,8 @@ from typing import Iterator
 from nanoset.errors import MissingColumnError
 from runtime.config import Config, ConfigError, HFDatasetArgs
 
-WAIT_SECONDS = 3600
+HEARTBEAT_SECONDS = 30  # the lock holder touches the lock file this often while it tokenizes
+STALE_SECONDS = 900  # a holder silent for this long (hung, e.g. on a dead NFS mount) is given up on
 MANIFEST = "nanoset.json"
 
 
@@ -96,28 +98,44 @@ def _check_splits(ds: HFDatasetArgs, where: str) -> None:
 
 @contextmanager
 def _exclusive(lock: Path, out: Path) -> Iterator[None]:
-    """Hold the exclusive lock ``lock`` while preparing ``out``; waits at most ``WAIT_SECONDS`` for it."""
+    """Hold the exclusive lock ``lock`` while preparing ``out``.
+
+    Waits as long as the holder is alive: a dead holder releases the lock by itself, and a live one
+    touches the lock file every ``HEARTBEAT_SECONDS`` however long the tokenization takes (a fixed
+    time limit failed every other rank of a run whose dataset takes longer). Only a holder silent
+    for ``STALE_SECONDS`` is given up on."""
     with open(lock, "a+") as f:
-        deadline = time.monotonic() + WAIT_SECONDS
+        since = time.time()
         while True:
             try:
                 fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except OSError:  # held by another process
-                if time.monotonic() > deadline:
+                silent = time.time() - max(os.fstat(f.fileno()).st_mtime, since)
+                if silent > STALE_SECONDS:
                     f.seek(0)
                     holder = f.read().strip() or "another process"
-                    raise TimeoutError(f"{out}: waited {WAIT_SECONDS}s for {holder} to tokenize the dataset; if "
-                                       f"it is gone, rerun") from None
+                    raise TimeoutError(f"{out}: {holder} holds {lock} but has shown no sign of life for "
+                                       f"{silent:.0f}s; if it is gone, rerun") from None
                 time.sleep(0.5)
         f.seek(0)
         f.truncate()
         f.write(f"{socket.gethostname()} pid {os.getpid()}\n")
         f.flush()
+        stop = threading.Event()
+        beat = threading.Thread(target=_heartbeat, args=(lock, stop), daemon=True)
+        beat.start()
         try:
             yield
         finally:
+            stop.set()
+            beat.join()
             fcntl.lockf(f, fcntl.LOCK_UN)
+
+
+def _heartbeat(lock: Path, stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_SECONDS):
+        os.utime(lock)
 
 
 def prepare_hf_dataset(config: Config, ds: HFDatasetArgs, where: str = "data.dataset") -> Path:
