@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from nanoset.errors import NanosetError
+from nanoset.format import TokenizerInfo
 from nanoset.loss_view import count_loss_tokens, mark_trained, truncate_marked
 from nanoset.reader import open_dataset
 
@@ -28,17 +30,26 @@ def _histogram(lengths: np.ndarray) -> list[dict[str, int]]:
     return [{"lo": 1 << k, "hi": (1 << (k + 1)) - 1, "count": int(c)} for k, c in enumerate(counts) if c]
 
 
-def _decoder(given: str | None, recorded: str | None):
-    """The tokenizer to decode samples with: ``--tokenizer`` (an error if it cannot be loaded), else the one
-    the dataset records, if it is still there."""
+def _decoder(given: str | None, recorded: TokenizerInfo | None) -> tuple[Any, str | None]:
+    """The tokenizer to decode samples with, or None and why not: ``--tokenizer`` (an error if it cannot be
+    loaded), else the one the dataset records if it is still there unchanged (another file at its path
+    would decode the ids into the wrong text)."""
     from nanoset.tokenizer import find_tokenizer_file, load_tokenizer
 
     if given is not None:
-        return load_tokenizer(find_tokenizer_file(given))
+        return load_tokenizer(find_tokenizer_file(given)), None
+    if recorded is None:
+        return None, "tokenizer unknown: pass --tokenizer to decode"
     try:
-        return load_tokenizer(find_tokenizer_file(recorded)) if recorded is not None else None
+        path = find_tokenizer_file(recorded.path or recorded.name)
     except NanosetError:
-        return None
+        return None, "tokenizer not found: pass --tokenizer to decode"
+    if recorded.sha256 and hashlib.sha256(path.read_bytes()).hexdigest() != recorded.sha256:
+        return None, f"{path} is not the tokenizer the data was made with (sha256 differs): pass --tokenizer to decode"
+    try:
+        return load_tokenizer(path), None
+    except NanosetError:
+        return None, f"{path} cannot be loaded: pass --tokenizer to decode"
 
 
 def _document_lengths(ds) -> np.ndarray:
@@ -63,7 +74,7 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
     lengths = _document_lengths(ds)
     max_id = ds.max_token_id
     tok_info = ds.tokenizer
-    decoder = _decoder(tokenizer, tok_info.path or tok_info.name if tok_info else None)
+    decoder, undecoded = _decoder(tokenizer, tok_info)
     picks = (sorted(set(np.linspace(0, ds.num_documents - 1, samples).round().astype(int).tolist()))
              if samples and ds.num_documents else [])
     sample_docs = []
@@ -77,6 +88,7 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
                 entry["marked"] = truncate_marked(mark_trained(decoder, ids, loss), SAMPLE_CHARS)
         else:
             entry["ids"] = ids[:64]
+            entry["undecoded"] = undecoded
             if loss is not None:
                 entry["loss"] = np.asarray(loss[:64]).tolist()
         if loss is not None:
@@ -138,8 +150,7 @@ def render_text(st: dict[str, Any]) -> str:
     if len(st["shards"]) > 50:
         out.append(f"  ... {len(st['shards']) - 50} more shards (see --json)")
     for smp in st["samples"]:
-        body = smp.get("marked", smp.get("text", f"ids {smp.get('ids')} (tokenizer not found: pass --tokenizer to "
-                                                f"decode)"))
+        body = smp.get("marked", smp.get("text", f"ids {smp.get('ids')} ({smp.get('undecoded')})"))
         trained = f", {smp['loss_tokens']} with loss" if "loss_tokens" in smp else ""
         out.append(f"  --- document {smp['document']:,} ({smp['num_tokens']} tokens{trained}) ---")
         out.extend("  " + line for line in body.splitlines()[:12])

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import one_line_error, run_cli
+from conftest import TOKENIZER, one_line_error, run_cli
 
 from nanoset.errors import NanosetError
 from nanoset.format import Manifest
-from nanoset.inspect import collect_stats
+from nanoset.inspect import SAMPLE_CHARS, collect_stats
+from nanoset.reader import open_dataset
 
 
 def datatrove_shard(folder: Path, name: str, ends: list[int], tokens: list[int]) -> None:
@@ -66,3 +67,22 @@ def test_malformed_manifest_is_one_line(tmp_path, fixture_dataset, edit, error):
         Manifest.load(folder)
     assert error in str(e.value)
     one_line_error(run_cli("verify", folder, check=False), f"{path}: ", error)
+
+
+def test_samples_are_not_decoded_with_a_changed_tokenizer(tmp_path, fixture_dataset, tokenizer):
+    """The manifest records the tokenizer's path and sha256: another file at that path (a retrained or
+    edited tokenizer) decoded the ids into the wrong text without a word."""
+    folder = tmp_path / "copy"
+    shutil.copytree(fixture_dataset, folder)
+    other = tmp_path / "tok" / "tokenizer.json"
+    other.parent.mkdir()
+    other.write_text(json.dumps({**json.loads((Path(TOKENIZER) / "tokenizer.json").read_text()), "normalizer": None}))
+    manifest = json.loads((folder / "nanoset.json").read_text())
+    manifest["tokenizer"]["path"] = str(other)
+    (folder / "nanoset.json").write_text(json.dumps(manifest))
+    sample = collect_stats(folder, samples=1)["samples"][0]
+    assert "text" not in sample and sample["undecoded"] == (
+        f"{other} is not the tokenizer the data was made with (sha256 differs): pass --tokenizer to decode")
+    decoded = collect_stats(folder, samples=1, tokenizer=str(TOKENIZER))["samples"][0]
+    ids = open_dataset(folder).document(0).tolist()
+    assert decoded["text"] == tokenizer.decode(ids, skip_special_tokens=False)[:SAMPLE_CHARS]
