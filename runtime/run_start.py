@@ -10,11 +10,14 @@ one folder.
 from __future__ import annotations
 
 import difflib
+import fcntl
 import os
 import re
+import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from runtime.config import Config, ConfigError
 from runtime.data.record import read_metadata_json
@@ -31,6 +34,7 @@ class RunStart:
     checkpoint: Path | None  # the checkpoint to resume from; None: step 0
     metadata: dict | None  # its metadata.json
     replace_old_run: bool = False  # a fresh start where a run exists: global rank 0 moves the old one aside
+    lock: IO | None = field(default=None, repr=False)  # global rank 0: held while the run lives (see run_lock)
 
 
 def checkpoints_folder(config: Config) -> Path:
@@ -118,8 +122,32 @@ def existing_run(config: Config) -> list[str]:
     return found
 
 
+def run_lock(config: Config) -> IO:
+    """An exclusive lock, held by global rank 0 while the run lives, on ``.<run_dir>.lock`` next to the run
+    folder (so it survives ``replace_run`` renaming the folder): a second launch of the same run (submitted
+    twice, or requeued while the first still runs) is refused instead of writing into the same folder."""
+    check_writable(config.general.run_path, "general.run_dir", moving=False)
+    run = Path(os.path.realpath(config.general.run_path))
+    run.parent.mkdir(parents=True, exist_ok=True)
+    f = open(run.parent / f".{run.name}.lock", "a+")
+    try:
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ConfigError(f"{config.general.run_path}: another run is training in this folder ({holder}); wait "
+                          f"for it to end or stop it, or choose another general.run_dir") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{socket.gethostname()} pid {os.getpid()}\n")
+    f.flush()
+    return f
+
+
 def plan_start(config: Config) -> RunStart:
     """Resolve the checkpoint, check it fits the model, and refuse to mix two runs in one folder."""
+    lock = run_lock(config) if int(os.environ.get("RANK", "0")) == 0 else None
     folder = checkpoints_folder(config)
     path = resolve_checkpoint(folder, config.checkpoints.resume)
     metadata = read_metadata(path) if path is not None else None
@@ -140,7 +168,7 @@ def plan_start(config: Config) -> RunStart:
                           f"aside, or another general.run_dir")
     check_writable(config.general.run_path, "general.run_dir", moving=bool(found))
     check_writable(folder, "checkpoints.checkpoints_path", moving=bool(found))
-    return RunStart(path, metadata, replace_old_run=bool(found))
+    return RunStart(path, metadata, replace_old_run=bool(found), lock=lock)
 
 
 def check_writable(folder: Path, key: str, moving: bool) -> None:

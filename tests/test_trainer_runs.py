@@ -5,9 +5,11 @@ such mistake printed once, as one line, before any process group (issue 8 items 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
+from conftest import ROOT
 from trainhelpers import error_lines, metrics, small_config, torchrun, train_one, worker_stderr
 
 from runtime.checkpoint import CheckpointManager
@@ -259,3 +261,33 @@ def test_the_stop_message_says_how_to_resume(tmp_path, capsys):
         Trainer._print_summary(trainer, summary, "SIGTERM")
         assert capsys.readouterr().out == (f"stopped by SIGTERM after step 4: checkpoint run/checkpoints/step-000004; "
                                            f"{how} to resume\n")
+
+
+def test_a_second_launch_of_a_running_run_is_refused(shards, tmp_path):
+    """The same run started twice at once (submitted twice, or requeued while it still runs) would write
+    metrics and checkpoints into one folder from two jobs: the second is refused in one line."""
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, dp=1, steps=4, interval=2, single_stage=True)
+    slow = tmp_path / "slow.py"
+    slow.write_text("import sys, time\nfrom runtime.engine import Engine\nstep = Engine.train_step\n"
+                    "Engine.train_step = lambda self, *a, **k: time.sleep(2) or step(self, *a, **k)\n"
+                    "from runtime.train import main\nsys.exit(main())\n")
+    first = subprocess.Popen([sys.executable, str(slow), "--config", str(cfg)], cwd=shards, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        while not (run / "metrics.jsonl").is_file():
+            assert first.poll() is None, first.communicate()
+            time.sleep(0.1)
+        second = train_one(cfg, shards, check=False)
+        assert second.returncode == 1 and second.stderr.splitlines() == [
+            f"error: {run}: another run is training in this folder ({os.uname().nodename} pid {first.pid}); wait for "
+            f"it to end or stop it, or choose another general.run_dir"]
+    finally:
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
+    train_one(cfg, shards)  # once it has ended, the same command runs (nothing left to train)
