@@ -10,6 +10,7 @@ one folder.
 from __future__ import annotations
 
 import difflib
+import errno
 import fcntl
 import os
 import re
@@ -122,7 +123,7 @@ def existing_run(config: Config) -> list[str]:
     return found
 
 
-def run_lock(config: Config) -> IO:
+def run_lock(config: Config) -> IO | None:
     """An exclusive lock, held by global rank 0 while the run lives, on ``.<run_dir>.lock`` next to the run
     folder (so it survives ``replace_run`` renaming the folder): a second launch of the same run (submitted
     twice, or requeued while the first still runs) is refused instead of writing into the same folder."""
@@ -132,7 +133,10 @@ def run_lock(config: Config) -> IO:
     f = open(run.parent / f".{run.name}.lock", "a+")
     try:
         fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EACCES):  # a filesystem without locks (Lustre -o noflock)
+            f.close()
+            return None
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()

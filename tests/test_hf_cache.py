@@ -153,3 +153,21 @@ def test_the_cache_lock_waits_for_a_live_holder_however_long(tmp_path, monkeypat
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_cache_dir_without_file_locks_is_one_clear_error(tmp_path, monkeypatch):
+    """ENOSYS (e.g. Lustre mounted without flock) is not "held by another process": no 15-minute wait."""
+    import errno
+    import fcntl
+
+    import runtime.data.hf_cache as hf_cache
+
+    def no_locks(*args):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "lockf", no_locks)
+    with pytest.raises(ConfigError) as e, hf_cache._exclusive(tmp_path / ".x.lock", tmp_path / "x"):
+        pass
+    assert str(e.value) == (f"general.cache_dir: {tmp_path} does not support file locks (Function not implemented), "
+                            f"which keep two processes from tokenizing into one cache; set cache_dir on a filesystem "
+                            f"that does (a node-local disk: each node then prepares its own copy)")

@@ -291,3 +291,21 @@ def test_a_second_launch_of_a_running_run_is_refused(shards, tmp_path):
     assert first.returncode == 0, err
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
     train_one(cfg, shards)  # once it has ended, the same command runs (nothing left to train)
+
+
+def test_a_run_folder_without_file_locks_still_starts(tmp_path, monkeypatch):
+    """Only a lock held by another process refuses a start: on a filesystem without locks (ENOSYS) the run
+    starts unlocked rather than being refused forever."""
+    import errno
+    import fcntl
+
+    from runtime.config import Config
+    from runtime.run_start import plan_start
+
+    def no_locks(*args):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "lockf", no_locks)
+    config = Config.from_yaml(small_config(tmp_path, tmp_path / "run", dp=1, single_stage=True))
+    start = plan_start(config)
+    assert (start.checkpoint, start.lock, start.replace_old_run) == (None, None, False)

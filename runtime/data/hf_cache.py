@@ -14,6 +14,7 @@ rewritten in place (even with its size and mtime restored) gets a new cache fold
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -110,7 +111,12 @@ def _exclusive(lock: Path, out: Path) -> Iterator[None]:
             try:
                 fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            except OSError:  # held by another process
+            except OSError as e:  # held by another process, or no locks on this filesystem
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise ConfigError(f"general.cache_dir: {lock.parent} does not support file locks ({e.strerror}), "
+                                      f"which keep two processes from tokenizing into one cache; set cache_dir on "
+                                      f"a filesystem that does (a node-local disk: each node then prepares its own "
+                                      f"copy)") from None
                 silent = time.time() - max(os.fstat(f.fileno()).st_mtime, since)
                 if silent > STALE_SECONDS:
                     f.seek(0)
