@@ -25,6 +25,7 @@ from runtime.data.heldout import HeldOutSet, open_heldout, training_tokenizers
 from runtime.data.hf_cache import resolve_stage_folders
 from runtime.data.plan import StagePlan
 from runtime.data.prefetch import PrefetchIterator
+from runtime.data.same_plan import check_same_plan
 from runtime.data.stages import training_metadata
 from runtime.data.tp_broadcast import broadcast_batches
 from runtime.engine import Engine
@@ -102,6 +103,7 @@ class Trainer:
         sources = self._check_sources(dataloader_or_dls)
         self.checkpoints.clean_stale()
         self.last_step = self._resume()
+        check_same_plan(self.plan)  # no rank silently reads another dataset (e.g. another node's cwd)
         self.metrics.truncate_after(self.last_step)  # a step is never logged twice, a torn tail is dropped
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config

@@ -195,3 +195,31 @@ def test_a_signal_during_a_checkpoint_save_stops_on_that_checkpoint(shards, tmp_
     assert stopped_at(out, "a signal to another rank") == 3
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000003"]
     assert [r["step"] for r in metrics(run)] == [1, 2, 3]
+
+
+def test_a_node_that_sees_other_data_is_refused(shards, tmp_path):
+    """Two nodes started in different directories: the relative folder shards/web is another dataset on
+    node 1. Each rank would read its rows of every batch from what it sees; instead both stop after
+    start-up with one error (from global rank 0) naming the folders each sees."""
+    import shutil
+
+    other = tmp_path / "node1"
+    shutil.copytree(shards / "shards" / "code", other / "shards" / "code")
+    shutil.copytree(shards / "shards" / "sft", other / "shards" / "web")  # the same name, other content
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, single_stage=True)
+    port = free_port()
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=1",
+         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-views",
+         str(ROOT / "runtime" / "train.py"), "--config", str(cfg)],
+        cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node, cwd in ((0, shards), (1, other))]
+    outs = [a.communicate(timeout=600) for a in agents]
+    assert all(a.returncode != 0 for a in agents)
+    errors = [line for _, err in outs for line in err.splitlines() if line.startswith("error:")]
+    mine = [str(shards / "shards" / name) for name in ("web", "code")]
+    theirs = [str(other / "shards" / name) for name in ("web", "code")]
+    assert errors == [f"error: rank 1 sees other data than rank 0 (datasets {theirs} against {mine}); every node must "
+                      f"see the same dataset folders: use absolute paths, or start every node in the same directory"]
+    assert not (run / "metrics.jsonl").exists() or metrics(run) == []
