@@ -24,7 +24,8 @@ KINDS = {".jsonl": "jsonl", ".jsonl.gz": "jsonl.gz", ".jsonl.zst": "jsonl.zst", 
          ".parquet": "parquet", ".txt": "txt"}
 BATCH_CHARS = 1 << 20  # texts are yielded in batches of about this many characters
 READ_BLOCK = 4 << 20
-ZSTD_FEED = 1 << 20  # compressed bytes per decompress call
+ZSTD_FEED = 4 << 10  # compressed bytes per decompress call: zstd can expand 4 bytes into 128 KiB, so this
+# bounds one call's output (128 MiB at worst; 50 MB seen at a ratio of 12,000) at no cost in speed
 T = TypeVar("T")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads keeps a lone "\\ud83d" escape: not encodable text
 
