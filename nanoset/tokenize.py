@@ -287,6 +287,15 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
             f"task {e.task.index} ({describe_task(e.task)}): its worker process {e.cause()}; the tasks finished "
             f"so far are kept: rerun the same command to resume (with fewer --workers if memory ran out)"
         ) from None
+    except FileNotFoundError as e:  # a file of ours removed under us: by another job on this folder
+        ours = {os.path.realpath(folder.path), os.path.realpath(folder.work)}
+        if e.filename is None or os.path.dirname(os.path.realpath(e.filename)) not in ours:
+            raise
+        raise NanosetError(
+            f"{opts.output}: {Path(e.filename).name} was removed while this run wrote it: is another `nanoset "
+            f"tokenize` writing to this folder (with --overwrite, or the same --task-index)? Run one such job at "
+            f"a time; rerunning resumes"
+        ) from None
 
     results = [folder.done(t, itemsize) for t in plan.tasks]
     if any(r is None for r in results):

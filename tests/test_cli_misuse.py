@@ -20,20 +20,20 @@ def corpus(folder: Path) -> Path:
     return folder
 
 
-def tokenize(*args, check=False):
+def tokenize_cli(*args, check=False):
     return run_cli("tokenize", *args, "--tokenizer", TOKENIZER, "--quiet", check=check)
 
 
 def test_output_inside_the_input_folder_is_not_read_as_input(tmp_path, tokenizer, eos_id):
     data = corpus(tmp_path / "data")
     out = data / "tokenized"
-    tokenize(data, "-o", out, check=True)
+    tokenize_cli(data, "-o", out, check=True)
     first = (out / "nanoset.json").read_bytes()
     # rerun: its own nanoset.json (a .json file in the input folder) was an input, so the plan differed:
     # 'holds a different dataset', and with --overwrite a FileNotFoundError once the manifest was cleared
-    proc = tokenize(data, "-o", out, check=True)
+    proc = tokenize_cli(data, "-o", out, check=True)
     assert "ran 0 of 1 tasks (1 already done)" in proc.stdout
-    tokenize(data, "-o", out, "--overwrite", check=True)
+    tokenize_cli(data, "-o", out, "--overwrite", check=True)
     assert (out / "nanoset.json").read_bytes() == first
     ds = open_dataset(out)
     texts = [f"alpha {i}" for i in range(50)] + [f"beta {i}" for i in range(30)]
@@ -43,7 +43,7 @@ def test_output_inside_the_input_folder_is_not_read_as_input(tmp_path, tokenizer
 
 def test_output_folder_equal_to_the_input_folder(tmp_path):
     data = corpus(tmp_path / "data")
-    one_line_error(tokenize(data / "sub", "-o", data / "sub", "--overwrite"),
+    one_line_error(tokenize_cli(data / "sub", "-o", data / "sub", "--overwrite"),
                    f"{data / 'sub'}: its input files are all in the output folder {data / 'sub'}, where tokenize "
                    f"writes; choose another output folder")
     assert (data / "sub" / "b.json").is_file() and sorted(p.name for p in (data / "sub").iterdir()) == ["b.json"]
@@ -57,7 +57,7 @@ def test_overwrite_removes_only_what_tokenize_writes(tmp_path):
     gone = ["old.ds", "old.ds.index", "old.ds.metadata", "old.ds.loss", ".old.ds.partial-12", ".nanoset.json.tmp-7"]
     for name in keep + gone:
         (out / name).write_text("x")
-    tokenize(data, "-o", out, "--overwrite", check=True)
+    tokenize_cli(data, "-o", out, "--overwrite", check=True)
     left = {p.name for p in out.iterdir()}
     assert set(keep) <= left and not set(gone) & left  # a substring match deleted notes.dsv and budget.dss.csv
 
@@ -65,8 +65,8 @@ def test_overwrite_removes_only_what_tokenize_writes(tmp_path):
 def test_filesystem_errors_are_one_line(tmp_path):
     data = corpus(tmp_path / "data")
     (tmp_path / "afile").write_text("x")
-    one_line_error(tokenize(data, "-o", tmp_path / "afile" / "out"), "[Errno 20] Not a directory", "afile")
-    one_line_error(tokenize(data, "-o", tmp_path / "o", "--num-tasks", "0"), "--num-tasks must be ≥ 1, got 0")
+    one_line_error(tokenize_cli(data, "-o", tmp_path / "afile" / "out"), "[Errno 20] Not a directory", "afile")
+    one_line_error(tokenize_cli(data, "-o", tmp_path / "o", "--num-tasks", "0"), "--num-tasks must be ≥ 1, got 0")
 
 
 @pytest.mark.parametrize("raised, line", [
@@ -86,3 +86,24 @@ def test_ctrl_c_says_that_a_rerun_resumes(monkeypatch, capsys, raised, line):
     with pytest.raises(SystemExit) as exit_:
         cli.main()
     assert exit_.value.code == 130 and capsys.readouterr().err.strip() == line
+
+
+def test_files_removed_by_another_job_on_the_folder_are_explained(tmp_path, monkeypatch):
+    """Another job with --overwrite (or the same --task-index) removing our files mid-run surfaced as a bare
+    '[Errno 2] No such file or directory: .../.nanoset-work/.task-000000.json.tmp-PID'."""
+    from nanoset.errors import NanosetError
+    from nanoset.plan import OutputFolder
+    from nanoset.tokenize import TokenizeOptions, tokenize
+
+    data = corpus(tmp_path / "data")
+    out = tmp_path / "out"
+    real = OutputFolder.mark_done
+
+    def other_job_clears_first(self, task, result):
+        OutputFolder(out).clear()
+        real(self, task, result)
+
+    monkeypatch.setattr(OutputFolder, "mark_done", other_job_clears_first)
+    with pytest.raises(NanosetError, match=f"^{out}: .task-000000.json.tmp-[0-9]+ was removed while this run wrote "
+                                           f"it: is another `nanoset tokenize` writing to this folder"):
+        tokenize(TokenizeOptions(inputs=[str(data)], output=out, tokenizer=str(TOKENIZER), progress=False))
