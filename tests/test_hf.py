@@ -31,8 +31,10 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
           "original_max_position_embeddings": 8}
 
 
-def save_hf(folder: Path, tie: bool = False, vocab: int = VOCAB, seed: int = 0, **extra) -> Path:
-    """A random LlamaForCausalLM (GQA: 4 heads, 2 key/value heads), every weight perturbed (norms too)."""
+def save_hf(folder: Path, tie: bool = False, vocab: int = VOCAB, seed: int = 0, shard: str | None = None,
+            **extra) -> Path:
+    """A random LlamaForCausalLM (GQA: 4 heads, 2 key/value heads), every weight perturbed (norms too);
+    ``shard``: save_pretrained's max_shard_size (several files and an index)."""
     cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                    rope_theta=5000.0, rms_norm_eps=1e-5, tie_word_embeddings=tie, **extra)
@@ -41,7 +43,7 @@ def save_hf(folder: Path, tie: bool = False, vocab: int = VOCAB, seed: int = 0, 
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
     return folder
 
 
@@ -63,7 +65,8 @@ def ours(tmp: Path, hf: Path, layout: dict, ids: torch.Tensor, **kw) -> torch.Te
 
 @pytest.mark.parametrize("layout", [{}, {"tp": 2}, {"pp": 2}], ids=["dp1", "tp2", "pp2"])
 def test_logits_match_transformers_untied(tmp_path, layout):
-    hf = save_hf(tmp_path / "hf")
+    hf = save_hf(tmp_path / "hf", shard="20KB" if layout else None)  # tp 2, pp 2: from a sharded folder
+    assert (hf / "model.safetensors.index.json").is_file() == bool(layout)
     ids = fixed_ids()
     torch.testing.assert_close(ours(tmp_path, hf, layout, ids), reference_logits(hf, ids), rtol=0, atol=1e-5)
 
@@ -286,6 +289,13 @@ def test_missing_tensor_shape_mismatch_and_corrupt_file(tmp_path):
     (hf / "model.safetensors").write_bytes(b"\xff" * 64)
     with pytest.raises(ConfigError, match="not a valid safetensors file"):
         check_hf_weights(model)
+    sharded = save_hf(tmp_path / "sharded", shard="20KB")
+    check_hf_weights(hf_config(sharded).model)
+    (sharded / "model-00003-of-00005.safetensors").unlink()
+    with pytest.raises(FileNotFoundError) as e:
+        check_hf_weights(hf_config(sharded).model)
+    assert str(e.value) == (f"model.init_from_hf: {sharded / 'model-00003-of-00005.safetensors'}: missing "
+                            f"(model.safetensors.index.json names it)")
 
 
 def test_tokenizer_must_be_the_datas(tmp_path):

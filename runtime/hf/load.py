@@ -42,7 +42,6 @@ class SafetensorsFolder:
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
         if (self.folder / SINGLE).is_file():
-            self.files = {SINGLE: None}
             self.where: dict[str, str] | None = None  # filled from the single file's header on first use
         elif (self.folder / INDEX).is_file():
             try:
@@ -50,7 +49,6 @@ class SafetensorsFolder:
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise ConfigError(f"model.init_from_hf: {self.folder / INDEX}: not a safetensors index ({e})") from None
             self.where = dict(weight_map)
-            self.files = {f: None for f in sorted(set(weight_map.values()))}
         else:
             raise FileNotFoundError(f"model.init_from_hf: {self.folder}: neither {SINGLE} nor {INDEX}; save the "
                                     f"model with save_pretrained(..., safe_serialization=True)")
@@ -80,8 +78,9 @@ class SafetensorsFolder:
         file = self.file_of(name)
         if file is None:
             return None
+        handle = self._handle(file)
         try:
-            return self._handle(file).get_slice(name)
+            return handle.get_slice(name)
         except Exception as e:
             raise ConfigError(f"model.init_from_hf: {self.folder / file}: tensor {name} unreadable ({e})") from None
 
