@@ -386,3 +386,25 @@ def test_export_hf_needs_save_final(tmp_path):
     assert str(e.value) == (f"{tmp_path / 'c.yaml'}: checkpoints.export_hf: exports the final checkpoint, but "
                             f"checkpoints.save_final is false; set save_final: true or export a checkpoint with "
                             f"python -m runtime.export")
+
+
+def test_a_pipeline_stage_opens_only_the_files_of_its_tensors(tmp_path, monkeypatch):
+    """The second of two pipeline chunks (layer 1, norm, head) reads from the shard files that hold them, no other."""
+    import safetensors
+
+    from runtime.hf.load import hf_name, load_hf_weights
+    from runtime.models.llama import LlamaChunk
+
+    hf = save_hf(tmp_path / "hf", shard="20KB")
+    weight_map = json.loads((hf / "model.safetensors.index.json").read_text())["weight_map"]
+    opened = []
+    real = safetensors.safe_open
+    monkeypatch.setattr(safetensors, "safe_open", lambda path, *a, **k: opened.append(Path(path).name) or real(
+        path, *a, **k))
+    chunk = LlamaChunk(hf_config(hf).model, 1, 2)
+    assert load_hf_weights([chunk], hf) == 9 + 2  # layer 1 (two norms, four attention, three MLP), norm, head
+    needed = {weight_map[hf_name(n)] for n, _ in chunk.named_parameters()}
+    assert sorted(opened) == sorted(needed) and len(needed) < len(set(weight_map.values()))
+    original = tensors(hf)
+    for name, p in chunk.named_parameters():
+        assert torch.equal(p.detach(), original[hf_name(name)]), name
