@@ -87,7 +87,11 @@ def _hf_sources(folder: Path) -> list[Source]:
     return [Source(str(folder), "hf", size, mtime)]
 
 
-def _walk(folder: Path) -> Iterator[Source]:
+def _walk(folder: Path, seen: set[str]) -> Iterator[Source]:
+    real = os.path.realpath(folder)
+    if real in seen:  # a symbolic link back up the tree: each folder is walked once (a loop ended in ELOOP)
+        return
+    seen.add(real)
     if _hf_saved(folder):
         yield from _hf_sources(folder)
         return
@@ -95,7 +99,7 @@ def _walk(folder: Path) -> Iterator[Source]:
         if entry.name.startswith("."):
             continue
         if entry.is_dir():
-            yield from _walk(Path(entry.path))
+            yield from _walk(Path(entry.path), seen)
         elif kind_of(entry.name):
             st = entry.stat()
             yield Source(entry.path, kind_of(entry.name), st.st_size, st.st_mtime_ns)
@@ -103,7 +107,7 @@ def _walk(folder: Path) -> Iterator[Source]:
 
 def _expand(path: Path) -> list[Source]:
     if path.is_dir():
-        return list(_walk(path))
+        return list(_walk(path, set()))
     st = path.stat()
     return [Source(str(path), kind_of(str(path)), st.st_size, st.st_mtime_ns)]
 

@@ -236,3 +236,13 @@ def test_discover_many_files_keeps_order_and_dedups(tmp_path, monkeypatch):
     assert [Path(s.path).name for s in found] == ["extra.jsonl"] + [f"{i:05d}.jsonl" for i in range(3000)]
     assert found[0].path == str(extra)
     assert len(compared) < 100  # no list membership: the old scan compared ~4.5 million pairs
+
+
+def test_symbolic_link_loop_in_an_input_folder(tmp_path):
+    """A link back up the tree (``sub/up -> ..``) made discovery descend until ELOOP: an error, no dataset."""
+    (tmp_path / "data" / "sub").mkdir(parents=True)
+    (tmp_path / "data" / "a.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "data" / "sub" / "b.jsonl").write_text('{"text": "b"}\n')
+    (tmp_path / "data" / "sub" / "up").symlink_to("..")
+    found = discover([str(tmp_path / "data")])
+    assert [s.path for s in found] == [str(tmp_path / "data" / "a.jsonl"), str(tmp_path / "data" / "sub" / "b.jsonl")]
