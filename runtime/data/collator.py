@@ -50,8 +50,9 @@ class DataCollatorForCLM:
         pass
 
     def __call__(self, examples: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor | TensorPointer]:
-        batch: dict[str, torch.Tensor | TensorPointer] = pointer_batch(
-            self.input_pp_rank, self.output_pp_rank, "position_ids" in self.input_keys)
+        if getattr(self, "_pointers", None) is None:  # TensorPointers are immutable: one set, copied per batch
+            self._pointers = pointer_batch(self.input_pp_rank, self.output_pp_rank, "position_ids" in self.input_keys)
+        batch: dict[str, torch.Tensor | TensorPointer] = dict(self._pointers)
         if self.pp_rank not in (self.input_pp_rank, self.output_pp_rank):
             return batch
         width = len(examples[0]["input_ids"])

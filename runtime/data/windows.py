@@ -119,6 +119,8 @@ class TokenWindows:
 def _shard_of(reader: NanosetReader, starts: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Shard of each range ``[start, start + width)``, and whether the whole range lies inside it."""
     offsets = reader.token_offsets
+    if len(offsets) == 2:  # one shard: no search
+        return np.zeros(len(starts), dtype=np.int64), starts + width <= int(offsets[1])
     first = np.searchsorted(offsets, starts, side="right") - 1
     last = np.searchsorted(offsets, starts + (width - 1), side="right") - 1
     return first, first == last
