@@ -131,13 +131,17 @@ class OutputFolder:
         a folder that is ours is seen as ours."""
         state = plan.state_json()
         entries = self._entries()
-        ours = _read_text(self.work / "plan.json") == state
+        saved = _read_text(self.work / "plan.json")
+        ours = saved == state
         manifest = self.completed_manifest()
         if manifest is not None and manifest.build == plan.build and not overwrite:
             self.finish()
             return True
         if not ours and entries:
             if not overwrite:
+                if touched := _modified_input(plan, saved):
+                    raise NanosetError(f"{self.path}: holds an unfinished job on these inputs, but {touched} was "
+                                       f"modified since it began; pass --overwrite to start over")
                 what = "a different dataset" if manifest or self.work.exists() else "other files"
                 raise NanosetError(
                     f"{self.path}: holds {what}; pass --overwrite to replace it, or choose another output folder"
@@ -212,6 +216,18 @@ class OutputFolder:
         self._remove_work()
         for p in [*self.path.glob(".*.partial-*"), *self.path.glob(f".{MANIFEST_NAME}.tmp-*")]:
             p.unlink(missing_ok=True)
+
+
+def _modified_input(plan: Plan, saved: str | None) -> str | None:
+    """The first input whose modification time differs from the saved plan's when all else is the same:
+    'holds a different dataset' would send the user looking for a change they did not make."""
+    try:
+        old = json.loads(saved) if saved else None
+    except ValueError:
+        return None
+    if not isinstance(old, dict) or old.get("build") != plan.build or len(old.get("mtimes", [])) != len(plan.sources):
+        return None
+    return next((s.path for s, m in zip(plan.sources, old["mtimes"]) if s.mtime_ns != m), None)
 
 
 def _written_by_tokenize(name: str) -> bool:

@@ -4,6 +4,7 @@ holds other files, paths that are not folders, nonsense counts. One error line, 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -107,3 +108,14 @@ def test_files_removed_by_another_job_on_the_folder_are_explained(tmp_path, monk
     with pytest.raises(NanosetError, match=f"^{out}: .task-000000.json.tmp-[0-9]+ was removed while this run wrote "
                                            f"it: is another `nanoset tokenize` writing to this folder"):
         tokenize(TokenizeOptions(inputs=[str(data)], output=out, tokenizer=str(TOKENIZER), progress=False))
+
+
+def test_an_input_touched_during_a_job_is_named(tmp_path):
+    """Touching an input between two --task-index runs said 'holds a different dataset': name the file."""
+    data = corpus(tmp_path / "data")
+    out = tmp_path / "out"
+    tokenize_cli(data, "-o", out, "--num-tasks", "2", "--task-index", "0", "--task-bytes", "500", check=True)
+    os.utime(data / "sub" / "b.json", ns=(1, 1))
+    one_line_error(tokenize_cli(data, "-o", out, "--num-tasks", "2", "--task-index", "1", "--task-bytes", "500"),
+                   f"{out}: holds an unfinished job on these inputs, but {data / 'sub' / 'b.json'} was modified "
+                   f"since it began; pass --overwrite to start over")
