@@ -207,6 +207,16 @@ def test_export_sharded_bf16_cli(saved_from_hf, tmp_path):
     bad = subprocess.run(cli + [str(tmp_path), str(tmp_path / "x")], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 1 and bad.stderr.startswith(f"error: {tmp_path}: no metadata.json;")
     assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".tmp-*"))
+    import shutil
+
+    torn = tmp_path / "torn"
+    shutil.copytree(ckpt, torn)
+    victim = sorted(torn.glob("*.distcp"))[-1]
+    victim.unlink()
+    proc = subprocess.run(cli + [str(torn), str(tmp_path / "y")], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1 and proc.stderr == (f"error: {torn}: the DCP files are unreadable ([Errno 2] No such "
+                                                    f"file or directory: '{victim}'); choose another checkpoint\n")
+    assert not (tmp_path / "y").exists() and not list(tmp_path.glob(".tmp-*"))
 
 
 # ---------------------------------------------------------------------------------------------- bad input

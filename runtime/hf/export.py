@@ -76,6 +76,7 @@ def _shards(names: list[tuple[str, tuple[int, ...]]], itemsize: int, limit: int)
 def _read_group(checkpoint: Path, group: list[tuple[str, tuple]], stored: dict, dtype: torch.dtype | None
                 ) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     state = {}
     for name, shape in group:
@@ -88,7 +89,12 @@ def _read_group(checkpoint: Path, group: list[tuple[str, tuple]], stored: dict, 
         state[name] = torch.empty(shape, dtype=meta.properties.dtype)
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
+        try:
+            dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
+        except (Exception, CheckpointException) as e:  # a missing or torn shard file (a BaseException)
+            cause = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) and e.failures else e
+            raise ConfigError(f"{checkpoint}: the DCP files are unreadable ({cause}); choose another "
+                              f"checkpoint") from None
     return {hf_name(n): (t if dtype is None else t.to(dtype)).contiguous() for n, t in state.items()}
 
 
