@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -113,9 +114,22 @@ def convert(src: Path, output: Path, tokenizer: str | None, eos_token: str | Non
     click.echo(run(src, output, tokenizer=tokenizer, eos_token=eos_token, overwrite=overwrite))
 
 
+class Terminated(Exception):
+    """SIGTERM (``kill``, a batch system's time limit) arrived: unwind like Ctrl-C, so that the tokenize
+    workers are stopped too (they went on writing, orphaned, for as long as their task took)."""
+
+
+def _terminate(signum: int, frame) -> None:
+    raise Terminated
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         cli.main(standalone_mode=False)
+    except Terminated:
+        click.echo("error: terminated; rerun the same command to resume", err=True)
+        sys.exit(128 + signal.SIGTERM)
     except click.exceptions.Abort as e:  # click turns Ctrl-C (and a stray EOFError) into Abort
         if isinstance(e.__cause__, KeyboardInterrupt):
             click.echo("error: interrupted; rerun the same command to resume", err=True)

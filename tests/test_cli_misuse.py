@@ -119,3 +119,53 @@ def test_an_input_touched_during_a_job_is_named(tmp_path):
     one_line_error(tokenize_cli(data, "-o", out, "--num-tasks", "2", "--task-index", "1", "--task-bytes", "500"),
                    f"{out}: holds an unfinished job on these inputs, but {data / 'sub' / 'b.json'} was modified "
                    f"since it began; pass --overwrite to start over")
+
+
+def test_sigterm_stops_the_workers_and_a_rerun_resumes(tmp_path):
+    """``kill`` (SIGTERM) ended the driver at once and left its workers writing, orphaned, until their
+    tasks were done; now it unwinds like Ctrl-C: workers stopped, one line, exit 143, rerun resumes."""
+    import signal
+    import subprocess
+    import time
+
+    data = tmp_path / "data"
+    data.mkdir()
+    line = json.dumps({"text": "alpha beta gamma delta " * 60}) + "\n"
+    for i in range(2):
+        (data / f"{i}.jsonl").write_text(line * 5_000)
+    out = tmp_path / "out"
+    args = ["tokenize", data, "-o", out, "--tokenizer", TOKENIZER, "--quiet", "--workers", "2", "--task-bytes", 2 << 20]
+    proc = subprocess.Popen([sys.executable, "-m", "nanoset.cli", *map(str, args)], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not list(out.glob(".*.partial-*")) and time.time() < deadline:  # the workers are writing
+        time.sleep(0.05)
+    workers = [int(p.name) for p in Path("/proc").iterdir()
+               if p.name.isdigit() and _parent(p) == proc.pid and b"spawn_main" in _cmdline(p)]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and err.strip() == "error: terminated; rerun the same command to resume"
+    assert len(workers) >= 2 and not [w for w in workers if _alive(w)]
+    done = run_cli(*args)
+    assert "; complete" in done.stdout and open_dataset(out).num_documents == 10_000
+
+
+def _parent(proc_dir: Path) -> int | None:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _cmdline(proc_dir: Path) -> bytes:
+    try:
+        return (proc_dir / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting to be reaped by init)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
