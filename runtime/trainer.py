@@ -261,11 +261,19 @@ class Trainer:
         return last
 
     def _export_hf(self, checkpoint: Path) -> None:
-        """``checkpoints.export_hf``: the final checkpoint as a Hugging Face folder, ``run_dir/hf`` (rank 0)."""
+        """``checkpoints.export_hf``: the final checkpoint as a Hugging Face folder, ``run_dir/hf`` (rank 0).
+        A failure is raised on rank 0 after the barrier, so the other ranks never wait for it forever."""
+        failed = None
         if self.is_main:
-            out = export_checkpoint(checkpoint, self.run_dir / "hf", replace=True)
-            self.metrics.info(f"exported {checkpoint.name} to {out} (Hugging Face LlamaForCausalLM)")
+            try:
+                out = export_checkpoint(checkpoint, self.run_dir / "hf", replace=True)
+                self.metrics.info(f"exported {checkpoint.name} to {out} (Hugging Face LlamaForCausalLM)")
+            except Exception as e:  # noqa: BLE001 - reported below, once every rank is past the barrier
+                failed = e
         torch.distributed.barrier()
+        if failed is not None:
+            raise ConfigError(f"checkpoints.export_hf: {failed}; the run and its checkpoint {checkpoint} are complete: "
+                              f"export it with python -m runtime.export") from failed
 
     # ------------------------------------------------------------------ reporting ---------------
 

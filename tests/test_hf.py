@@ -347,7 +347,7 @@ def test_training_starts_from_hf_and_exports_at_the_end(tmp_path, tokenizer):
     """A run from an HF folder (with the data's tokenizer.json) ends with run_dir/hf; lr 1e-12 leaves the
     weights as they were loaded, so the export equals the original; a wrong tokenizer or tensor is one line."""
     from conftest import CORPUS, run_cli
-    from trainhelpers import train_one
+    from trainhelpers import error_lines, torchrun, train_one
 
     data = tmp_path / "web"
     run_cli("tokenize", CORPUS / "web", "-o", data, "--tokenizer", TOKENIZER, "--quiet")
@@ -369,6 +369,22 @@ def test_training_starts_from_hf_and_exports_at_the_end(tmp_path, tokenizer):
     gen = subprocess.run([sys.executable, "tools/hf_generate.py", str(out), "The history of", "--tokens", "3"],
                          capture_output=True, text=True, cwd=ROOT)
     assert gen.returncode == 0 and gen.stdout.startswith(f"transformers loaded {out}: 'The history of' → "), gen.stderr
+
+    # dp 2 under torchrun, and an export that fails at the end: one line from rank 0, no rank left waiting
+    script = tmp_path / "failing_export.py"
+    script.write_text("import sys\nimport runtime.trainer as t\n\n\ndef boom(*args, **kwargs):\n"
+                      "    raise OSError(28, 'No space left on device')\n\n\nt.export_checkpoint = boom\n"
+                      "from runtime.train import main\n\nsys.exit(main())\n")
+    cfg = run_config(tmp_path, hf, data, "dp2")
+    d = yaml.safe_load(cfg.read_text())
+    d["parallelism"] = {"dp": 2}
+    cfg.write_text(yaml.safe_dump(d))
+    proc = torchrun(cfg, 2, cwd=tmp_path, script=script, check=False)
+    assert proc.returncode != 0
+    assert error_lines(proc.stderr) == [
+        f"error: checkpoints.export_hf: [Errno 28] No space left on device; the run and its checkpoint "
+        f"{tmp_path / 'dp2' / 'checkpoints' / 'step-000002'} are complete: export it with python -m runtime.export"]
+    assert f"weights from {hf} (model.init_from_hf)" in proc.stdout and not (tmp_path / "dp2" / "hf").exists()
 
     (hf / "tokenizer.json").write_bytes((TOKENIZER / "tokenizer.json").read_bytes() + b" ")
     bad = train_one(run_config(tmp_path, hf, data, "bad-tok"), cwd=tmp_path, check=False)
