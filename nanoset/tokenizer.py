@@ -74,9 +74,12 @@ def _config_token(folder: Path, key: str) -> str | None:
     if not cfg.is_file():
         return None
     try:
-        value = json.loads(cfg.read_text(encoding="utf-8")).get(key)
-    except (OSError, json.JSONDecodeError):
-        return None
+        config = json.loads(cfg.read_text(encoding="utf-8"))
+    except ValueError as e:  # ignoring it would choose another EOS without a word
+        raise NanosetError(f"{cfg}: not valid JSON ({e}); fix or remove it") from None
+    if not isinstance(config, dict):
+        raise NanosetError(f"{cfg}: a JSON {type(config).__name__}, not an object; fix or remove it")
+    value = config.get(key)
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
@@ -108,6 +111,9 @@ def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokeni
     else:
         declared = _config_token(path.parent, "eos_token")
         candidates = [declared] if declared else [n for n in EOS_NAMES if n in specials]
+        if declared and tok.token_to_id(declared) is None:
+            raise NanosetError(f"{path.parent / 'tokenizer_config.json'}: eos_token {declared!r} is not in the "
+                               f"tokenizer {path}; fix it or pass --eos-token TOKEN")
         if not candidates or tok.token_to_id(candidates[0]) is None:
             raise NanosetError(
                 f"tokenizer {path} declares no EOS token; pass --eos-token TOKEN "

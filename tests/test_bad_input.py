@@ -101,3 +101,23 @@ def test_bad_option_values(tmp_path):
     f = write_lines(tmp_path / "a.jsonl", [b'{"text": "one"}'])
     one_line_error(tokenize(tmp_path, f, extra=["--workers", "0"]), "--workers must be ≥ 1")
     one_line_error(tokenize(tmp_path, f, extra=["--num-tasks", "2", "--task-index", "2"]), "--task-index must be in [0, 2)")
+
+
+@pytest.mark.parametrize("config, error", [
+    ("{bad", "tokenizer_config.json: not valid JSON (Expecting property name"),
+    ('["x"]', "tokenizer_config.json: a JSON list, not an object; fix or remove it"),
+    ('{"eos_token": "<nope>"}', "tokenizer_config.json: eos_token '<nope>' is not in the tokenizer"),
+])
+def test_broken_tokenizer_config_is_an_error_not_another_eos(tmp_path, config, error):
+    """A tokenizer_config.json that could not be read (or named an EOS the tokenizer lacks) was ignored: the
+    EOS was then guessed from the special tokens, possibly another one than the model was trained with."""
+    from nanoset.errors import NanosetError
+    from nanoset.tokenizer import resolve_tokenizer
+
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text((TOKENIZER / "tokenizer.json").read_text())
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(config)
+    with pytest.raises(NanosetError, match=f"^{tmp_path / 'tok'}/" + error.replace("(", "\\(").replace("[", "\\[")):
+        resolve_tokenizer(str(tmp_path / "tok"))
+    (tmp_path / "tok" / "tokenizer_config.json").write_text('{"eos_token": {"content": "<|endoftext|>"}}')
+    assert resolve_tokenizer(str(tmp_path / "tok")).info.eos_token == "<|endoftext|>"
