@@ -75,8 +75,8 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
     max_id = ds.max_token_id
     tok_info = ds.tokenizer
     decoder, undecoded = _decoder(tokenizer, tok_info)
-    picks = (sorted(set(np.linspace(0, ds.num_documents - 1, samples).round().astype(int).tolist()))
-             if samples and ds.num_documents else [])
+    count = min(samples, ds.num_documents)  # --samples 1000000000 allocated that many positions
+    picks = sorted(set(np.linspace(0, ds.num_documents - 1, count).round().astype(int).tolist())) if count else []
     sample_docs = []
     for i in picks:
         ids = np.asarray(ds.document(i)).tolist()

@@ -86,3 +86,9 @@ def test_samples_are_not_decoded_with_a_changed_tokenizer(tmp_path, fixture_data
     decoded = collect_stats(folder, samples=1, tokenizer=str(TOKENIZER))["samples"][0]
     ids = open_dataset(folder).document(0).tolist()
     assert decoded["text"] == tokenizer.decode(ids, skip_special_tokens=False)[:SAMPLE_CHARS]
+
+
+def test_more_samples_than_documents(tmp_path):
+    datatrove_shard(tmp_path / "d", "a", [3, 5], [1, 2, 0, 3, 0])
+    stats = collect_stats(tmp_path / "d", samples=10**12)  # linspace of 10^12 positions: out of memory
+    assert [(s["document"], s["ids"]) for s in stats["samples"]] == [(0, [1, 2, 0]), (1, [3, 0])]
