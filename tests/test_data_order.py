@@ -278,3 +278,18 @@ def test_one_folder_under_two_spellings_is_one_dataset(in_shards, tmp_path):
     assert two.stages[1].draw_offsets.tolist() == [40]  # stage b continues where stage a left the folder
     drawn = [s for t in range(1, 21) for s in two.global_batch(t)[1].sample.tolist()]
     assert len(set(drawn)) == 80
+
+
+def test_a_copy_of_a_dataset_listed_next_to_it_is_refused(in_shards, tmp_path):
+    """A copy has the same fingerprint, hence the same sample order: blended with its original, every
+    sample would come twice (item 3 through a copy instead of a second spelling)."""
+    import shutil
+
+    copy = tmp_path / "web-copy"
+    shutil.copytree(Path.cwd() / "shards" / "web", copy)
+    with pytest.raises(ConfigError) as e:
+        DataPlan(make_config(stages=[one_stage(["shards/web", str(copy)])]))
+    fingerprint = DataPlan(make_config(stages=[one_stage("shards/web")])).datasets[0].reader.fingerprint
+    assert str(e.value) == (f"data_stages[0] (s).data.dataset.dataset_folder: 'shards/web' and '{copy}' hold the same "
+                            f"data (fingerprint {fingerprint}), so every sample would be read twice; list one of them "
+                            f"and merge the weights")

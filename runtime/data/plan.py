@@ -111,7 +111,7 @@ class DataPlan:
         totals: dict[int, int] = {}  # draws taken from each dataset so far
         for i, stage in enumerate(config.data_stages):
             ids = [self._dataset(folder, i, stage) for folder in stage_folders[i]]
-            _check_unique(ids, stage_folders[i], i, stage)
+            _check_unique(ids, [self._content(d) for d in ids], stage_folders[i], i, stage)
             weights = stage.data.dataset.weights if isinstance(stage.data.dataset, NanosetDatasetsArgs) else [1.0]
             spec = PartSpec([self.folders[d] for d in ids], list(weights), config.stage_seed(stage),
                             config.global_batch_size)
@@ -208,6 +208,12 @@ class DataPlan:
                 _add_draws(after, part)
             parts.append(self._part(i, stage, last + 1, end, spec, ids, [after.get(d, 0) for d in ids]))
         return parts
+
+    def _content(self, d: int) -> str:
+        """What dataset ``d`` holds: its fingerprint (tokens and index), and whether it has loss masks (the
+        fingerprint does not cover them: a chat folder and a plain one of the same tokens share it)."""
+        reader = self.datasets[d].reader
+        return reader.fingerprint + ("+loss" if getattr(reader, "has_loss_masks", False) else "")
 
     def _moved(self, record: PartRecord, ids: list[int]) -> list[str]:
         """The recorded folders, each one that the stage no longer lists replaced by the stage's folder with
@@ -337,15 +343,23 @@ def _add_draws(totals: dict[int, int], part: StagePlan, samples: int | None = No
         totals[d] = offset + n
 
 
-def _check_unique(ids: list[int], folders: list[str], i: int, stage: DatasetStageArgs) -> None:
-    """One dataset listed twice in a stage (``A`` and ``./A``) would be read twice: refuse it."""
+def _check_unique(ids: list[int], fingerprints: list[str], folders: list[str], i: int,
+                  stage: DatasetStageArgs) -> None:
+    """One dataset listed twice in a stage (``A`` and ``./A``, or ``A`` and a copy of it: the same content
+    fingerprint, so the same sample order too) would give every sample twice: refuse it."""
+    where = f"data_stages[{i}] ({stage.name}).data.dataset.dataset_folder"
     first: dict[int, int] = {}
-    for b, d in enumerate(ids):
+    copies: dict[str, int] = {}
+    for b, (d, fingerprint) in enumerate(zip(ids, fingerprints)):
         a = first.setdefault(d, b)
         if a != b:
-            raise ConfigError(f"data_stages[{i}] ({stage.name}).data.dataset.dataset_folder: {folders[a]!r} and "
-                              f"{folders[b]!r} are the same dataset ({resolved(folders[a])}); list it once and merge "
-                              f"the weights")
+            raise ConfigError(f"{where}: {folders[a]!r} and {folders[b]!r} are the same dataset "
+                              f"({resolved(folders[a])}); list it once and merge the weights")
+        c = copies.setdefault(fingerprint, b)
+        if c != b:
+            raise ConfigError(f"{where}: {folders[c]!r} and {folders[b]!r} hold the same data (fingerprint "
+                              f"{fingerprint.removesuffix('+loss')}), so every sample would be read twice; list one "
+                              f"of them and merge the weights")
 
 
 def _legacy_part(record: DataStageMetadata, spec: PartSpec, history: TrainingMetadata) -> PartRecord:
