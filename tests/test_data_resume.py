@@ -106,6 +106,11 @@ def test_changed_weights_of_a_finished_stage_are_refused_or_follow_the_record(tm
         "checkpoints.allow_data_change: true to keep the checkpoint's record for this finished stage")
     with pytest.raises(ConfigError, match=r"data_stages\[0\] \(pretrain\).data.seed is 7, the checkpoint's 42"):
         DataPlan(config(8, stages=stages(seed=7))).resumed_from("ckpt", ckpt)
+    other_seed = config(8)
+    other_seed.general.seed = 7  # the stage has no data.seed: the key the user changed is general.seed
+    with pytest.raises(ConfigError, match=r"ckpt: the data changed since this checkpoint: general.seed \(the seed "
+                                          r"of data_stages\[0\] \(pretrain\)\) is 7, the checkpoint's 42"):
+        DataPlan(other_seed).resumed_from("ckpt", ckpt)
     followed = DataPlan(config(8, allow=True, stages=stages((0.5, 0.5)))).resumed_from("ckpt", ckpt)
     unchanged = DataPlan(config(8))
     assert followed.stages[0].weights == [0.7, 0.3]

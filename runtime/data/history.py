@@ -80,7 +80,8 @@ def differences(config: Config, i: int, new: PartSpec, old: PartSpec, in_progres
     elif new.weights != old.weights:
         out.append(f"{where}.data.dataset.dataset_weights is {new.weights}, the checkpoint's {old.weights}")
     if new.seed != old.seed:
-        out.append(f"{where}.data.seed is {new.seed}, the checkpoint's {old.seed}")
+        key = f"{where}.data.seed" if stage.data.seed is not None else f"general.seed (the seed of {where})"
+        out.append(f"{key} is {new.seed}, the checkpoint's {old.seed}")
     if in_progress and new.global_batch_size != old.global_batch_size:
         out.append(f"global batch size changed mid-stage ({old.global_batch_size} → {new.global_batch_size}) in "
                    f"stage {stage.name!r}; keep dp · micro_batch_size · batch_accumulation_per_replica = "
