@@ -8,7 +8,9 @@ scalar all-reduce — and all stop after the same step, save one checkpoint toge
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 
 import torch
 import torch.distributed as dist
@@ -41,3 +43,19 @@ class StopOnSignal:
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+
+def ignore_in_loader_worker() -> None:
+    """In a loader worker process: Slurm signals every process of the job step, and a worker killed by
+    it would crash the step the trainer finishes before it saves. SIGUSR1 is ignored; SIGTERM is too,
+    unless it comes from the worker's parent (the loader ends a worker that would not stop with it)."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    parent = os.getppid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # taken by the thread below, never delivered
+
+    def wait() -> None:
+        while True:
+            if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+                os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=wait, name="sigterm-from-parent", daemon=True).start()

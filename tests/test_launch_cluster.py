@@ -148,6 +148,33 @@ def test_sigusr1_to_one_worker_stops_every_rank(shards, tmp_path):
     assert [r["step"] for r in metrics(run)] == list(range(1, step + 1))
 
 
+def hold_like_a_loader_worker(ready) -> None:
+    from runtime.preemption import ignore_in_loader_worker
+
+    ignore_in_loader_worker()
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_loader_worker_outlives_outside_signals_but_not_its_parents_terminate():
+    """SIGTERM/SIGUSR1 from elsewhere (Slurm) are ignored; SIGTERM from the parent (the DataLoader ending a
+    worker that would not stop: ``Process.terminate``) still ends it, so a stuck worker never hangs the exit."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    worker = ctx.Process(target=hold_like_a_loader_worker, args=(ready,), daemon=True)
+    worker.start()
+    assert ready.wait(30)
+    for sig in ("-TERM", "-USR1"):
+        subprocess.run(["kill", sig, str(worker.pid)], check=True)  # another process sends it
+    time.sleep(0.5)
+    assert worker.is_alive()
+    worker.terminate()
+    worker.join(10)
+    assert worker.exitcode == 128 + signal.SIGTERM
+
+
 def test_sigterm_to_every_process_of_the_job_step(shards, tmp_path):
     """Slurm signals every process of the step: torchrun (which forwards it, so the ranks get it twice),
     the ranks and their loader workers. The workers ignore it; the ranks stop after one step with one

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import random
-import signal
 from typing import Any, Iterator
 
 import numpy as np
@@ -14,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from runtime.data.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
 from runtime.data.sampler import get_sampler
-from runtime.preemption import SIGNALS as PREEMPTION_SIGNALS
+from runtime.preemption import ignore_in_loader_worker
 
 from runtime.data.prefetch import PrefetchLoader
 
@@ -46,10 +45,8 @@ def seed_worker(worker_id: int) -> None:
 
 
 def init_worker(worker_init_fn: Any, worker_id: int) -> None:
-    """Loader workers ignore the preemption signals: Slurm sends them to every process of the job step,
-    and a worker killed by one would crash the step that the trainer finishes before it saves."""
-    for sig in PREEMPTION_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
+    """Loader workers outlive the preemption signals (see ``ignore_in_loader_worker``), then seed."""
+    ignore_in_loader_worker()
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
 
