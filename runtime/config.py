@@ -27,6 +27,10 @@ class GeneralArgs:
     run_dir: str | None = None  # default: runs/<run>
     cache_dir: str = ".nanoset_cache"  # where Hugging Face datasets are tokenized once
 
+    def __post_init__(self) -> None:  # `~/runs/x` is the home folder's, not a folder named `~` here
+        self.run_dir = _home(self.run_dir)
+        self.cache_dir = _home(self.cache_dir)
+
     @property
     def run_path(self) -> Path:
         return Path(self.run_dir if self.run_dir is not None else Path("runs") / self.run)
@@ -130,6 +134,15 @@ class CheckpointsArgs:
     allow_data_change: bool = False
     replace_run: bool = False  # starting fresh where a run exists: move the old one to <run_dir>.old-<time>
     export_hf: bool = False  # at the end of training: the final checkpoint as a Hugging Face folder, <run_dir>/hf
+
+    def __post_init__(self) -> None:
+        self.checkpoints_path = _home(self.checkpoints_path)
+        self.resume = _home(self.resume)
+
+
+def _home(path: str | None) -> str | None:
+    """``~`` and ``~user`` expanded in a path-valued key (YAML leaves them to the program)."""
+    return os.path.expanduser(path) if path is not None else None
 
 
 @dataclass

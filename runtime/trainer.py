@@ -36,7 +36,7 @@ from runtime.lr_schedule import LRSchedule
 from runtime.metrics import MetricsLogger, flops_per_token, peak_flops
 from runtime.parallel.context import ParallelContext
 from runtime.preemption import StopOnSignal
-from runtime.run_start import RunStart, move_aside, plan_start
+from runtime.run_start import RunStart, checkpoints_folder, move_aside, plan_start
 from runtime.validation import describe, evaluate, is_due
 
 KILL_AT_STEP_ENV = "NANOSET_FAULT_KILL_AT_STEP"  # fault injection for tests: SIGKILL rank 0 after this step
@@ -73,8 +73,7 @@ class Trainer:
         torch.manual_seed(config.general.seed)
         self.engine = Engine(config, self.parallel_context)
         self.lr_schedule = LRSchedule(config.lr_scheduler, config.optimizer.learning_rate, config.tokens.train_steps)
-        ckpt_dir = Path(config.checkpoints.checkpoints_path or self.run_dir / "checkpoints")
-        self.checkpoints = CheckpointManager(ckpt_dir, config.checkpoints.keep_last, self.is_main)
+        self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main)
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard, config.logging.log_interval)
         self.train_dataloader: Any = None
         self.last_step = 0

@@ -309,3 +309,21 @@ def test_a_run_folder_without_file_locks_still_starts(tmp_path, monkeypatch):
     config = Config.from_yaml(small_config(tmp_path, tmp_path / "run", dp=1, single_stage=True))
     start = plan_start(config)
     assert (start.checkpoint, start.lock, start.replace_old_run) == (None, None, False)
+
+
+def test_paths_with_a_tilde_are_in_the_home_folder(tmp_path, monkeypatch):
+    """YAML leaves `~` alone: run_dir: ~/runs/x made a folder named `~` in the working directory."""
+    import yaml
+
+    from runtime.config import Config
+    from runtime.run_start import checkpoints_folder
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cfg = small_config(tmp_path, "~/runs/x", single_stage=True, general={"cache_dir": "~/cache"},
+                       checkpoints={"checkpoints_path": "~/ck", "resume": "~/ck/step-000002"})
+    config = Config.from_yaml(cfg)
+    home = tmp_path / "home"
+    assert (config.general.run_path, checkpoints_folder(config), config.general.cache_dir, config.checkpoints.resume) == (
+        home / "runs" / "x", home / "ck", str(home / "cache"), str(home / "ck" / "step-000002"))
+    cfg.write_text(yaml.safe_dump(config.to_dict()))  # as a checkpoint's metadata records it
+    assert Config.from_yaml(cfg).general.run_path == home / "runs" / "x"
