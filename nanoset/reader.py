@@ -226,12 +226,15 @@ class NanosetReader:
     @cached_property
     def fingerprint(self) -> str:
         """A short hash of what the data is (token and index checksums, or datatrove names and sizes);
-        the metadata file (which names the tokenizer) does not count."""
+        the metadata file (which names the tokenizer) does not count. Loss masks count only where there
+        are some (their checksum, or for datatrove their presence), so plain folders keep their
+        fingerprint while a chat folder differs from a plain copy of its tokens and from other masks."""
+        loss = self.has_loss_masks
         if self.manifest is not None:
             payload = [(s.name, s.num_tokens, s.num_documents, s.sha256.get("ds"), s.sha256.get("index"))
-                       for s in self.manifest.shards]
+                       + ((s.sha256.get("loss"),) if loss else ()) for s in self.manifest.shards]
         else:
-            payload = [(s.name, s.num_tokens, s.num_documents) for s in self.shards]
+            payload = [(s.name, s.num_tokens, s.num_documents) + (("loss",) if loss else ()) for s in self.shards]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -328,3 +328,50 @@ def test_datatrove_folder_with_loss_files(chat_dataset, tmp_path):
     missing.unlink()
     with pytest.raises(NanosetError, match=f"{missing}: missing, while other shards of {dt} have a loss mask"):
         open_dataset(dt)
+
+
+def copy_with_masks(src, dst, masks: str):
+    """A copy of chat folder ``src``: ``masks='none'`` drops the loss masks (a plain folder of the same tokens),
+    ``'other'`` flips one mask byte (a re-tokenization with another template), both with a matching manifest."""
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / "nanoset.json").read_text())
+    shard = manifest["shards"][0]
+    loss = dst / f"{shard['name']}.ds.loss"
+    if masks == "none":
+        for s in manifest["shards"]:
+            (dst / f"{s['name']}.ds.loss").unlink()
+            del s["sha256"]["loss"], s["loss_tokens"]
+        del manifest["loss_masks"]
+    else:
+        data = bytearray(loss.read_bytes())
+        data[0] ^= 1
+        loss.write_bytes(bytes(data))
+        shard["sha256"]["loss"] = __import__("hashlib").sha256(bytes(data)).hexdigest()
+    (dst / "nanoset.json").write_text(json.dumps(manifest))
+    return open_dataset(dst)
+
+
+def test_fingerprint_covers_loss_masks_only_where_present(chat_dataset, fixture_dataset, tmp_path):
+    """Resume and the moved-dataset match compare fingerprints: other masks, or no masks, over the same
+    tokens are other data; a plain folder's fingerprint is what it was before masks existed."""
+    import hashlib
+
+    def tokens_only(ds):
+        payload = [(s.name, s.num_tokens, s.num_documents, s.sha256.get("ds"), s.sha256.get("index"))
+                   for s in ds.manifest.shards]
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    chat = open_dataset(chat_dataset)
+    plain = copy_with_masks(chat_dataset, tmp_path / "plain", "none")
+    other = copy_with_masks(chat_dataset, tmp_path / "other", "other")
+    assert not plain.has_loss_masks and np.array_equal(plain.tokens(0, plain.num_tokens), chat.tokens(0, chat.num_tokens))
+    assert plain.fingerprint == tokens_only(plain) == tokens_only(chat) == tokens_only(other)
+    assert open_dataset(fixture_dataset).fingerprint == tokens_only(open_dataset(fixture_dataset))
+    assert len({chat.fingerprint, plain.fingerprint, other.fingerprint}) == 3
+    assert open_dataset(shutil.copytree(chat_dataset, tmp_path / "copy")).fingerprint == chat.fingerprint
+    dt_chat, dt_plain = tmp_path / "dt-chat", tmp_path / "dt-plain"  # datatrove: names and sizes, and the masks' presence
+    shutil.copytree(chat_dataset, dt_chat)
+    shutil.copytree(plain.folder, dt_plain)
+    (dt_chat / "nanoset.json").unlink()
+    (dt_plain / "nanoset.json").unlink()
+    assert open_dataset(dt_chat).fingerprint != open_dataset(dt_plain).fingerprint

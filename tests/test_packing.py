@@ -304,3 +304,27 @@ def test_a_stage_blending_a_chat_folder_and_a_plain_one_masks_only_the_chat_rows
     for ex, d, s in zip(examples, loc.dataset.tolist(), loc.sample.tolist()):
         expected = [bool(LOSS_STREAM[t]) if d == 0 else True for t in range(4 * s + 1, 4 * s + 5)]
         assert ex["label_mask"].tolist() == expected
+
+
+def test_resume_tells_a_chat_folder_from_a_plain_copy_of_its_tokens(tmp_path):
+    """The record's folder moved away and a plain copy of its tokens listed instead: not the same dataset
+    (the fingerprint covers the masks), so resume refuses instead of continuing the chat folder's draws there."""
+    import shutil
+
+    from runtime.config import ConfigError
+    from runtime.data import DataPlan
+    from runtime.data.record import TrainingMetadata
+    from runtime.data.stages import training_metadata
+
+    write_folder(tmp_path / "chat", DOCS, LOSS)
+    write_folder(tmp_path / "plain", DOCS)
+    history = TrainingMetadata.from_json(training_metadata(DataPlan(chat_config(tmp_path)), 1).to_json())
+    shutil.move(tmp_path / "chat", tmp_path / "gone")
+    config = chat_config(tmp_path)
+    config.data_stages[0].data.dataset.dataset_folder = str(tmp_path / "plain")
+    with pytest.raises(ConfigError, match=f"dataset_folder: {tmp_path / 'chat'}: no such dataset folder"):
+        DataPlan(config, history=history, checkpoint="ckpt")
+    shutil.copytree(tmp_path / "gone", tmp_path / "moved")  # a true copy is still found by content
+    config.data_stages[0].data.dataset.dataset_folder = str(tmp_path / "moved")
+    resumed = DataPlan(config, history=history, checkpoint="ckpt")
+    assert resumed.folders == [str(tmp_path / "moved")]

@@ -111,7 +111,7 @@ class DataPlan:
         totals: dict[int, int] = {}  # draws taken from each dataset so far
         for i, stage in enumerate(config.data_stages):
             ids = [self._dataset(folder, i, stage) for folder in stage_folders[i]]
-            _check_unique(ids, [self._content(d) for d in ids], stage_folders[i], i, stage)
+            _check_unique(ids, [self.datasets[d].reader.fingerprint for d in ids], stage_folders[i], i, stage)
             weights = stage.data.dataset.weights if isinstance(stage.data.dataset, NanosetDatasetsArgs) else [1.0]
             spec = PartSpec([self.folders[d] for d in ids], list(weights), config.stage_seed(stage),
                             config.global_batch_size)
@@ -208,12 +208,6 @@ class DataPlan:
                 _add_draws(after, part)
             parts.append(self._part(i, stage, last + 1, end, spec, ids, [after.get(d, 0) for d in ids]))
         return parts
-
-    def _content(self, d: int) -> str:
-        """What dataset ``d`` holds: its fingerprint (tokens and index), and whether it has loss masks (the
-        fingerprint does not cover them: a chat folder and a plain one of the same tokens share it)."""
-        reader = self.datasets[d].reader
-        return reader.fingerprint + ("+loss" if getattr(reader, "has_loss_masks", False) else "")
 
     def _moved(self, record: PartRecord, ids: list[int]) -> list[str]:
         """The recorded folders, each one that the stage no longer lists replaced by the stage's folder with
@@ -358,7 +352,7 @@ def _check_unique(ids: list[int], fingerprints: list[str], folders: list[str], i
         c = copies.setdefault(fingerprint, b)
         if c != b:
             raise ConfigError(f"{where}: {folders[c]!r} and {folders[b]!r} hold the same data (fingerprint "
-                              f"{fingerprint.removesuffix('+loss')}), so every sample would be read twice; list one "
+                              f"{fingerprint}), so every sample would be read twice; list one "
                               f"of them and merge the weights")
 
 
