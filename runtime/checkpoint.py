@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from nanoset.format import atomic_write_text
+from runtime.checkpoint_read import earlier_checkpoints_hint, load_dcp
 from runtime.engine import Engine
 from runtime.run_start import LATEST, checkpoint_step, resolve_checkpoint
 
@@ -140,8 +141,7 @@ class CheckpointManager:
     def load(self, engine: Engine, path: Path) -> dict:
         """Load model and optimizer (resharding to this layout), RNG states; return the metadata."""
         metadata = json.loads((path / "metadata.json").read_text())
-        state = _app_state(engine)
-        dcp.load(state, checkpoint_id=str(path))  # in place: into the parameters and AdamW state
+        load_dcp(_app_state(engine), path, earlier_checkpoints_hint(path))  # in place: parameters, AdamW state
         rng = path / f"rng-rank{dist.get_rank()}.pt"
         if metadata.get("world_size") == dist.get_world_size() and rng.is_file():
             _set_rng_state(torch.load(rng, weights_only=True))

@@ -64,8 +64,7 @@ def prepare(config_path: str, checkpoint: str) -> tuple[Config, Path, dict, list
 
 def run(config: Config, path: Path, metadata: dict, heldout: list[HeldOutSet]) -> dict:
     """Build the engine in this layout, load the checkpoint's weights, evaluate: the metrics row."""
-    import torch.distributed.checkpoint as dcp
-
+    from runtime.checkpoint_read import load_dcp
     from runtime.engine import Engine
     from runtime.parallel.context import ParallelContext
     from runtime.validation import evaluate
@@ -73,7 +72,7 @@ def run(config: Config, path: Path, metadata: dict, heldout: list[HeldOutSet]) -
     p = config.parallelism
     engine = Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp))
     model = {k: v for chunk in engine.chunks for k, v in chunk.state_dict().items()}
-    dcp.load({"model": model}, checkpoint_id=str(path))  # only the weights, resharded to this layout
+    load_dcp({"model": model}, path, "choose another checkpoint")  # only the weights, resharded to this layout
     step = int(metadata["training"]["last_train_step"])
     stage = stage_at(config, step)
     results = evaluate(engine, heldout, config.stage_sequence_length(stage), stage.data.use_position_ids)
@@ -99,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         row = run(config, path, metadata, heldout)
+    except USER_ERRORS as e:  # a damaged checkpoint: every rank finds it
+        if main_rank:
+            print(f"error: {e}", file=sys.stderr)
+        return 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -181,6 +181,27 @@ def test_checkpoint_of_another_model_is_refused_once(reference, shards, tmp_path
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
 
 
+def test_resume_from_a_torn_checkpoint_is_one_line_naming_an_earlier_one(reference, shards, tmp_path):
+    """DCP's CheckpointException (a BaseException) on a torn shard was a traceback from every rank."""
+    run = copy_of(reference, tmp_path)
+    ckpts = run / "checkpoints"
+    (ckpts / "step-000004" / "__0_0.distcp").write_bytes(b"torn")
+    cfg = small_config(tmp_path, run, dp=1, steps=6, interval=2, single_stage=True)
+    proc = train_one(cfg, shards, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"error: {ckpts / 'step-000004'}: the DCP files are unreadable (") and line.endswith(
+        f"); set checkpoints.resume: {ckpts / 'step-000002'} (an earlier checkpoint) and rerun")
+    (ckpts / "step-000002" / ".metadata").unlink()
+    cfg = small_config(tmp_path, run, dp=1, steps=6, interval=2, single_stage=True,
+                       checkpoints={"resume": str(ckpts / "step-000002")})
+    proc = train_one(cfg, shards, check=False)
+    assert proc.returncode == 1 and proc.stderr == (
+        f"error: {ckpts / 'step-000002'}: the DCP files are unreadable (.metadata is missing); no earlier checkpoint "
+        f"is there: start over (checkpoints.resume: null, checkpoints.replace_run: true)\n")
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
+
+
 @pytest.mark.parametrize("case", ["missing-path", "dangling-latest", "tied-tp2", "not-a-checkpoint", "run-dir-in-a-file",
                                   "latest-typo", "past-train-steps"])
 def test_user_mistakes_are_one_line_before_start_up(reference, shards, tmp_path, case):

@@ -229,6 +229,19 @@ def test_evaluate_cli_gives_the_in_training_value(trained, shards, checkpoint, n
     assert [line.split(": loss")[0] for line in text.stdout.splitlines()] == ["sft", "web"]
 
 
+def test_evaluate_cli_on_a_torn_checkpoint_is_one_line(trained, shards, tmp_path):
+    """DCP's CheckpointException (a BaseException) escaped runtime.evaluate as a traceback."""
+    cfg, run, _ = trained
+    torn = tmp_path / "step-000003"
+    shutil.copytree(run / "checkpoints" / "step-000003", torn)
+    victim = sorted(torn.glob("*.distcp"))[-1]
+    victim.unlink()
+    proc = evaluate_cli(cfg, torn, shards)
+    assert proc.returncode == 1 and proc.stderr == (
+        f"error: {torn}: the DCP files are unreadable ([Errno 2] No such file or directory: '{victim}'); choose "
+        f"another checkpoint\n")
+
+
 def test_resumed_run_logs_each_validation_once_with_the_same_values(trained, shards, tmp_path):
     """Resumed from the step-3 checkpoint: steps 4-6 are trained and evaluated again, their rows replaced."""
     cfg, run, _ = trained

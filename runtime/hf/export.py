@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import shutil
-import warnings
 from dataclasses import fields
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import torch
 
 from nanoset import TokenizerInfo
 from nanoset.format import atomic_write_text
+from runtime.checkpoint_read import load_dcp
 from runtime.config import ModelArgs
 from runtime.config_loading import ConfigError, from_dict
 from runtime.hf.config_map import hf_config_json
@@ -75,9 +75,6 @@ def _shards(names: list[tuple[str, tuple[int, ...]]], itemsize: int, limit: int)
 
 def _read_group(checkpoint: Path, group: list[tuple[str, tuple]], stored: dict, dtype: torch.dtype | None
                 ) -> dict[str, torch.Tensor]:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-
     state = {}
     for name, shape in group:
         meta = stored.get(f"model.{name}")
@@ -87,14 +84,7 @@ def _read_group(checkpoint: Path, group: list[tuple[str, tuple]], stored: dict, 
             raise ConfigError(f"{checkpoint}: tensor {name} has shape {list(meta.size)}, but its model section "
                               f"needs {list(shape)}")
         state[name] = torch.empty(shape, dtype=meta.properties.dtype)
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        try:
-            dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
-        except (Exception, CheckpointException) as e:  # a missing or torn shard file (a BaseException)
-            cause = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) and e.failures else e
-            raise ConfigError(f"{checkpoint}: the DCP files are unreadable ({cause}); choose another "
-                              f"checkpoint") from None
+    load_dcp({"model": state}, checkpoint, "choose another checkpoint", no_dist=True)
     return {hf_name(n): (t if dtype is None else t.to(dtype)).contiguous() for n, t in state.items()}
 
 
