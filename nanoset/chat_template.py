@@ -20,6 +20,7 @@ from typing import Any
 
 from nanoset.errors import NanosetError
 
+CONTENT_MARK = "\ue000nanoset-content\ue001"  # stands for an assistant's content to find the text written before it
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
@@ -162,9 +163,14 @@ class ChatRenderer:
     so it holds everything the template writes after the content up to where the next message's
     rendering begins (the end-of-turn marker and its separator). It starts where the content starts:
     the first occurrence of the content (or of the content stripped of surrounding whitespace, for
-    templates that trim) at or after ``len(render(messages[:i], add_generation_prompt=True))`` — the
-    assistant header — when that rendering is also where the whole one starts, else after
-    ``render(messages[:i])``. Empty content leaves the end-of-turn text alone."""
+    templates that trim) at or after the end of the assistant header. The header is what the template
+    writes before a placeholder content (``render(messages[:i] + [placeholder turn])`` up to the
+    placeholder), else ``render(messages[:i], add_generation_prompt=True)``, whichever the whole
+    rendering starts with and ends between ``render(messages[:i])`` and ``E``; else the search starts
+    after ``render(messages[:i])``. The placeholder covers templates that close a turn only when
+    another follows (``loop.last``), where neither ``render(messages[:i])`` nor the generation prompt
+    ends where the header does, and a search from there could match the header's own text (content
+    ``a`` in ``<assistant>``). Empty content leaves the end-of-turn text alone."""
 
     def __init__(self, template: ChatTemplate, special_tokens: dict[str, str]) -> None:
         self.template = template
@@ -197,14 +203,25 @@ class ChatRenderer:
             if m["role"] != "assistant":
                 continue
             begin, end = prefix_end(i, i), prefix_end(i + 1, i)
-            try:
-                header = self.render(messages[:i], add_generation_prompt=True)
-                if text.startswith(header) and begin <= len(header) <= end:
-                    begin = len(header)
-            except ChatRenderError:
-                pass  # a template that refuses a generation prompt here: search from the message's start
+            begin = self._header_end(text, messages, i, begin, end)
             spans.append((self._content_start(text, begin, end, m["content"], i), end))
         return text, spans
+
+    def _header_end(self, text: str, messages: list[dict[str, str]], i: int, begin: int, end: int) -> int:
+        """Where assistant message ``i``'s header ends in ``text`` (``begin`` when no probe tells)."""
+        def placeholder() -> str | None:
+            rendered = self.render(messages[:i] + [{**messages[i], "content": CONTENT_MARK}])
+            at = rendered.find(CONTENT_MARK)
+            return rendered[:at] if at >= 0 else None
+
+        for probe in (placeholder, lambda: self.render(messages[:i], add_generation_prompt=True)):
+            try:
+                header = probe()
+            except ChatRenderError:
+                continue  # a template that refuses this probe (e.g. a generation prompt here): try the next
+            if header is not None and text.startswith(header) and begin <= len(header) <= end:
+                return len(header)
+        return begin
 
     def _prefix_end(self, text: str, prefix: list[dict[str, str]], i: int) -> int:
         rendered = self.render(prefix)

@@ -61,6 +61,20 @@ def test_content_equal_to_header_text_is_found_after_the_header():
     assert spans == [(len(text) - len("assistant<|im_end|>\n"), len(text))]
 
 
+def test_template_closing_a_turn_only_when_another_follows_locates_content_after_the_header():
+    """``{% if not loop.last %}``: render(messages[:i]) ends before the user's closing tag and the generation
+    prompt is no prefix of the whole, so the search for the content began inside '</user>\n<assistant>' and
+    matched the header's own text (content 'assistant'), or trained the header (empty content); the header is
+    now what the template writes before a placeholder content."""
+    template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% if not loop.last %}</{{ m.role }}>\n"
+                "{% endif %}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+    r = renderer(template)
+    for content, more in (("assistant", []), ("", []), ("a", [{"role": "user", "content": "more"}])):
+        text, spans = r.render_with_spans([{"role": "user", "content": "x"}, {"role": "assistant", "content": content},
+                                           *more])
+        assert spans == [(len("<user>x</user>\n<assistant>"), len("<user>x</user>\n<assistant>") + len(content))]
+
+
 def test_same_text_as_transformers():
     transformers = pytest.importorskip("transformers")
     from tokenizers import Tokenizer
