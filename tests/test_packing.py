@@ -247,6 +247,18 @@ def test_every_document_too_long_and_dropped_is_a_config_error(tmp_path):
         DataPlan(chat_config(tmp_path, seq=3, drop_long_documents=True))
 
 
+def test_a_folder_without_documents_is_not_said_to_have_dropped_them(tmp_path):
+    """An empty folder packed with drop_long_documents: false was told every document was dropped."""
+    from runtime.config import ConfigError
+    from runtime.data import DataPlan
+
+    write_folder(tmp_path / "chat", [[]])
+    for drop in (False, True):
+        with pytest.raises(ConfigError) as e:
+            DataPlan(chat_config(tmp_path, drop_long_documents=drop))
+        assert str(e.value) == f"data_stages[0] (sft): {tmp_path / 'chat'} has no documents to pack; add data"
+
+
 def test_resume_refuses_a_changed_packing(tmp_path):
     from runtime.config import ConfigError
     from runtime.data import DataPlan
