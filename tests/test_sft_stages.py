@@ -56,6 +56,31 @@ def test_sft_cache_is_keyed_by_the_chat_template(tmp_path):
     assert text.num_tokens != open_dataset(own).num_tokens and text.has_loss_masks
 
 
+def test_sft_cache_is_keyed_by_the_special_tokens_the_template_renders(tmp_path):
+    """A template writes bos_token & co. from tokenizer_config.json: another BOS there is another rendering
+    (the cache was reused, its conversations rendered with the old BOS)."""
+    import shutil
+
+    tok = tmp_path / "tok"
+    shutil.copytree(TOKENIZER, tok)
+    cfg = json.loads((tok / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{{ bos_token }}" + cfg["chat_template"]
+    (tok / "tokenizer_config.json").write_text(json.dumps(cfg))
+
+    def folder():
+        config = sft_config(tmp_path, CHAT)
+        config.tokenizer.tokenizer_name_or_path = str(tok)
+        [[out]] = resolve_stage_folders(config)
+        return out
+
+    first = folder()
+    cfg["bos_token"] = "<|pad|>"
+    (tok / "tokenizer_config.json").write_text(json.dumps(cfg))
+    second = folder()
+    assert first != second
+    assert open_dataset(second).num_tokens == open_dataset(first).num_tokens + 300  # one <|pad|> per conversation
+
+
 def test_sft_stage_errors_name_the_config_keys(tmp_path):
     plain = tmp_path / "plain.jsonl"
     plain.write_text("".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(3)))

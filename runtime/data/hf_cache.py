@@ -56,8 +56,10 @@ def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset")
     parts = [str(src.resolve()), _files_fingerprint(src), ds.hf_dataset_splits, ds.text_column_name,
              hashlib.sha256(tok_file.read_bytes()).hexdigest(), tok.eos_token]
     if ds.sft:  # only conversation stages add these: plain stages keep their cache folders
+        from nanoset.chat_template import special_token_strings
+
         parts += ["sft", _chat_template_sha256(tok_file, ds, where), ds.messages_column_name, ds.prompt_column_name,
-                  ds.completion_column_name]
+                  ds.completion_column_name, special_token_strings(tok_file, tok.eos_token)]  # the template's globals
     key = json.dumps(parts)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(config.general.cache_dir) / f"{src.name}-{digest}"
