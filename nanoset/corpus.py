@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 from nanoset.errors import MissingColumnError, NanosetError
 
+SKIP_HINT = " (pass --skip-bad-lines to skip and count such lines)"  # what a bad row's error ends with
 KINDS = {".jsonl": "jsonl", ".jsonl.gz": "jsonl.gz", ".jsonl.zst": "jsonl.zst", ".json": "json",
          ".parquet": "parquet", ".txt": "txt"}
 BATCH_CHARS = 1 << 20  # texts are yielded in batches of about this many characters
@@ -318,7 +319,7 @@ class TextReader:
     def _bad(self, message: Callable[[], str]) -> None:
         """Raise the error ``message()`` names, or only count it: skipping never builds the message."""
         if not self.skip_bad:
-            raise NanosetError(message() + " (pass --skip-bad-lines to skip and count such lines)")
+            raise NanosetError(message() + SKIP_HINT)
         self.skipped += 1
 
     @staticmethod

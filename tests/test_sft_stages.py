@@ -96,6 +96,18 @@ def test_sft_stage_errors_name_the_config_keys(tmp_path):
         resolve_stage_folders(sft_config(tmp_path, CHAT, chat_template=str(tmp_path / "missing.jinja")))
 
 
+def test_a_bad_row_of_an_sft_stage_does_not_name_a_flag_the_config_lacks(tmp_path):
+    """The row error said '(pass --skip-bad-lines ...)', a tokenize flag a stage config has no key for."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
+    with pytest.raises(ConfigError) as e:
+        resolve_stage_folders(sft_config(tmp_path, bad))
+    assert str(e.value) == (f"data_stages[0] (sft).data.dataset: {bad}:1: column 'messages' holds no assistant "
+                            f"message: nothing to train on; fix or remove that row, or tokenize the data with "
+                            f"`nanoset tokenize --skip-bad-lines` (and --chat for conversations) and list that folder "
+                            f"as dataset_folder instead")
+
+
 def test_demo_config_ends_with_a_packed_document_masked_sft_stage(shards, tmp_path):
     from conftest import CONFIGS
 

@@ -186,7 +186,17 @@ def resolve_stage_folders(config: Config) -> list[list[str]]:
             except ConfigError:
                 raise
             except ValueError as e:
-                raise ConfigError(f"{where}: {e}") from None
+                raise ConfigError(f"{where}: {_without_cli_hint(str(e))}") from None
         else:
             out.append(ds.folders)
     return out
+
+
+def _without_cli_hint(message: str) -> str:
+    """A bad row's error says what to do in a stage config instead of naming a flag the config lacks."""
+    from nanoset.corpus import SKIP_HINT
+
+    if not message.endswith(SKIP_HINT):
+        return message
+    return (message.removesuffix(SKIP_HINT) + "; fix or remove that row, or tokenize the data with `nanoset tokenize "
+            "--skip-bad-lines` (and --chat for conversations) and list that folder as dataset_folder instead")
