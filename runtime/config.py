@@ -189,8 +189,9 @@ class HFDatasetArgs:
 class DataArgs:
     dataset: Union[NanosetDatasetsArgs, HFDatasetArgs]
     seed: int | None = None  # default: general.seed
-    num_loading_workers: int = 1
-    prefetch: int = 0  # micro-batches read ahead by a thread of the training process (0: none)
+    # default: read in a thread of the training process, 2 micro-batches ahead (README: Speed)
+    num_loading_workers: int = 0
+    prefetch: int = 2  # micro-batches read ahead by a thread of the training process (0: none)
     use_position_ids: bool = False
     packing: Literal["window", "documents"] = "window"  # documents: whole documents per sample, padded
     drop_long_documents: bool = False  # documents packing: drop (not truncate) documents longer than L + 1
