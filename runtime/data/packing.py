@@ -25,7 +25,7 @@ import numpy as np
 
 from nanoset import NanosetReader, open_dataset
 from runtime.config import ConfigError
-from runtime.data.windows import position_ids_at
+from runtime.data.windows import checked_indices, position_ids_at
 
 CACHE_VERSION = 1
 
@@ -94,11 +94,7 @@ class PackedDocuments:
                 f"tokens); {self.num_long_documents} longer documents {fate}")
 
     def _check(self, indices: np.ndarray | int) -> np.ndarray:
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if len(idx) and (idx.min() < 0 or idx.max() >= self.num_samples):
-            bad = idx[(idx < 0) | (idx >= self.num_samples)][0]
-            raise IndexError(f"packed sample {bad} outside [0, {self.num_samples}) of {self.folder}")
-        return idx
+        return checked_indices(indices, self.num_samples, "packed sample", self.folder)
 
     def token_range(self, i: int | np.ndarray) -> tuple[int, int] | tuple[np.ndarray, np.ndarray]:
         """``[start, stop)`` in the token stream of the documents of sample ``i`` (ints), or of samples ``i``."""

@@ -45,12 +45,7 @@ class TokenWindows:
         return start, start + self.sequence_length + 1
 
     def _check(self, indices: np.ndarray | int) -> np.ndarray:
-        """Window indices as a flat int64 array (a scalar counts as one), each checked in range."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if len(idx) and (idx.min() < 0 or idx.max() >= self.num_samples):
-            bad = idx[(idx < 0) | (idx >= self.num_samples)][0]
-            raise IndexError(f"window {bad} outside [0, {self.num_samples}) of {self.folder}")
-        return idx
+        return checked_indices(indices, self.num_samples, "window", self.folder)
 
     def _by_shard(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Shard of each window, and whether the whole window lies inside it."""
@@ -114,6 +109,15 @@ class TokenWindows:
                 out[row] = self.reader.shards[s].tokens[local : local + width]
             else:
                 out[row] = self.reader.tokens(start, start + width)
+
+
+def checked_indices(indices: np.ndarray | int, num_samples: int, what: str, folder: str) -> np.ndarray:
+    """Sample indices as a flat int64 array (a scalar counts as one), each checked in ``[0, num_samples)``."""
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if len(idx) and (idx.min() < 0 or idx.max() >= num_samples):
+        bad = idx[(idx < 0) | (idx >= num_samples)][0]
+        raise IndexError(f"{what} {bad} outside [0, {num_samples}) of {folder}")
+    return idx
 
 
 def _shard_of(reader: NanosetReader, starts: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
