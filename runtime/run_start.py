@@ -15,6 +15,7 @@ import fcntl
 import os
 import re
 import socket
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,6 +188,11 @@ def check_writable(folder: Path, key: str, moving: bool) -> None:
     for d in [existing] + ([target.parent] if moving and target.exists() else []):
         if not os.access(d, os.W_OK | os.X_OK):
             raise ConfigError(f"{key}: {folder}: cannot write in {d}; choose another {key} or make it writable")
+        try:  # os.access says yes to root everywhere, even where nothing can be made (/proc, /sys)
+            os.rmdir(tempfile.mkdtemp(prefix=".nanoset-probe-", dir=d))
+        except OSError as e:
+            raise ConfigError(f"{key}: {folder}: cannot create a folder in {d} ({e.strerror}); choose another "
+                              f"{key}") from None
 
 
 def move_aside(config: Config) -> list[Path]:

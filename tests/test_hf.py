@@ -219,6 +219,25 @@ def test_export_sharded_bf16_cli(saved_from_hf, tmp_path):
     assert not (tmp_path / "y").exists() and not list(tmp_path.glob(".tmp-*"))
 
 
+def test_export_output_folder_mistakes_are_one_line(saved_from_hf, tmp_path):
+    """An output inside the checkpoint (pruned with it), one that cannot be created, a file as checkpoint."""
+    _, ckpt, _, _ = saved_from_hf
+    with pytest.raises(ConfigError) as e:
+        export_checkpoint(ckpt, ckpt / "hf")
+    assert str(e.value) == (f"{ckpt / 'hf'}: inside the checkpoint {ckpt} (deleted with it when the run prunes old "
+                            f"checkpoints); choose an output folder outside it")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError) as e:
+        export_checkpoint(ckpt, tmp_path / "file" / "out")
+    assert str(e.value) == (f"{tmp_path / 'file' / 'out'}: cannot create the output folder there (File exists); "
+                            f"choose another output folder")
+    with pytest.raises(FileNotFoundError) as e:
+        export_checkpoint(tmp_path / "file", tmp_path / "out")
+    assert str(e.value) == (f"{tmp_path / 'file'}: not a folder; give a step-N checkpoint folder (or the "
+                            f"checkpoints folder, for its latest)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and not (ckpt / "hf").exists()
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 
 

@@ -203,7 +203,7 @@ def test_resume_from_a_torn_checkpoint_is_one_line_naming_an_earlier_one(referen
 
 
 @pytest.mark.parametrize("case", ["missing-path", "dangling-latest", "tied-tp2", "not-a-checkpoint", "run-dir-in-a-file",
-                                  "latest-typo", "past-train-steps"])
+                                  "latest-typo", "past-train-steps", "checkpoints-path-in-proc"])
 def test_user_mistakes_are_one_line_before_start_up(reference, shards, tmp_path, case):
     run = tmp_path / "run"
     if case == "latest-typo":
@@ -228,6 +228,12 @@ def test_user_mistakes_are_one_line_before_start_up(reference, shards, tmp_path,
         cfg = small_config(tmp_path, run)
         expected = (f"error: general.run_dir: {run}: {tmp_path}/file is not a folder; choose another "
                     f"general.run_dir")
+    elif case == "checkpoints-path-in-proc":  # os.access says yes to root: was a bare [Errno 2] at the first save
+        cfg = small_config(tmp_path, run, checkpoints={"checkpoints_path": "/proc/nope/x"})
+        expected = ("error: checkpoints.checkpoints_path: /proc/nope/x: " + (
+            "cannot create a folder in /proc (No such file or directory); choose another checkpoints.checkpoints_path"
+            if os.geteuid() == 0 else "cannot write in /proc; choose another checkpoints.checkpoints_path or make it "
+                                      "writable"))
     elif case == "missing-path":
         cfg = small_config(tmp_path, run, checkpoints={"resume": str(tmp_path / "nope" / "step-000040")})
         expected = (f"error: checkpoints.resume: {tmp_path}/nope/step-000040: no such folder "

@@ -142,12 +142,19 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     if out.exists() and not replace:
         raise FileExistsError(f"{out}: exists; remove it or choose another output folder")
     metadata = read_checkpoint_metadata(checkpoint)
+    if checkpoint.resolve() in out.resolve().parents:
+        raise ConfigError(f"{out}: inside the checkpoint {checkpoint} (deleted with it when the run prunes old "
+                          f"checkpoints); choose an output folder outside it")
     args = _model_args(metadata, checkpoint)
     info = TokenizerInfo(**metadata["tokenizer"]) if metadata.get("tokenizer") else None
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise ConfigError(f"{out}: cannot create the output folder there ({e.strerror}); choose another "
+                          f"output folder") from None
     try:
         written = _write_weights(checkpoint, tmp, args, DTYPES.get(dtype), max_shard_bytes)
         bos, eos = (info.bos_id, info.eos_id) if info is not None else (None, None)
@@ -174,6 +181,7 @@ def _resolve(checkpoint: Path) -> Path:
     pointer = checkpoint / "latest"
     if not (checkpoint / "metadata.json").is_file() and pointer.is_file():
         return checkpoint / pointer.read_text().strip()
-    if not checkpoint.exists():
-        raise FileNotFoundError(f"{checkpoint}: no such checkpoint folder")
+    if not checkpoint.is_dir():
+        raise FileNotFoundError(f"{checkpoint}: {'not a folder' if checkpoint.exists() else 'no such folder'}; give "
+                                f"a step-N checkpoint folder (or the checkpoints folder, for its latest)")
     return checkpoint
