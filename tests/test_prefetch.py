@@ -44,6 +44,9 @@ def test_prefetched_loader_gives_the_same_batches(shards, monkeypatch):
     fetched = iter(get_train_dataloader(StageDataset(plan, stage), stage.sequence_length, ctx, 0, 0, 2,
                                         use_position_ids=stage.use_position_ids, prefetch=3))
     assert isinstance(fetched, PrefetchIterator)
+    with_workers = get_train_dataloader(StageDataset(plan, stage), stage.sequence_length, ctx, 0, 0, 2,
+                                        dataloader_num_workers=1, prefetch=3)
+    assert type(with_workers).__name__ == "DataLoader"  # workers read ahead themselves
     for _ in range(12):
         a, b = next(plain), next(fetched)
         assert sorted(a) == sorted(b)

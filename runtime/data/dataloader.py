@@ -12,10 +12,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from runtime.data.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
+from runtime.data.prefetch import PrefetchLoader
 from runtime.data.sampler import get_sampler
 from runtime.preemption import ignore_in_loader_worker
 
-from runtime.data.prefetch import PrefetchLoader
 
 class TensorPointerLoader:
     """Yields ``num_batches`` batches (or endlessly) of TensorPointers only."""
@@ -58,7 +58,7 @@ def get_train_dataloader(train_dataset: Any, sequence_length: int, parallel_cont
                          use_position_ids: bool = False, seed: int = 0, shuffle: bool = False,
                          prefetch: int = 0) -> Any:
     """The canonical loader: DP-sharded sampler, CLM collator, workers, pinned memory on CUDA;
-    with ``prefetch`` > 0, a thread keeps that many micro-batches ready (``runtime.data.prefetch``).
+    with 0 workers and ``prefetch`` > 0, a thread keeps that many micro-batches ready (``runtime.data.prefetch``).
 
     ``parallel_context`` needs ``dp_rank``, ``dp_size`` and ``pp_rank``. Pipeline ranks that own
     neither inputs nor labels get a ``TensorPointerLoader`` of the same length and read nothing.
@@ -78,4 +78,5 @@ def get_train_dataloader(train_dataset: Any, sequence_length: int, parallel_cont
         drop_last=dataloader_drop_last, worker_init_fn=functools.partial(init_worker, seed_worker),
         persistent_workers=False, prefetch_factor=4 if dataloader_num_workers > 0 else None,
     )
-    return PrefetchLoader(loader, prefetch) if prefetch > 0 else loader
+    # worker processes read ahead already (prefetch_factor): the thread is for reading in-process
+    return PrefetchLoader(loader, prefetch) if prefetch > 0 and dataloader_num_workers == 0 else loader
