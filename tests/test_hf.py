@@ -290,6 +290,35 @@ def test_wrong_architecture_and_unsupported_rope_are_one_line(tmp_path):
         Config.from_yaml(write_yaml(tmp_path, tmp_path / "nowhere"))
 
 
+@pytest.mark.parametrize("changes, fragment", [
+    ({"rope_parameters": None, "rope_scaling": "linear"}, "rope_scaling is 'linear', not an object"),
+    ({"rope_parameters": None, "rope_scaling": {"rope_type": "linear"}}, "rope_scaling.factor is missing"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": "5e3"}}, "rope_parameters.rope_theta is '5e3', not a "
+                                                                        "number"),
+    ({"rope_parameters": dict(LLAMA3, factor="8")}, "rope_parameters.factor is '8', not a number"),
+    ({"head_dim": "8"}, "head_dim is missing or not an integer"),
+    ({"num_key_value_heads": 2.0}, "num_key_value_heads is missing or not an integer"),
+    ({"rms_norm_eps": "1e-5"}, "rms_norm_eps is '1e-5', not a number"),
+    ({"tie_word_embeddings": "yes"}, "tie_word_embeddings is 'yes', not true or false"),
+])
+def test_config_json_values_of_the_wrong_type_are_one_line(tmp_path, changes, fragment):
+    """Were TypeError/ValueError/KeyError tracebacks (or, for "yes", a silently tied model)."""
+    hf = save_hf(tmp_path / "hf")
+    edit_config(hf, **changes)
+    with pytest.raises(ConfigError) as e:
+        Config.from_yaml(write_yaml(tmp_path, hf))
+    assert str(e.value) == f"{tmp_path / 'cfg.yaml'}: model.init_from_hf: {hf / 'config.json'}: {fragment}"
+
+
+def test_a_safetensors_index_without_a_weight_map_of_file_names_is_one_line(tmp_path):
+    hf = save_hf(tmp_path / "hf", shard="20KB")
+    (hf / "model.safetensors.index.json").write_text(json.dumps({"weight_map": [["model.norm.weight", "a"]]}))
+    with pytest.raises(ConfigError) as e:
+        check_hf_weights(hf_config(hf).model)
+    assert str(e.value) == (f"model.init_from_hf: {hf / 'model.safetensors.index.json'}: not a safetensors index "
+                            f"(weight_map must map tensor names to file names)")
+
+
 def rewrite_weights(hf: Path, change) -> None:
     state = safetensors_torch.load_file(hf / "model.safetensors")
     change(state)

@@ -55,45 +55,67 @@ def read_hf_config(folder: str | Path) -> dict:
     return cfg
 
 
+def _number(d: dict, key: str, default: float | None, where: str, label: str = "") -> float:
+    """``d[key]`` as a float (``default`` when absent or null); a string or bool is an error, not a traceback."""
+    value = d.get(key)
+    if value is None and default is not None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        what = "missing" if value is None else f"{value!r}, not a number"
+        raise ConfigError(f"model.init_from_hf: {where}: {label}{key} is {what}")
+    return float(value)
+
+
 def rope_from_hf(cfg: dict, where: str) -> tuple[float, RopeScalingArgs | None]:
     """``(rope_theta, scaling)`` from either config form; an unsupported scaling is an error, never ignored."""
     params = cfg.get("rope_parameters")
     if isinstance(params, dict):  # transformers 5 (rope_theta inside, or beside it in some files)
-        theta, scaling = params.get("rope_theta", cfg.get("rope_theta", 10000.0)), params
+        theta = _number(params, "rope_theta", _number(cfg, "rope_theta", 10000.0, where), where, "rope_parameters.")
+        scaling, label = params, "rope_parameters."
     else:  # transformers 4: rope_theta beside an optional rope_scaling
-        theta, scaling = cfg.get("rope_theta", 10000.0), cfg.get("rope_scaling")
+        theta, scaling, label = _number(cfg, "rope_theta", 10000.0, where), cfg.get("rope_scaling"), "rope_scaling."
     if scaling is None:
-        return float(theta), None
+        return theta, None
+    if not isinstance(scaling, dict):
+        raise ConfigError(f"model.init_from_hf: {where}: rope_scaling is {scaling!r}, not an object")
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
-        return float(theta), None
+        return theta, None
     if kind == "linear":
-        return float(theta), RopeScalingArgs("linear", float(scaling["factor"]))
+        return theta, RopeScalingArgs("linear", _number(scaling, "factor", None, where, label))
     if kind == "llama3":
         missing = [k for k in LLAMA3_KEYS if k not in scaling]
         if missing:
             raise ConfigError(f"model.init_from_hf: {where}: llama3 rope scaling without {', '.join(missing)}")
-        return float(theta), RopeScalingArgs("llama3", float(scaling["factor"]), float(scaling["low_freq_factor"]),
-                                             float(scaling["high_freq_factor"]),
-                                             int(scaling["original_max_position_embeddings"]))
+        factor, low, high, original = (_number(scaling, k, None, where, label) for k in LLAMA3_KEYS)
+        return theta, RopeScalingArgs("llama3", factor, low, high, int(original))
     raise ConfigError(f"model.init_from_hf: {where}: rope scaling {kind!r} is not supported (only linear and llama3); "
                       f"training with it would silently change the model")
+
+
+def _integer(cfg: dict, key: str, where: str) -> int:
+    value = cfg.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"model.init_from_hf: {where}: {key} is missing or not an integer")
+    return value
 
 
 def hf_model_values(folder: str | Path) -> dict:
     """Our ``model`` keys as the Hugging Face config at ``folder`` sets them."""
     cfg = read_hf_config(folder)
     where = str(Path(folder) / "config.json")
-    out = {}
-    for key in MODEL_KEYS[:6]:
-        if not isinstance(cfg.get(key), int) or isinstance(cfg.get(key), bool):
-            raise ConfigError(f"model.init_from_hf: {where}: {key} is missing or not an integer")
-        out[key] = cfg[key]
+    out = {key: _integer(cfg, key, where) for key in MODEL_KEYS[:6]}
+    for key in ("num_key_value_heads", "head_dim"):  # optional; null as absent
+        if cfg.get(key) is not None:
+            _integer(cfg, key, where)
     out["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim")
     out["head_dim"] = None if head_dim in (None, cfg["hidden_size"] // cfg["num_attention_heads"]) else head_dim
-    out["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings", False))
-    out["rms_norm_eps"] = float(cfg.get("rms_norm_eps", 1e-6))
+    tie = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise ConfigError(f"model.init_from_hf: {where}: tie_word_embeddings is {tie!r}, not true or false")
+    out["tie_word_embeddings"] = tie
+    out["rms_norm_eps"] = _number(cfg, "rms_norm_eps", 1e-6, where)
     out["rope_theta"], out["rope_scaling"] = rope_from_hf(cfg, where)
     return out
 

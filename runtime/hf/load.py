@@ -48,6 +48,9 @@ class SafetensorsFolder:
                 weight_map = json.loads((self.folder / INDEX).read_text(encoding="utf-8"))["weight_map"]
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise ConfigError(f"model.init_from_hf: {self.folder / INDEX}: not a safetensors index ({e})") from None
+            if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+                raise ConfigError(f"model.init_from_hf: {self.folder / INDEX}: not a safetensors index (weight_map "
+                                  f"must map tensor names to file names)")
             self.where = dict(weight_map)
         else:
             raise FileNotFoundError(f"model.init_from_hf: {self.folder}: neither {SINGLE} nor {INDEX}; save the "
