@@ -98,8 +98,8 @@ class TokenWindows:
         width = self.sequence_length + 1
         offsets = self.reader.token_offsets
         s = _one_shard(shard, inside)
-        if s is not None:  # the common case: one map, fetched once
-            tokens = self.reader.shards[s].tokens
+        if s is not None:  # the common case: one map, fetched once (a plain view: memmap slices are slow)
+            tokens = np.asarray(self.reader.shards[s].tokens)
             for row, local in enumerate((starts - int(offsets[s])).tolist()):
                 out[row] = tokens[local : local + width]
             return
@@ -184,7 +184,7 @@ def _few_starts(reader: NanosetReader, s: int, starts: np.ndarray, width: int, o
     """Ranges all inside shard ``s`` with few document starts (the common case: windows of long
     documents): a ramp, restarted at each start by one slice copy. False (nothing written) when
     there are more starts than ``8 · rows``; the caller's running maximum is cheaper then."""
-    ends = reader.shards[s].ends
+    ends = np.asarray(reader.shards[s].ends)  # a plain view: memmap slices cost microseconds each
     local = starts - int(reader.token_offsets[s])
     local_u = local.astype(ends.dtype)
     lo = np.searchsorted(ends, local_u, side="right")
