@@ -256,7 +256,7 @@ def test_a_folder_without_documents_is_not_said_to_have_dropped_them(tmp_path):
     for drop in (False, True):
         with pytest.raises(ConfigError) as e:
             DataPlan(chat_config(tmp_path, drop_long_documents=drop))
-        assert str(e.value) == f"data_stages[0] (sft): {tmp_path / 'chat'} has no documents to pack; add data"
+        assert str(e.value) == f"data_stages[0] (sft): {tmp_path / 'chat'} has no tokens to pack; add data"
 
 
 def test_resume_refuses_a_changed_packing(tmp_path):

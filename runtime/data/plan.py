@@ -145,8 +145,8 @@ class DataPlan:
             if data.packing == "documents":
                 windows = PackedDocuments(folder, seq, self._readers[key[0]], self.config.general.cache_dir,
                                           data.drop_long_documents)
-                if windows.num_samples == 0 and windows.reader.num_documents == 0:
-                    raise ConfigError(f"data_stages[{i}] ({stage.name}): {folder} has no documents to pack; add data")
+                if windows.reader.num_tokens == 0:
+                    raise ConfigError(f"data_stages[{i}] ({stage.name}): {folder} has no tokens to pack; add data")
                 if windows.num_samples == 0:
                     raise ConfigError(f"data_stages[{i}] ({stage.name}).data.drop_long_documents: every document of "
                                       f"{folder} is longer than sequence_length + 1 = {seq + 1} and was dropped; "
