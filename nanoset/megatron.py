@@ -116,6 +116,8 @@ class MegatronIndex:
 def check_data_size(index: MegatronIndex, bin_size: int) -> None:
     """The ``.bin`` file holds exactly the bytes the index's last sequence ends at."""
     need = index.last_token_end() * index.dtype.itemsize
+    if need < 0:
+        raise NanosetError(f"{index.path}: its last sequence ends at byte {need}; the index is corrupt")
     if bin_size != need:
         what = "truncated" if bin_size < need else "longer than its index says"
         raise NanosetError(f"{index.path.with_suffix(DATA_SUFFIX)}: {bin_size} bytes, but {index.path.name} needs "
@@ -248,9 +250,15 @@ def megatron_prefixes(path: Path) -> list[Path] | None:
     if path.suffix in (INDEX_SUFFIX, DATA_SUFFIX) and path.is_file():
         raise NanosetError(f"{path}: name the Megatron dataset by its prefix, without {path.suffix} "
                            f"({path.with_suffix('')})")
-    if not path.is_dir() or (path / MANIFEST_NAME).is_file() or any(path.glob("*" + TOKENS_SUFFIX)):
+    if not path.is_dir():
         return None
     stems = {p.name[: -len(s)] for s in (INDEX_SUFFIX, DATA_SUFFIX) for p in path.glob("*" + s) if p.is_file()}
+    if (path / MANIFEST_NAME).is_file() or any(path.glob("*" + TOKENS_SUFFIX)):
+        pairs = sorted(s for s in stems if all((path / (s + x)).is_file() for x in (INDEX_SUFFIX, DATA_SUFFIX)))
+        if pairs:  # read as the shards alone, the pairs' tokens would be silently left out
+            raise NanosetError(f"{path}: holds both {TOKENS_SUFFIX} shards and Megatron pairs ({', '.join(pairs)}); "
+                               f"one folder is one dataset: move the pairs to a folder of their own")
+        return None
     for stem in sorted(stems):
         megatron_prefixes(path / stem)  # both files of each pair, or a one-line error
     return [path / stem for stem in sorted(stems)] or None

@@ -161,7 +161,7 @@ def test_inspect_and_verify_a_megatron_prefix(tmp_path):
     assert out[:3] == [
         f"{prefix}  (megatron)", "  shards 1   documents 5   tokens 15",
         "  dtype int32   tokenizer unknown   vocab unknown (Megatron data; largest id 103)   eos unknown"]
-    assert "  ids [5, 6, 7] (tokenizer not found: pass --tokenizer to decode)" in out
+    assert "  ids [5, 6, 7] (tokenizer unknown: pass --tokenizer to decode)" in out
     stats = json.loads(run_cli("inspect", prefix, "--json", "--samples", 0).stdout)
     assert (stats["format"], stats["dtype"], stats["max_token_id"]) == ("megatron", "int32", 103)
     assert run_cli("verify", prefix).stdout == (
@@ -223,6 +223,38 @@ def test_bad_megatron_input_is_one_line_everywhere(tmp_path, damage, message):
         proc = run_cli(*command, check=False)
         assert (proc.returncode, proc.stderr) == (1, f"error: {expected}\n"), command
     assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_of_datatrove_shards_and_megatron_pairs_is_refused(tmp_path):
+    """Was read as the datatrove shards alone: the pairs' tokens silently left out of training and convert."""
+    folder = tmp_path / "mixed"
+    write_datatrove(folder, [[[1, 2, 3], [4, 5]]])
+    write_mmidx(folder / "meg", DOCS)
+    (folder / "notes.bin").write_bytes(b"x")  # a lone .bin is no pair: it alone would not be refused
+    expected = (f"{folder}: holds both .ds shards and Megatron pairs (meg); one folder is one dataset: move the "
+                f"pairs to a folder of their own")
+    with pytest.raises(NanosetError) as e:
+        open_dataset(folder)
+    assert str(e.value) == expected
+    proc = run_cli("convert", folder, "-o", tmp_path / "out", check=False)
+    assert (proc.returncode, proc.stderr) == (1, f"error: {expected}\n") and not (tmp_path / "out").exists()
+    (folder / "meg.idx").unlink()
+    (folder / "meg.bin").unlink()
+    assert open_dataset(folder).num_tokens == 5
+
+
+def test_a_negative_last_pointer_is_a_corrupt_index(tmp_path):
+    p = write_mmidx(tmp_path / "d", DOCS)
+    idx = tmp_path / "d.idx"
+    raw = bytearray(idx.read_bytes())
+    n = struct.unpack("<Q", raw[18:26])[0]
+    at = 34 + 4 * n + 8 * (n - 1)
+    raw[at : at + 8] = struct.pack("<q", -(2**40))
+    idx.write_bytes(bytes(raw))
+    last = struct.unpack("<i", raw[34 + 4 * (n - 1) : 34 + 4 * n])[0]
+    with pytest.raises(NanosetError) as e:
+        open_dataset(p)
+    assert str(e.value) == f"{idx}: its last sequence ends at byte {-(2**40) + 2 * last}; the index is corrupt"
 
 
 # ---------------------------------------------------------------- nanoset convert ------
