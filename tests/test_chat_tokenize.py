@@ -120,6 +120,38 @@ def test_straddling_and_multibyte_tokens_in_a_real_encoding(tmp_path, tokenizer)
     assert ds.loss_mask(0, ds.num_tokens).tolist() == [0, 0, 1, 0, 0]
 
 
+@pytest.mark.parametrize("kind", ["wordpiece", "unigram"])
+def test_offsets_are_characters_for_wordpiece_and_unigram_tokenizers(kind):
+    """Spans are character positions in the rendered text; the encoding's offsets must be too, through a
+    normalizer that changes the text (accents stripped, lowercased; NFKC) and a Metaspace pre-tokenizer, with
+    multi-byte characters before the span (byte offsets would shift the mask right by their extra bytes)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    from nanoset.chat import RenderedChat, encode_chats
+    from nanoset.chat_template import ChatRenderer, ChatTemplate
+
+    if kind == "wordpiece":
+        words = ["<unk>", "user", "assistant", "naive", "cafe", "日", "本", "resume", "world"]
+        tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        answer = [("assistant", 0), ("resume", 1), ("日", 1), ("本", 1), ("world", 1), ("<|im_end|>", 1), ("<eos>", 1)]
+    else:
+        pieces = ["<unk>", "▁", "\n", "user", "assistant", "▁café", "▁日本", "Résumé", "▁world", "ï"]
+        tok = Tokenizer(models.Unigram([(p, -1.0) for p in pieces], unk_id=0))
+        tok.normalizer = normalizers.NFKC()
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        answer = [("assistant", 0), ("\n", 0), ("Résumé", 1), ("▁日本", 1), ("▁world", 1), ("<|im_end|>", 1),
+                  ("▁", 1), ("\n", 1), ("<eos>", 1)]
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>", "<eos>"])
+    chatml = json.loads((TOKENIZER / "tokenizer_config.json").read_text())["chat_template"]
+    text, spans = ChatRenderer(ChatTemplate(chatml, "t"), {}).render_with_spans(
+        [{"role": "user", "content": "naïve café 日本 🤖"}, {"role": "assistant", "content": "Résumé 日本 world"}])
+    ids, loss, _ = encode_chats(tok, [RenderedChat(text, tuple(spans), True)], tok.token_to_id("<eos>"))
+    got = [(tok.id_to_token(i), m) for i, m in zip(ids.tolist(), loss.tolist())]
+    assert got[-len(answer):] == answer and sum(loss) == sum(m for _, m in answer)
+
+
 def test_empty_assistant_content_and_template_ending_with_eos(tmp_path):
     ds = chat_folder(tmp_path, json.loads((TOKENIZER / "tokenizer_config.json").read_text())["chat_template"],
                      [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}])
