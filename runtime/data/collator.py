@@ -78,7 +78,7 @@ class DataCollatorForCLM:
             batch["label_ids"] = t[0, :, 1:]
             batch["label_mask"] = masks[1]
             if len(ids) > 1:  # the label that would predict a new document's first token
-                np.not_equal(ids[1, :, 1:], 0, out=mask_buffer[1])
+                np.copyto(mask_buffer[1], ids[1, :, 1:], casting="unsafe")  # position != 0 (a cast: 2x faster)
             if "label_mask" in examples[0]:  # the dataset's own: loss masks, padding of packed documents
                 own = getattr(examples, "label_mask", None)
                 if own is None:
