@@ -21,13 +21,18 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
-def _fit(cls: type, data: dict) -> tuple[int, float]:
-    """How well the keys of ``data`` fit dataclass ``cls``: (keys it has, summed likeness of each key
-    to its closest field), so a typo is reported against the kind of entry it was meant for."""
-    names = [f.name for f in dataclasses.fields(cls) if f.init]
+def _fit(cls: type, data: dict) -> tuple[int, int, float]:
+    """How well the keys of ``data`` fit dataclass ``cls``: (its required keys there, keys it has, summed
+    likeness of each key to its closest field), so a typo is reported against the kind of entry it was
+    meant for, and a key of another kind (``sft`` beside ``dataset_folder``) against the kind whose
+    required key is given."""
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    names = [f.name for f in fields]
+    required = sum(f.name in data for f in fields
+                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
     known = sum(str(k) in names for k in data)
     close = sum(max(difflib.SequenceMatcher(None, str(k), n).ratio() for n in names) for k in data)
-    return known, close
+    return required, known, close
 
 
 def _convert(value: Any, tp: Any, path: str) -> Any:

@@ -56,6 +56,10 @@ def test_unknown_key_names_path_and_closest(tmp_path):
           "'hf_dataset_or_datasets'?")
     fails(tmp_path, lambda d: stage(d, 1)["data"].update(dataset={"text_column_name": "x"}),
           "config.data_stages[1].data.dataset.hf_dataset_or_datasets: required key is missing")
+    # a key of the other kind beside a required one: reported against the kind given (was: "dataset_folder:
+    # unknown key" against the Hugging Face kind, which also has one key in common: sft)
+    fails(tmp_path, lambda d: stage(d, 1)["data"].update(dataset={"dataset_folder": "shards/sft", "sft": True}),
+          "config.data_stages[1].data.dataset.sft: unknown key; valid keys: dataset_folder, dataset_weights")
 
 
 def test_yaml_file_errors(tmp_path):
