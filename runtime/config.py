@@ -87,6 +87,9 @@ class ModelArgs:
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     activation_checkpointing_every: int = 2  # selective: layers 0, N, 2N, ... (global indices)
 
+    def __post_init__(self) -> None:
+        self.init_from_hf = _home(self.init_from_hf)
+
     @property
     def kv_heads(self) -> int:
         return self.num_key_value_heads or self.num_attention_heads

@@ -354,3 +354,6 @@ def test_paths_with_a_tilde_are_in_the_home_folder(tmp_path, monkeypatch):
         home / "runs" / "x", home / "ck", str(home / "cache"), str(home / "ck" / "step-000002"))
     cfg.write_text(yaml.safe_dump(config.to_dict()))  # as a checkpoint's metadata records it
     assert Config.from_yaml(cfg).general.run_path == home / "runs" / "x"
+    from runtime.config import ModelArgs
+
+    assert ModelArgs(init_from_hf="~/models/llama").init_from_hf == str(home / "models" / "llama")
