@@ -8,7 +8,7 @@ checks what needs the data: folders exist, one tokenizer, vocab sizes, enough to
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal, Union
 
@@ -430,10 +430,24 @@ def _validate_stages(c: Config) -> None:
         elif ds.chat_template is not None and not ds.sft:
             raise ConfigError(f"{where}.data.dataset.chat_template: only applies to conversations; set sft: true "
                               f"or remove it")
+        else:
+            _check_column_keys(ds, f"{where}.data.dataset")
     if 1 not in starts:
         raise ConfigError("data_stages: one stage must start at step 1 (start_training_step: 1)")
     if starts != sorted(starts):
         raise ConfigError(f"data_stages: stages must be listed in order of start_training_step, got {starts}")
+
+
+def _check_column_keys(ds: HFDatasetArgs, where: str) -> None:
+    """A column key of the other kind of rows would be ignored: text for conversations, or the reverse."""
+    chat = {k: getattr(ds, k) for k in ("messages_column_name", "prompt_column_name", "completion_column_name")}
+    defaults = {f.name: f.default for f in fields(HFDatasetArgs)}
+    if ds.sft and ds.text_column_name != defaults["text_column_name"]:
+        raise ConfigError(f"{where}.text_column_name: not read with sft: true (conversations come from "
+                          f"messages_column_name, or prompt_column_name and completion_column_name); remove it")
+    changed = [k for k, v in chat.items() if v != defaults[k]]
+    if changed and not ds.sft:
+        raise ConfigError(f"{where}.{changed[0]}: only applies to conversations; set sft: true or remove it")
 
 
 def _validate_validation(c: Config) -> None:

@@ -91,6 +91,13 @@ def test_sft_stage_errors_name_the_config_keys(tmp_path):
     with pytest.raises(ConfigError, match=r"data_stages\[0\] \(sft\)\.data\.dataset\.chat_template: only applies "
                                           r"to conversations; set sft: true or remove it"):
         sft_config(tmp_path, CHAT, sft=False, chat_template="t.jinja")
+    with pytest.raises(ConfigError, match=r"^data_stages\[0\] \(sft\)\.data\.dataset\.messages_column_name: only "
+                                          r"applies to conversations; set sft: true or remove it$"):
+        sft_config(tmp_path, CHAT, sft=False, messages_column_name="conversation")  # was ignored: text read
+    with pytest.raises(ConfigError, match=r"^data_stages\[0\] \(sft\)\.data\.dataset\.text_column_name: not read "
+                                          r"with sft: true \(conversations come from messages_column_name, or "
+                                          r"prompt_column_name and completion_column_name\); remove it$"):
+        sft_config(tmp_path, CHAT, text_column_name="conversation")
     with pytest.raises(ConfigError, match=r"data_stages\[0\] \(sft\)\.data\.dataset\.chat_template: --chat-template "
                                           r".*missing\.jinja: cannot read it"):
         resolve_stage_folders(sft_config(tmp_path, CHAT, chat_template=str(tmp_path / "missing.jinja")))
