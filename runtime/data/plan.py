@@ -50,8 +50,8 @@ class StagePlan:
     seed: int
     use_position_ids: bool
     num_loading_workers: int
-    dataset_ids: list[int]  # indices into DataPlan.datasets, in the stage's folder order
     prefetch: int
+    dataset_ids: list[int]  # indices into DataPlan.datasets, in the stage's folder order
     weights: list[float]
     blend: BlendSchedule
     draw_offsets: np.ndarray = field(repr=False)  # draws taken by earlier stages, per stage dataset
