@@ -13,7 +13,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -208,9 +208,21 @@ def _appends_eos(tok, eos_id: int) -> bool:
     return not ids or ids[-1] != eos_id
 
 
+def _check_column_options(opts: TokenizeOptions) -> None:
+    """A column option of the other kind of rows would be ignored (text for conversations, or the reverse)."""
+    defaults = {f.name: f.default for f in fields(TokenizeOptions)}
+    if opts.chat and opts.text_column != defaults["text_column"]:
+        raise NanosetError("--text-column does not apply with --chat (conversations are read from --messages-column, "
+                           "or --prompt-column and --completion-column)")
+    for name in ("messages_column", "prompt_column", "completion_column"):
+        if not opts.chat and getattr(opts, name) != defaults[name]:
+            raise NanosetError(f"--{name.replace('_', '-')} needs --chat")
+
+
 def chat_config(opts: TokenizeOptions, tokenizer: ResolvedTokenizer) -> dict | None:
     """What workers need to render conversations (None without ``--chat``); the template is compiled here
     once, so a syntax error stops the job before any worker starts."""
+    _check_column_options(opts)
     if not opts.chat:
         if opts.chat_template is not None:
             raise NanosetError("--chat-template needs --chat")

@@ -296,6 +296,14 @@ def test_missing_template_and_template_without_chat(tmp_path):
     proc = run_cli("tokenize", tmp_path / "in.jsonl", "-o", tmp_path / "o", "--tokenizer", tok, "--chat-template",
                    "x.jinja", check=False)
     assert proc.stderr == "error: --chat-template needs --chat\n"
+    # a column option of the other kind of rows was ignored (and the default column read instead)
+    for args, line in ((["--messages-column", "conv"], "--messages-column needs --chat"),
+                       (["--completion-column", "answer"], "--completion-column needs --chat"),
+                       (["--chat", "--text-column", "conv"], "--text-column does not apply with --chat (conversations "
+                        "are read from --messages-column, or --prompt-column and --completion-column)")):
+        proc = run_cli("tokenize", tmp_path / "in.jsonl", "-o", tmp_path / "o", "--tokenizer", TOKENIZER, *args,
+                       check=False)
+        assert proc.returncode == 1 and proc.stderr == f"error: {line}\n"
 
 
 def test_reader_api(chat_dataset, fixture_dataset):
