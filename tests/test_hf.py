@@ -238,6 +238,26 @@ def test_export_output_folder_mistakes_are_one_line(saved_from_hf, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and not (ckpt / "hf").exists()
 
 
+def test_export_reads_metadata_of_another_version_or_refuses_it_in_one_line(saved_from_hf, tmp_path):
+    """A tokenizer record with a key this version lacks was a TypeError traceback; model sizes missing too."""
+    import shutil
+
+    _, ckpt, _, _ = saved_from_hf
+    copy = tmp_path / "step-000000"
+    shutil.copytree(ckpt, copy)
+    meta = json.loads((copy / "metadata.json").read_text())
+    meta["tokenizer"]["added_in_a_later_version"] = 1
+    (copy / "metadata.json").write_text(json.dumps(meta))
+    out = export_checkpoint(copy, tmp_path / "out")
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == 0
+    del meta["config"]["model"]["hidden_size"]
+    (copy / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError) as e:
+        export_checkpoint(copy, tmp_path / "out2")
+    assert str(e.value) == (f"{copy / 'metadata.json'}: config.model records no hidden_size; is it a checkpoint of "
+                            f"this runtime?")
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 
 

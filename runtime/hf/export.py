@@ -20,7 +20,7 @@ import torch
 from nanoset import TokenizerInfo
 from nanoset.format import atomic_write_text
 from runtime.checkpoint_read import load_dcp
-from runtime.config import ModelArgs
+from runtime.config import MODEL_SIZE_KEYS, ModelArgs
 from runtime.config_loading import ConfigError, from_dict
 from runtime.hf.config_map import hf_config_json
 from runtime.hf.load import INDEX, SINGLE, _expected, hf_name
@@ -46,8 +46,26 @@ def read_checkpoint_metadata(checkpoint: Path) -> dict:
 
 def _model_args(metadata: dict, where: Path) -> ModelArgs:
     model = dict(metadata["config"]["model"])
+    missing = [k for k in MODEL_SIZE_KEYS if model.get(k) is None]
+    if missing:
+        raise ConfigError(f"{where / 'metadata.json'}: config.model records no {', '.join(missing)}; is it a "
+                          f"checkpoint of this runtime?")
     known = {f.name for f in fields(ModelArgs)}
     return from_dict(ModelArgs, {k: v for k, v in model.items() if k in known}, f"{where}: config.model")
+
+
+def _tokenizer_info(metadata: dict, where: Path) -> TokenizerInfo | None:
+    """The data's tokenizer record (keys of another version ignored); None when the run recorded none."""
+    record = metadata.get("tokenizer")
+    if not record:
+        return None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{where / 'metadata.json'}: tokenizer is {record!r}, not a tokenizer record")
+    known = {f.name for f in fields(TokenizerInfo)}
+    try:
+        return TokenizerInfo(**{k: v for k, v in record.items() if k in known})
+    except TypeError as e:  # a required field missing
+        raise ConfigError(f"{where / 'metadata.json'}: tokenizer record unreadable ({e})") from None
 
 
 def _stored_tensors(checkpoint: Path) -> dict:
@@ -146,7 +164,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
         raise ConfigError(f"{out}: inside the checkpoint {checkpoint} (deleted with it when the run prunes old "
                           f"checkpoints); choose an output folder outside it")
     args = _model_args(metadata, checkpoint)
-    info = TokenizerInfo(**metadata["tokenizer"]) if metadata.get("tokenizer") else None
+    info = _tokenizer_info(metadata, checkpoint)
     tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
