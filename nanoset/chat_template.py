@@ -176,6 +176,7 @@ class ChatRenderer:
         self.template = template
         self.special_tokens = dict(special_tokens)
         self._compiled = _compile(template.source, template.origin)
+        self._closing: str | None = None
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
         import jinja2
@@ -196,7 +197,7 @@ class ChatRenderer:
 
         def prefix_end(k: int, i: int) -> int:
             if k not in ends:
-                ends[k] = self._prefix_end(text, messages[:k], i)
+                ends[k] = self._prefix_end(text, messages[:k], i, self._closing_of(text))
             return ends[k]
 
         for i, m in enumerate(messages):
@@ -223,8 +224,22 @@ class ChatRenderer:
                 return len(header)
         return begin
 
-    def _prefix_end(self, text: str, prefix: list[dict[str, str]], i: int) -> int:
+    def _closing_of(self, text: str) -> str:
+        """What the template writes after the last message of every conversation (Phi-3: EOS unless a
+        generation prompt follows) — its rendering of no messages — when ``text`` ends with it, else ""."""
+        if self._closing is None:
+            try:
+                self._closing = self.render([])
+            except ChatRenderError:
+                self._closing = ""
+        return self._closing if self._closing and text.endswith(self._closing) else ""
+
+    def _prefix_end(self, text: str, prefix: list[dict[str, str]], i: int, closing: str) -> int:
+        """Where ``text`` goes on after ``prefix``: ``len(render(prefix))``, less the conversation's closing
+        text when ``render(prefix)`` ends with it (the whole has it only once, at its end)."""
         rendered = self.render(prefix)
+        if closing and not text.startswith(rendered) and rendered.endswith(closing):
+            rendered = rendered[: -len(closing)]
         if not text.startswith(rendered):
             raise ChatRenderError(
                 f"the chat template renders messages[:{len(prefix)}] differently alone than inside the whole "

@@ -75,6 +75,25 @@ def test_template_closing_a_turn_only_when_another_follows_locates_content_after
         assert spans == [(len("<user>x</user>\n<assistant>"), len("<user>x</user>\n<assistant>") + len(content))]
 
 
+def test_template_closing_every_conversation_phi3():
+    """Phi-3's template writes eos_token after the last message unless a generation prompt follows, so
+    render(messages[:i]) was never a prefix of the whole and every conversation was refused; that closing
+    (the rendering of no messages) now ends the whole only, trained after a final assistant turn."""
+    phi3 = ("{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
+            "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
+            "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}"
+            "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}"
+            "{% endif %}")
+    r = renderer(phi3, eos_token="<|endoftext|>")
+    text, spans = r.render_with_spans(CONVERSATION)
+    assert text == ("<|system|>\nYou are terse.<|end|>\n<|user|>\nHi there<|end|>\n<|assistant|>\nHello! <|end|>\n"
+                    "<|user|>\n2+2?<|end|>\n<|assistant|>\n4<|end|>\n<|endoftext|>")
+    assert [text[a:b] for a, b in spans] == ["Hello! <|end|>\n", "4<|end|>\n<|endoftext|>"]
+    text, spans = r.render_with_spans(CONVERSATION[:3] + [{"role": "user", "content": "more"}])
+    assert text.endswith("<|user|>\nmore<|end|>\n<|endoftext|>")
+    assert [text[a:b] for a, b in spans] == ["Hello! <|end|>\n"]
+
+
 def test_same_text_as_transformers():
     transformers = pytest.importorskip("transformers")
     from tokenizers import Tokenizer
