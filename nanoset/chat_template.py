@@ -170,7 +170,9 @@ class ChatRenderer:
     after ``render(messages[:i])``. The placeholder covers templates that close a turn only when
     another follows (``loop.last``), where neither ``render(messages[:i])`` nor the generation prompt
     ends where the header does, and a search from there could match the header's own text (content
-    ``a`` in ``<assistant>``). Empty content leaves the end-of-turn text alone."""
+    ``a`` in ``<assistant>``). Empty content leaves the end-of-turn text alone. Text written after the last
+    message of every conversation (the rendering of no messages, e.g. Phi-3's EOS) is taken off
+    ``render(messages[:k])`` where the whole has it only at its end."""
 
     def __init__(self, template: ChatTemplate, special_tokens: dict[str, str]) -> None:
         self.template = template
