@@ -324,6 +324,10 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
                         shards=[s for r in results for s in r.shards], build=plan.build,
                         skipped_lines=sum(r.skipped_lines for r in results), loss_masks=chat is not None,
                         chat_template_sha256=chat["template_sha256"] if chat else None)
+    if manifest.num_documents == 0 and manifest.skipped_lines:
+        raise NanosetError(f"{', '.join(opts.inputs)}: all {manifest.skipped_lines:,} rows were bad and skipped "
+                           f"(--skip-bad-lines); nothing to tokenize: rerun with --overwrite and without "
+                           f"--skip-bad-lines to see the first error")
     if manifest.num_documents == 0:
         raise NanosetError(f"{', '.join(opts.inputs)}: no documents found in the input; nothing to tokenize")
     try:

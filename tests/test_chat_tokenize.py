@@ -262,6 +262,17 @@ def test_bad_rows_skipped_and_counted(tmp_path):
     assert "skipped 6 bad lines" in proc.stdout and open_dataset(tmp_path / "out").num_documents == 1
 
 
+def test_every_row_skipped_is_named_as_such(tmp_path):
+    """A template failing on every row, with --skip-bad-lines: the job said 'no documents found in the input'."""
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in BAD_ROWS))
+    proc = run_cli("tokenize", path, "-o", tmp_path / "out", "--tokenizer", TOKENIZER, "--chat", "--skip-bad-lines",
+                   check=False)
+    assert proc.returncode == 1 and proc.stderr == (
+        f"error: {path}: all {len(BAD_ROWS)} rows were bad and skipped (--skip-bad-lines); nothing to tokenize: "
+        f"rerun with --overwrite and without --skip-bad-lines to see the first error\n")
+
+
 def test_template_error_row_and_missing_columns(tmp_path):
     template = tmp_path / "strict.jinja"
     template.write_text("{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be user') }}"
