@@ -172,7 +172,9 @@ class ChatRenderer:
     ends where the header does, and a search from there could match the header's own text (content
     ``a`` in ``<assistant>``). Empty content leaves the end-of-turn text alone. Text written after the last
     message of every conversation (the rendering of no messages, e.g. Phi-3's EOS) is taken off
-    ``render(messages[:k])`` where the whole has it only at its end."""
+    ``render(messages[:k])`` where the whole has it only at its end. When ``E`` stops right after the
+    content and a message follows, the span runs on to that message's header (the header it has when
+    rendered alone): a template closing a turn only when another follows writes the end-of-turn there."""
 
     def __init__(self, template: ChatTemplate, special_tokens: dict[str, str]) -> None:
         self.template = template
@@ -207,7 +209,10 @@ class ChatRenderer:
                 continue
             begin, end = prefix_end(i, i), prefix_end(i + 1, i)
             begin = self._header_end(text, messages, i, begin, end)
-            spans.append((self._content_start(text, begin, end, m["content"], i), end))
+            start, stop = self._content_span(text, begin, end, m["content"], i)
+            if stop == end and i + 1 < len(messages):  # nothing written after the content: see _turn_end
+                end = self._turn_end(text, messages, i, end)
+            spans.append((start, end))
         return text, spans
 
     def _header_end(self, text: str, messages: list[dict[str, str]], i: int, begin: int, end: int) -> int:
@@ -249,11 +254,27 @@ class ChatRenderer:
                 f"do not depend on later ones (--chat-template FILE)")
         return len(rendered)
 
+    def _turn_end(self, text: str, messages: list[dict[str, str]], i: int, end: int) -> int:
+        """Where assistant message ``i``'s turn ends when ``render(messages[:i+1])`` stops right after its
+        content: a template that closes a turn only when another follows (``loop.last``) writes the
+        end-of-turn text with the next message, before that message's header — the text between ``end``
+        and the next content, less the header the next message has when rendered alone."""
+        nxt = [{**messages[i + 1], "content": CONTENT_MARK}]
+        try:
+            inside, alone = self.render(messages[: i + 1] + nxt), self.render(nxt)
+        except ChatRenderError:
+            return end
+        at, header = inside.find(CONTENT_MARK), alone[: max(alone.find(CONTENT_MARK), 0)]
+        gap = inside[end:at]
+        if at < end or not header or not text.startswith(inside[:at]) or not gap.endswith(header):
+            return end
+        return end + len(gap) - len(header)
+
     @staticmethod
-    def _content_start(text: str, begin: int, end: int, content: str, i: int) -> int:
+    def _content_span(text: str, begin: int, end: int, content: str, i: int) -> tuple[int, int]:
         for needle in (content, content.strip()):
             at = text.find(needle, begin, end)
             if at >= 0:
-                return at
+                return at, at + len(needle)
         raise ChatRenderError(f"the chat template does not write assistant message {i}'s content as given "
                               f"(not found in its rendering), so its tokens cannot be located")

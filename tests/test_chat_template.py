@@ -69,10 +69,15 @@ def test_template_closing_a_turn_only_when_another_follows_locates_content_after
     template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% if not loop.last %}</{{ m.role }}>\n"
                 "{% endif %}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
     r = renderer(template)
-    for content, more in (("assistant", []), ("", []), ("a", [{"role": "user", "content": "more"}])):
-        text, spans = r.render_with_spans([{"role": "user", "content": "x"}, {"role": "assistant", "content": content},
-                                           *more])
-        assert spans == [(len("<user>x</user>\n<assistant>"), len("<user>x</user>\n<assistant>") + len(content))]
+    for content, more in (("assistant", []), ("", [])):
+        text, spans = r.render_with_spans([{"role": "user", "content": "x"}, {"role": "assistant", "content": content}])
+        assert spans == [(len("<user>x</user>\n<assistant>"), len(text))]
+    # the end-of-turn text such a template writes only when another message follows is trained too (it
+    # was left out: render(messages[:i+1]) stops right after the content)
+    text, spans = r.render_with_spans([{"role": "user", "content": "x"}, {"role": "assistant", "content": "a"},
+                                       {"role": "user", "content": "more"}, {"role": "assistant", "content": "b"}])
+    assert text == "<user>x</user>\n<assistant>a</assistant>\n<user>more</user>\n<assistant>b"
+    assert [text[a:b] for a, b in spans] == ["a</assistant>\n", "b"]
 
 
 def test_template_closing_every_conversation_phi3():
