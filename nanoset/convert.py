@@ -157,10 +157,14 @@ def convert(src: str | Path, out: str | Path, tokenizer: str | None = None, eos_
     shards = [s for s in ds.shards if s.num_documents]
     if not shards:
         raise NanosetError(f"{src}: holds no documents; nothing to convert")
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.convert-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise NanosetError(f"{out}: cannot create the output folder there ({e.strerror}); choose another "
+                           f"output folder") from None
     try:
         copied = [_copy_shard(s, tmp, dtype, tok) for s in shards]
         eos_ok = all(ok for _, ok in copied) if tok.eos_id is not None else None
@@ -168,6 +172,9 @@ def convert(src: str | Path, out: str | Path, tokenizer: str | None = None, eos_
         write_manifest(tmp, Manifest(tokenizer=tok, dtype=dtype_name(dtype), shards=[s for s, _ in copied],
                                      build=build, loss_masks=ds.has_loss_masks))
         _publish(tmp, out)
+    except OSError as e:  # e.g. the disk filled up: nothing of OUT is left half written
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise NanosetError(f"{out}: writing the converted dataset failed ({e})") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

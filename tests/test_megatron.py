@@ -328,6 +328,10 @@ def test_convert_refuses_bad_requests_in_one_line(tmp_path, fixture_dataset):
     cases.append((("convert", big, "-o", tmp_path / "o", "--tokenizer", TOKENIZER),
                   f"{big}: holds token id 70000, ≥ the vocab size {open_vocab()} of tokenizer {str(TOKENIZER)!r}; "
                   f"pass the tokenizer the data was made with"))
+    (tmp_path / "file").write_text("")  # an output under a file: was a bare "[Errno 17] File exists" line
+    cases.append((("convert", prefix, "-o", tmp_path / "file" / "o"),
+                  f"{tmp_path}/file/o: cannot create the output folder there (File exists); choose another output "
+                  f"folder"))
     for args, message in cases:
         proc = run_cli(*args, check=False)
         assert (proc.returncode, proc.stderr) == (1, f"error: {message}\n"), args
