@@ -23,6 +23,7 @@ import torch.distributed.checkpoint as dcp
 
 from nanoset.format import atomic_write_text
 from runtime.checkpoint_read import earlier_checkpoints_hint, load_dcp
+from runtime.config_loading import ConfigError
 from runtime.engine import Engine
 from runtime.run_start import LATEST, checkpoint_step, resolve_checkpoint
 
@@ -141,10 +142,22 @@ class CheckpointManager:
     def load(self, engine: Engine, path: Path) -> dict:
         """Load model and optimizer (resharding to this layout), RNG states; return the metadata."""
         metadata = json.loads((path / "metadata.json").read_text())
-        load_dcp(_app_state(engine), path, earlier_checkpoints_hint(path))  # in place: parameters, AdamW state
+        hint = earlier_checkpoints_hint(path)
+        load_dcp(_app_state(engine), path, hint)  # in place: parameters, AdamW state
         rng = path / f"rng-rank{dist.get_rank()}.pt"
-        if metadata.get("world_size") == dist.get_world_size() and rng.is_file():
-            _set_rng_state(torch.load(rng, weights_only=True))
+        if metadata.get("world_size") == dist.get_world_size():  # the same layout: each rank its own RNG file
+            state, error = None, ""
+            try:
+                state = torch.load(rng, weights_only=True) if rng.is_file() else None
+            except Exception as e:  # noqa: BLE001 - a torn file: zip, pickle or EOF errors alike
+                error = f"{rng.name} ({e})"
+            # every rank learns that a file failed, so all stop with the same line (none waits alone)
+            errors = [""] * dist.get_world_size()
+            dist.all_gather_object(errors, error)
+            if any(errors):
+                raise ConfigError(f"{path}: unreadable RNG file {next(e for e in errors if e)}; {hint}")
+            if state is not None:
+                _set_rng_state(state)
         return metadata
 
 

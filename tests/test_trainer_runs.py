@@ -202,6 +202,21 @@ def test_resume_from_a_torn_checkpoint_is_one_line_naming_an_earlier_one(referen
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
 
 
+def test_a_torn_rng_file_of_another_rank_stops_every_rank_with_one_line(shards, tmp_path):
+    """Only rank 1 reads rng-rank1.pt: its failure is shared, so rank 0 does not train on alone into a hang."""
+    run = tmp_path / "run"
+    train = small_config(tmp_path, run, dp=2, steps=2, interval=2, single_stage=True)
+    torchrun(train, 2, cwd=shards)
+    (run / "checkpoints" / "step-000002" / "rng-rank1.pt").write_bytes(b"torn")
+    proc = torchrun(small_config(tmp_path, run, dp=2, steps=4, interval=2, single_stage=True), 2, cwd=shards,
+                    check=False)
+    assert proc.returncode != 0 and "Traceback" not in worker_stderr(proc.stderr)
+    (line,) = error_lines(proc.stderr)
+    assert line.startswith(f"error: {run}/checkpoints/step-000002: unreadable RNG file rng-rank1.pt (") and line.endswith(
+        "); no earlier checkpoint is there: start over (checkpoints.resume: null, checkpoints.replace_run: true)")
+    assert [r["step"] for r in metrics(run)] == [1, 2]
+
+
 @pytest.mark.parametrize("case", ["missing-path", "dangling-latest", "tied-tp2", "not-a-checkpoint", "run-dir-in-a-file",
                                   "latest-typo", "past-train-steps", "checkpoints-path-in-proc"])
 def test_user_mistakes_are_one_line_before_start_up(reference, shards, tmp_path, case):
