@@ -27,6 +27,7 @@ from nanoset.format import (
     TokenizerInfo,
     dtype_for_vocab,
     dtype_name,
+    fresh_folder_beside,
     metadata_text,
     shard_files,
 )
@@ -157,14 +158,7 @@ def convert(src: str | Path, out: str | Path, tokenizer: str | None = None, eos_
     shards = [s for s in ds.shards if s.num_documents]
     if not shards:
         raise NanosetError(f"{src}: holds no documents; nothing to convert")
-    tmp = out.with_name(f".{out.name}.convert-{os.getpid()}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    except OSError as e:
-        raise NanosetError(f"{out}: cannot create the output folder there ({e.strerror}); choose another "
-                           f"output folder") from None
+    tmp = fresh_folder_beside(out, f".{out.name}.convert-{os.getpid()}")
     try:
         copied = [_copy_shard(s, tmp, dtype, tok) for s in shards]
         eos_ok = all(ok for _, ok in copied) if tok.eos_id is not None else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -226,6 +227,20 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def fresh_folder_beside(out: Path, tmp_name: str) -> Path:
+    """An empty folder ``tmp_name`` beside ``out`` (its parents made), where an output is built before its
+    rename into place; a place where it cannot be made is one line naming ``out``, not a bare errno."""
+    tmp = out.with_name(tmp_name)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise NanosetError(f"{out}: cannot create the output folder there ({e.strerror}); choose another "
+                           f"output folder") from None
+    return tmp
 
 
 def shard_files(name: str, loss: bool = False) -> dict[str, str]:

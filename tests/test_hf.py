@@ -20,7 +20,7 @@ from hf_workers import hf_config, logits_worker
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from nanoset import TokenizerInfo  # noqa: E402
+from nanoset import NanosetError, TokenizerInfo  # noqa: E402
 from runtime.config import Config, ConfigError  # noqa: E402
 from runtime.hf.export import export_checkpoint  # noqa: E402
 from runtime.hf.load import check_hf_weights  # noqa: E402
@@ -227,7 +227,7 @@ def test_export_output_folder_mistakes_are_one_line(saved_from_hf, tmp_path):
     assert str(e.value) == (f"{ckpt / 'hf'}: inside the checkpoint {ckpt} (deleted with it when the run prunes old "
                             f"checkpoints); choose an output folder outside it")
     (tmp_path / "file").write_text("")
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(NanosetError) as e:
         export_checkpoint(ckpt, tmp_path / "file" / "out")
     assert str(e.value) == (f"{tmp_path / 'file' / 'out'}: cannot create the output folder there (File exists); "
                             f"choose another output folder")

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from nanoset import TokenizerInfo
-from nanoset.format import atomic_write_text
+from nanoset.format import atomic_write_text, fresh_folder_beside
 from runtime.checkpoint_read import load_dcp
 from runtime.config import MODEL_SIZE_KEYS, ModelArgs
 from runtime.config_loading import ConfigError, from_dict
@@ -165,14 +165,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
                           f"checkpoints); choose an output folder outside it")
     args = _model_args(metadata, checkpoint)
     info = _tokenizer_info(metadata, checkpoint)
-    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    except OSError as e:
-        raise ConfigError(f"{out}: cannot create the output folder there ({e.strerror}); choose another "
-                          f"output folder") from None
+    tmp = fresh_folder_beside(out, f".tmp-{out.name}-{os.getpid()}")
     try:
         written = _write_weights(checkpoint, tmp, args, DTYPES.get(dtype), max_shard_bytes)
         bos, eos = (info.bos_id, info.eos_id) if info is not None else (None, None)
