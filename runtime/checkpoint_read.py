@@ -17,8 +17,9 @@ from runtime.run_start import checkpoint_step, saved_checkpoints
 def earlier_checkpoints_hint(checkpoint: Path) -> str:
     """What to resume from instead of ``checkpoint``: the newest complete checkpoint before it, if any."""
     step = checkpoint_step(checkpoint.name)
-    earlier = [p for p in saved_checkpoints(checkpoint.parent)
-               if step is not None and (checkpoint_step(p.name) or 0) < step]
+    if step is None:  # a folder not named step-N: nothing to say what came before it
+        return "set checkpoints.resume to another checkpoint and rerun"
+    earlier = [p for p in saved_checkpoints(checkpoint.parent) if (checkpoint_step(p.name) or 0) < step]
     if earlier:
         return f"set checkpoints.resume: {earlier[-1]} (an earlier checkpoint) and rerun"
     return "no earlier checkpoint is there: start over (checkpoints.resume: null, checkpoints.replace_run: true)"

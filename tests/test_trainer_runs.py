@@ -202,6 +202,18 @@ def test_resume_from_a_torn_checkpoint_is_one_line_naming_an_earlier_one(referen
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
 
 
+def test_the_hint_for_a_damaged_checkpoint_names_the_newest_earlier_one(tmp_path):
+    from runtime.checkpoint_read import earlier_checkpoints_hint
+
+    make_checkpoints(tmp_path, ["step-000002", "step-000004", "step-000010", "best"], latest="step-000010")
+    (tmp_path / "step-000008").mkdir()  # incomplete (no metadata.json): never suggested
+    assert earlier_checkpoints_hint(tmp_path / "step-000010") == (
+        f"set checkpoints.resume: {tmp_path / 'step-000004'} (an earlier checkpoint) and rerun")
+    assert earlier_checkpoints_hint(tmp_path / "step-000002") == (
+        "no earlier checkpoint is there: start over (checkpoints.resume: null, checkpoints.replace_run: true)")
+    assert earlier_checkpoints_hint(tmp_path / "best") == "set checkpoints.resume to another checkpoint and rerun"
+
+
 def test_a_torn_rng_file_of_another_rank_stops_every_rank_with_one_line(shards, tmp_path):
     """Only rank 1 reads rng-rank1.pt: its failure is shared, so rank 0 does not train on alone into a hang."""
     run = tmp_path / "run"
