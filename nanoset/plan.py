@@ -164,7 +164,11 @@ class OutputFolder:
 
     def _create_work(self, state: str) -> None:
         """Create the work folder holding ``state`` as plan.json, in one rename (or find another machine's)."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # was a bare "[Errno 2] ..." naming a parent folder
+            raise NanosetError(f"{self.path}: cannot create the output folder there ({e.strerror}); choose "
+                               f"another -o folder") from None
         tmp = self.path / f"{WORK_DIR}.tmp-{uuid.uuid4().hex}"
         tmp.mkdir()
         atomic_write_text(tmp / "plan.json", state)

@@ -67,6 +67,8 @@ def test_filesystem_errors_are_one_line(tmp_path):
     data = corpus(tmp_path / "data")
     (tmp_path / "afile").write_text("x")
     one_line_error(tokenize_cli(data, "-o", tmp_path / "afile" / "out"), "[Errno 20] Not a directory", "afile")
+    one_line_error(tokenize_cli(data, "-o", "/proc/nanoset-nope/out"),  # was a bare "[Errno 2]" naming /proc/...
+                   "error: /proc/nanoset-nope/out: cannot create the output folder there (", "); choose another -o folder")
     one_line_error(tokenize_cli(data, "-o", tmp_path / "o", "--num-tasks", "0"), "--num-tasks must be ≥ 1, got 0")
 
 
