@@ -89,7 +89,8 @@ class MetricsLogger:
             f.write(json.dumps({"step": step, "stage": stage, "val": results}) + "\n")
         if self.tb is not None:
             for name, r in results.items():
-                self.tb.add_scalar(f"val/{name}/loss", r["loss"], step)
+                if r["loss"] is not None:
+                    self.tb.add_scalar(f"val/{name}/loss", r["loss"], step)
         self.info(f"val  {step:>6} | {stage} | " + " | ".join(lines))
 
     def info(self, message: str) -> None:

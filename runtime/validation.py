@@ -45,11 +45,21 @@ def evaluate(engine: Engine, sets: list[HeldOutSet], sequence_length: int, use_p
             s, n = eval_loss(engine, batches, sequence_length)
             loss_sum += s
             count += n
-        loss = loss_sum / count if count else float("nan")
-        out[held.name] = {"loss": loss, "ppl": math.exp(loss) if loss < 700 else float("inf"), "tokens": count}
+        out[held.name] = summarize(loss_sum, count)
     return out
 
 
-def describe(results: dict[str, dict[str, float | int]]) -> list[str]:
-    """One line per dataset: ``NAME: loss L ppl P tokens N``."""
-    return [f"{name}: loss {r['loss']:.4f} ppl {r['ppl']:.2f} tokens {r['tokens']}" for name, r in results.items()]
+def summarize(loss_sum: float, count: int) -> dict[str, float | int | None]:
+    """``{"loss", "ppl", "tokens"}``; a set whose windows hold no label token (chat data sampled in user
+    turns only) has loss and ppl null: NaN and Infinity are not JSON, and metrics.jsonl must stay JSON."""
+    if not count:
+        return {"loss": None, "ppl": None, "tokens": 0}
+    loss = loss_sum / count
+    return {"loss": loss, "ppl": math.exp(loss) if loss < 700 else None, "tokens": count}
+
+
+def describe(results: dict[str, dict[str, float | int | None]]) -> list[str]:
+    """One line per dataset: ``NAME: loss L ppl P tokens N`` (``no label tokens`` when there are none)."""
+    return [f"{name}: no label tokens (raise validation.samples)" if r["loss"] is None else
+            f"{name}: loss {r['loss']:.4f} ppl " + ("overflow" if r["ppl"] is None else f"{r['ppl']:.2f}") +
+            f" tokens {r['tokens']}" for name, r in results.items()]

@@ -287,6 +287,24 @@ def test_validation_rows_tensorboard_and_log_line(tmp_path, capsys):
                                        "chat: loss 1.0000 ppl 2.72 tokens 7\n")
 
 
+def test_a_set_without_label_tokens_is_a_json_row_and_says_so(tmp_path, capsys):
+    """Chat windows sampled in user turns only: loss was NaN and ppl inf, written as NaN/Infinity (not JSON)."""
+    from runtime.validation import summarize
+
+    results = {"chat": summarize(0.0, 0), "web": summarize(5.0, 2)}
+    assert results == {"chat": {"loss": None, "ppl": None, "tokens": 0},
+                       "web": {"loss": 2.5, "ppl": math.exp(2.5), "tokens": 2}}
+    logger = MetricsLogger(tmp_path, enabled=True, tensorboard=False)
+    scalars = []
+    logger.tb = SimpleNamespace(add_scalar=lambda *a: scalars.append(a))
+    logger.log_validation(4, "sft", results, describe(results))
+    row = json.loads((tmp_path / "metrics.jsonl").read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert row["val"]["chat"] == {"loss": None, "ppl": None, "tokens": 0}
+    assert scalars == [("val/web/loss", 2.5, 4)]
+    assert capsys.readouterr().out == ("val       4 | sft | chat: no label tokens (raise validation.samples) | "
+                                       "web: loss 2.5000 ppl 12.18 tokens 2\n")
+
+
 def test_resume_keeps_one_validation_row_per_step(tmp_path):
     rows = [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0}, {"step": 2, "stage": "a", "val": {"x": 1}},
             {"step": 3, "loss": 3.0}, {"step": 4, "loss": 4.0}, {"step": 4, "stage": "a", "val": {"x": 2}},
