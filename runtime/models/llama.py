@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.config import ModelArgs, RopeScalingArgs
-from runtime.models.rope import rope_inv_freq
 from runtime.models.document_attention import attend, document_mask
+from runtime.models.rope import rope_inv_freq
 
 
 class RMSNorm(nn.Module):
