@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script by torchrun: make the repository importable
@@ -23,6 +24,7 @@ from runtime.data.plan import DataPlan  # noqa: E402
 from runtime.hf.preflight import check_init_from_hf  # noqa: E402
 from runtime.run_start import RunStart, plan_start  # noqa: E402
 
+REPORT_GRACE_S = 20.0
 USER_ERRORS = (ConfigError, NanosetError, FileNotFoundError, TimeoutError)
 
 
@@ -40,6 +42,18 @@ def prepare(config_path: str) -> tuple[Config, DataPlan, RunStart]:
     return config, plan, start
 
 
+def report_once(error: Exception, reporter: bool, reporters_node: bool = True) -> None:
+    """Every rank finds the same mistake and the reporter prints it. The other ranks of its node wait for
+    torchrun to stop them once the reporter has exited (exiting first gets it killed, maybe before it prints)
+    and print the error themselves only if that never happens; ranks of other nodes (whose exit does not stop
+    the reporter's node at once) leave the printing to it."""
+    if not reporter:
+        if not reporters_node:
+            return
+        time.sleep(REPORT_GRACE_S)
+    print(f"error: {error}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True, help="YAML config (see README: config keys)")
@@ -47,9 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, plan, start = prepare(args.config)
         heldout = open_heldout(config, training_tokenizers(plan))  # validation data, checked before start-up
-    except USER_ERRORS as e:
-        if int(os.environ.get("LOCAL_RANK", "0")) == 0:  # every rank finds it: print once (per node)
-            print(f"error: {e}", file=sys.stderr)
+    except USER_ERRORS as e:  # before start-up: printed once per node (each node has its own log)
+        report_once(e, reporter=int(os.environ.get("LOCAL_RANK", "0")) == 0)
         return 1
     from runtime.trainer import Trainer
 
@@ -57,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer.train()
     except USER_ERRORS as e:  # found after start-up (e.g. data that changed since the checkpoint)
-        if trainer.is_main:
-            print(f"error: {e}", file=sys.stderr)
+        report_once(e, reporter=trainer.is_main, reporters_node=os.environ.get("GROUP_RANK", "0") == "0")
         return 1
     finally:
         trainer.close()

@@ -23,6 +23,10 @@ def _entry(rank: int, world: int, port: int, fn, args, errors) -> None:
     torch.set_num_threads(1)
     try:
         fn(rank, world, *args)
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # let every rank's last gloo operation finish before any tears its group down
+            dist.barrier()
     except BaseException:
         errors.put((rank, traceback.format_exc()))
         raise

@@ -384,3 +384,18 @@ def test_paths_with_a_tilde_are_in_the_home_folder(tmp_path, monkeypatch):
     from runtime.config import ModelArgs
 
     assert ModelArgs(init_from_hf="~/models/llama").init_from_hf == str(home / "models" / "llama")
+
+
+def test_only_the_reporter_prints_and_its_node_mates_wait_for_torchrun(monkeypatch, capsys):
+    """A rank that exits first gets the reporter killed by torchrun, maybe before it prints (seen under load):
+    the reporter's node mates wait for torchrun to stop them; ranks of other nodes print nothing."""
+    from runtime import train
+
+    slept: list[float] = []
+    monkeypatch.setattr(train.time, "sleep", slept.append)
+    train.report_once(ValueError("x: bad"), reporter=True)
+    assert (slept, capsys.readouterr().err) == ([], "error: x: bad\n")
+    train.report_once(ValueError("x: bad"), reporter=False, reporters_node=False)
+    assert (slept, capsys.readouterr().err) == ([], "")
+    train.report_once(ValueError("x: bad"), reporter=False)  # still alive after the grace time: say it
+    assert (slept, capsys.readouterr().err) == ([train.REPORT_GRACE_S], "error: x: bad\n")
