@@ -50,9 +50,13 @@ def _optimizer_state(engine: Engine) -> dict[str, torch.Tensor]:
 
 
 def _app_state(engine: Engine) -> dict:
+    """Each tensor once: a tied head is the embedding, so only ``embed_tokens.weight`` is saved and
+    loaded (``state_dict`` would also list it as ``lm_head.weight``), whatever the layout."""
     model = {}
     for chunk in engine.chunks:
-        model.update(chunk.state_dict())
+        aliases = ({n for n, _ in chunk.named_parameters(remove_duplicate=False)}
+                   - {n for n, _ in chunk.named_parameters()})
+        model.update({k: v for k, v in chunk.state_dict().items() if k not in aliases})
     return {"model": model, "optimizer": _optimizer_state(engine)}
 
 

@@ -69,3 +69,20 @@ def logits_worker(rank: int, world: int, hf_path: str, layout: dict, ids: torch.
         meta = {"training": {"last_train_step": 0}, "config": config.to_dict(), "tokenizer": tokenizer}
         CheckpointManager(Path(checkpoint), keep_last=1, is_writer=rank == 0).save(engine, 0, json.loads(
             json.dumps(meta)))
+
+
+def resumed_logits_worker(rank: int, world: int, hf_path: str, layout: dict, ids: torch.Tensor, out: str,
+                          checkpoint: str) -> None:
+    """Logits of a model resumed from ``checkpoint`` (any layout) into ``layout`` instead of read from HF."""
+    from runtime.checkpoint import CheckpointManager
+    from runtime.engine import Engine
+    from runtime.parallel.context import ParallelContext
+
+    config = hf_config(hf_path, **layout)
+    ctx = ParallelContext(tp=config.parallelism.tp, pp=config.parallelism.pp, dp=config.parallelism.dp)
+    engine = Engine(config, ctx)  # seeded random weights, replaced by the checkpoint's
+    (step,) = Path(checkpoint).glob("step-*")
+    CheckpointManager(Path(checkpoint), keep_last=1, is_writer=rank == 0).load(engine, step)
+    logits = forward_logits(engine, ids)
+    if logits is not None and ctx.dp_rank == 0 and ctx.tp_rank == 0:
+        torch.save(logits, out)

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from torch.distributed.checkpoint import FileSystemReader
 
 from conftest import ROOT, TOKENIZER
 from dist_harness import run_distributed
-from hf_workers import hf_config, logits_worker
+from hf_workers import hf_config, logits_worker, resumed_logits_worker
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -71,15 +72,25 @@ def test_logits_match_transformers_untied(tmp_path, layout):
     torch.testing.assert_close(ours(tmp_path, hf, layout, ids), reference_logits(hf, ids), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", [{}, {"dp": 2}], ids=["dp1", "dp2-fsdp"])
+@pytest.mark.parametrize("layout", [{}, {"dp": 2}, {"tp": 2}], ids=["dp1", "dp2-fsdp", "tp2"])
 def test_logits_match_transformers_tied(tmp_path, layout):
-    """Tied: one tensor in and out (the export of the dp 2 checkpoint is the original file's tensors)."""
+    """Tied: one tensor in and out (the export of the dp 2 or tp 2 checkpoint is the original file's tensors)."""
     hf = save_hf(tmp_path / "hf", tie=True)
     ids = fixed_ids()
     with safetensors_torch.safe_open(hf / "model.safetensors", "pt") as f:
         assert "lm_head.weight" not in f.keys()  # a tied model stores the embedding once
     logits = ours(tmp_path, hf, layout, ids, checkpoint=str(tmp_path / "ckpt"), tokenizer=None)
     torch.testing.assert_close(logits, reference_logits(hf, ids), rtol=0, atol=1e-5)
+    (step,) = (tmp_path / "ckpt").glob("step-*")
+    saved = FileSystemReader(step).read_metadata().state_dict_metadata
+    assert sorted(k for k in saved if "embed" in k or "lm_head" in k) == [  # the tied weight once, any layout
+        "model.embed_tokens.weight", "optimizer.embed_tokens.weight.exp_avg",
+        "optimizer.embed_tokens.weight.exp_avg_sq", "optimizer.embed_tokens.weight.step"]
+    other = {} if layout else {"tp": 2}  # resume across tp sizes: tp 2 → 1 process, 1 process → tp 2
+    world = other.get("tp", 1)
+    run_distributed(world, resumed_logits_worker, str(hf), other, ids, str(tmp_path / "resumed.pt"),
+                    str(tmp_path / "ckpt"))
+    torch.testing.assert_close(torch.load(tmp_path / "resumed.pt"), logits, rtol=0, atol=1e-5)
     out = export_checkpoint(tmp_path / "ckpt", tmp_path / "out")
     original, exported = tensors(hf), tensors(out)
     assert sorted(exported) == sorted(original) and all(torch.equal(exported[n], t) for n, t in original.items())

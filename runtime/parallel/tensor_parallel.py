@@ -1,6 +1,7 @@
 """Tensor parallelism with DTensor: Megatron-style column/row splits of attention and MLP, a
 vocabulary-parallel embedding, and a vocabulary-sharded head whose loss is computed without
-gathering the logits (``loss_parallel``)."""
+gathering the logits (``loss_parallel``). A tied head is the embedding: both are split over the
+vocabulary (rows of the ``[vocab, hidden]`` weight), so one sharded parameter serves both."""
 
 from __future__ import annotations
 
@@ -27,4 +28,9 @@ def apply_tensor_parallel(chunk: nn.Module, tp_mesh: DeviceMesh) -> None:
         plan[f"layers.{name}.mlp.gate_proj"] = ColwiseParallel()
         plan[f"layers.{name}.mlp.up_proj"] = ColwiseParallel()
         plan[f"layers.{name}.mlp.down_proj"] = RowwiseParallel()
+    tied = chunk.has_embedding and chunk.has_head and chunk.lm_head.weight is chunk.embed_tokens.weight
     parallelize_module(chunk, tp_mesh, plan)
+    if tied:
+        # parallelize_module gives each module its own DTensor copy; share the embedding's again
+        # (before FSDP, as with tp = 1) so both uses' gradients add into one parameter
+        chunk.lm_head.weight = chunk.embed_tokens.weight
