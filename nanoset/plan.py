@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanoset.corpus import Piece, Source, split_source
+from nanoset.sources import Piece, Source, split_source
 from nanoset.errors import NanosetError
 from nanoset.format import (
     INDEX_SUFFIX,

@@ -21,7 +21,8 @@ import numpy as np
 
 from nanoset.chat import ChatColumns, ChatReader, encode_chats
 from nanoset.chat_template import ChatRenderer, ChatTemplate, load_chat_template, special_token_strings
-from nanoset.corpus import Piece, TextReader, discover
+from nanoset.corpus import TextReader
+from nanoset.sources import Piece, discover
 from nanoset.errors import NanosetError
 from nanoset.format import Manifest, dtype_for_vocab, dtype_name
 from nanoset.plan import OutputFolder, Plan, Task, TaskResult, make_plan

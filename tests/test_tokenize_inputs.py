@@ -11,7 +11,8 @@ from conftest import CORPUS, TOKENIZER, one_line_error, run_cli
 
 from nanoset import open_dataset
 from nanoset import corpus as corpus_mod
-from nanoset.corpus import Piece, Source, TextReader, discover
+from nanoset.corpus import TextReader
+from nanoset.sources import Piece, Source, discover, split_source
 
 
 def all_docs(folder: Path) -> list[list[int]]:
@@ -130,7 +131,7 @@ def counting_open(monkeypatch) -> list[str]:
 
 def pieces_of(path: Path, target: int) -> list[Piece]:
     src = Source(str(path), "jsonl", path.stat().st_size, 0)
-    return corpus_mod.split_source(src, target)
+    return split_source(src, target)
 
 
 def test_skip_bad_lines_reads_each_piece_once(tmp_path, monkeypatch):

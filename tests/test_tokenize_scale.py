@@ -13,7 +13,7 @@ import pytest
 from conftest import CORPUS, TOKENIZER, run_cli
 from test_tokenize import big_corpus, same_folder
 
-from nanoset.corpus import Source, discover
+from nanoset.sources import Source, discover
 from nanoset.plan import auto_task_bytes, make_plan
 
 
