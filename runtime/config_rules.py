@@ -89,9 +89,6 @@ def _validate_parallelism(c: Config) -> None:
                           f"and num_key_value_heads {m.kv_heads}")
     if m.intermediate_size % p.tp:
         raise ConfigError(f"parallelism.tp {p.tp} must divide model.intermediate_size {m.intermediate_size}")
-    if m.tie_word_embeddings and p.pp > 1:
-        raise ConfigError(f"model.tie_word_embeddings needs parallelism.pp = 1 (a tied embedding cannot be split "
-                          f"across pipeline stages), got pp {p.pp}; untie it or use tp/dp instead of pp")
     interleaved = p.pp > 1 and p.pp_engine == "interleaved-1f1b"  # with pp = 1 the engine is irrelevant
     chunks = p.pp * (p.pp_virtual_stages if interleaved else 1)
     if m.num_hidden_layers < chunks:

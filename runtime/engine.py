@@ -25,6 +25,7 @@ from runtime.parallel.context import ParallelContext
 from runtime.parallel.data_parallel import apply_fsdp
 from runtime.parallel.pipeline import build_schedule, chunk_layer_ranges, chunks_of_rank, num_chunks
 from runtime.parallel.tensor_parallel import apply_tensor_parallel
+from runtime.parallel.tied_embedding import TiedEmbeddingSync
 
 IGNORE_INDEX = -100
 
@@ -73,6 +74,7 @@ class Engine:
             if self.use_fsdp:
                 apply_fsdp(chunk, ctx.mesh["dp"], self.dtype)
             self.chunks.append(chunk)
+        self.tied_sync = TiedEmbeddingSync(self.chunks, ctx) if args.tie_word_embeddings and par.pp > 1 else None
         self.owns_inputs = self.chunks[0].has_embedding
         self.owns_loss = self.chunks[-1].has_head
         self.optimizer = self._build_optimizer()
@@ -85,7 +87,12 @@ class Engine:
         return [p for c in self.chunks for p in c.parameters()]
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return [(n, p) for c in self.chunks for n, p in c.named_parameters()]
+        """Layout-independent names: a pipeline-tied head copy is ``embed_tokens.weight`` too."""
+        return [(c.stored_name(n), p) for c in self.chunks for n, p in c.named_parameters()]
+
+    def _norm_parameters(self) -> list[nn.Parameter]:
+        """Each weight once: the head copy of a tied embedding is the embedding's (equal) gradient."""
+        return [p for c in self.chunks for n, p in c.named_parameters() if c.stored_name(n) == n]
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         o = self.config.optimizer
@@ -162,7 +169,10 @@ class Engine:
                 self._run_accumulation(batches, losses)
             else:
                 self._run_pipeline(batches, losses, sequence_length)
-        grad_norm = clip_grad_norm_(self.parameters(), self.config.optimizer.clip_grad, self.ctx)
+        if self.tied_sync is not None:
+            self.tied_sync.sum_gradients()
+        grad_norm = clip_grad_norm_(self.parameters(), self.config.optimizer.clip_grad, self.ctx,
+                                    counted=self._norm_parameters())
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss, n_tokens = self._global_loss(losses, n_tokens)
@@ -208,14 +218,16 @@ class Engine:
         return float(total[0]), int(total[1])
 
 
-def clip_grad_norm_(params: list[nn.Parameter], max_norm: float | None, ctx: ParallelContext) -> float:
-    """Total L2 norm of all gradients of the model (every tp, dp shard and pp stage), then clip.
+def clip_grad_norm_(params: list[nn.Parameter], max_norm: float | None, ctx: ParallelContext,
+                    counted: list[nn.Parameter] | None = None) -> float:
+    """Total L2 norm of the gradients of ``counted`` (default: ``params``) over every tp, dp shard and
+    pp stage, then clip all of ``params``.
 
     DTensor gradients are grouped by mesh and placement, so each group's norm reduces correctly
     over its own shards and replicas; pipeline stages add their squares over the pp group.
     """
     groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
-    for p in params:
+    for p in params if counted is None else counted:
         if p.grad is not None:
             g = p.grad
             key = (g.device_mesh, tuple(g.placements)) if hasattr(g, "device_mesh") else ("local",)

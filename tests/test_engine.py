@@ -34,6 +34,7 @@ LAYOUTS = {
     "pp4-1f1b": (4, {"pp": 4, "engine": "1f1b"}),  # two middle ranks whose batch dicts raise if read
     "dp2-pp2": (4, {"dp": 2, "pp": 2, "accum": 2}),
     "dp2-tp2": (4, {"dp": 2, "tp": 2, "accum": 2}),
+    "tp2-pp2": (4, {"tp": 2, "pp": 2}),
 }
 
 
@@ -61,9 +62,23 @@ def tied_reference(tmp_path_factory):
     return run_layout(tmp_path_factory.mktemp("tied"), 1, tie_word_embeddings=True)
 
 
-@pytest.mark.parametrize("world,layout", [(2, {"tp": 2}), (4, {"dp": 2, "tp": 2, "accum": 2})], ids=["tp2", "dp2-tp2"])
-def test_tied_tensor_parallel_matches_single_process(tmp_path, tied_reference, world, layout):
-    """Tied: the vocabulary-split embedding and head share one DTensor; both gradients go into it."""
+TIED_LAYOUTS = {
+    "tp2": (2, {"tp": 2}),
+    "dp2-tp2": (4, {"dp": 2, "tp": 2, "accum": 2}),
+    "tp2-pp2": (4, {"tp": 2, "pp": 2}),
+    "pp2-afab": (2, {"pp": 2, "engine": "afab"}),
+    "pp2-interleaved": (2, {"pp": 2, "engine": "interleaved-1f1b"}),
+    "pp4-1f1b": (4, {"pp": 4, "engine": "1f1b"}),  # the pair skips the middle ranks
+    "dp2-pp2": (4, {"dp": 2, "pp": 2, "accum": 2}),
+    "tp2-pp2": (4, {"tp": 2, "pp": 2}),
+}
+
+
+@pytest.mark.parametrize("name", list(TIED_LAYOUTS))
+def test_tied_embeddings_match_single_process(tmp_path, tied_reference, name):
+    """Tied: with tp the vocabulary-split embedding and head share one DTensor; with pp the last stage's
+    head is a copy whose gradient is summed with the embedding's, so both stay equal to the bit."""
+    world, layout = TIED_LAYOUTS[name]
     ref_losses, ref_weights, _ = tied_reference
     assert "lm_head.weight" not in ref_weights and "embed_tokens.weight" in ref_weights  # one parameter
     losses, weights, _ = run_layout(tmp_path, world, tie_word_embeddings=True, **layout)
@@ -71,14 +86,17 @@ def test_tied_tensor_parallel_matches_single_process(tmp_path, tied_reference, w
     assert sorted(weights) == sorted(ref_weights)
     for k in ref_weights:
         torch.testing.assert_close(weights[k], ref_weights[k], atol=1e-5, rtol=0, msg=k)
+    pp = layout.get("pp", 1)
+    if pp > 1:
+        first, last = (torch.load(tmp_path / f"dump.pp{r}")["weights"] for r in (0, pp - 1))
+        assert "lm_head.weight" not in last  # the copy is named after the embedding
+        assert torch.equal(first["embed_tokens.weight"], last["embed_tokens.weight"])
 
 
 @pytest.mark.parametrize("world,layout,fragment", [
     (2, {"dp": 1, "accum": 4}, "tp 1 × pp 1 × dp 1 = 1 processes, but WORLD_SIZE is 2"),
     (2, {"tp": 2, "num_attention_heads": 4, "num_key_value_heads": 1}, "parallelism.tp 2 must divide"),
     (2, {"pp": 2, "num_hidden_layers": 1}, "model.num_hidden_layers 1 < 2 pipeline stages"),
-    (2, {"pp": 2, "tie_word_embeddings": True}, "model.tie_word_embeddings needs parallelism.pp = 1 (a tied "
-                                                "embedding cannot be split across pipeline stages), got pp 2"),
 ])
 def test_layout_errors_are_clear(tmp_path, world, layout, fragment):
     from engine_workers import build_expecting_error

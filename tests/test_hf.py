@@ -72,9 +72,12 @@ def test_logits_match_transformers_untied(tmp_path, layout):
     torch.testing.assert_close(ours(tmp_path, hf, layout, ids), reference_logits(hf, ids), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout", [{}, {"dp": 2}, {"tp": 2}], ids=["dp1", "dp2-fsdp", "tp2"])
-def test_logits_match_transformers_tied(tmp_path, layout):
-    """Tied: one tensor in and out (the export of the dp 2 or tp 2 checkpoint is the original file's tensors)."""
+@pytest.mark.parametrize("layout,resumed_in", [({}, {"tp": 2}), ({"dp": 2}, {"pp": 2}), ({"tp": 2}, {}), ({"pp": 2}, {}),
+                                               ({"pp": 2, "tp": 2}, {"tp": 2})],
+                         ids=["dp1", "dp2-fsdp", "tp2", "pp2", "pp2-tp2"])
+def test_logits_match_transformers_tied(tmp_path, layout, resumed_in):
+    """Tied: one tensor in and out, also when pp puts embedding and head on different ranks (the export
+    of each checkpoint is the original file's tensors; it resumes in another layout)."""
     hf = save_hf(tmp_path / "hf", tie=True)
     ids = fixed_ids()
     with safetensors_torch.safe_open(hf / "model.safetensors", "pt") as f:
@@ -86,9 +89,8 @@ def test_logits_match_transformers_tied(tmp_path, layout):
     assert sorted(k for k in saved if "embed" in k or "lm_head" in k) == [  # the tied weight once, any layout
         "model.embed_tokens.weight", "optimizer.embed_tokens.weight.exp_avg",
         "optimizer.embed_tokens.weight.exp_avg_sq", "optimizer.embed_tokens.weight.step"]
-    other = {} if layout else {"tp": 2}  # resume across tp sizes: tp 2 → 1 process, 1 process → tp 2
-    world = other.get("tp", 1)
-    run_distributed(world, resumed_logits_worker, str(hf), other, ids, str(tmp_path / "resumed.pt"),
+    world = resumed_in.get("tp", 1) * resumed_in.get("pp", 1)
+    run_distributed(world, resumed_logits_worker, str(hf), resumed_in, ids, str(tmp_path / "resumed.pt"),
                     str(tmp_path / "ckpt"))
     torch.testing.assert_close(torch.load(tmp_path / "resumed.pt"), logits, rtol=0, atol=1e-5)
     out = export_checkpoint(tmp_path / "ckpt", tmp_path / "out")

@@ -229,7 +229,7 @@ def test_a_torn_rng_file_of_another_rank_stops_every_rank_with_one_line(shards, 
     assert [r["step"] for r in metrics(run)] == [1, 2]
 
 
-@pytest.mark.parametrize("case", ["missing-path", "dangling-latest", "tied-pp2", "not-a-checkpoint", "run-dir-in-a-file",
+@pytest.mark.parametrize("case", ["missing-path", "dangling-latest", "layers-pp2", "not-a-checkpoint", "run-dir-in-a-file",
                                   "latest-typo", "past-train-steps", "checkpoints-path-in-proc"])
 def test_user_mistakes_are_one_line_before_start_up(reference, shards, tmp_path, case):
     run = tmp_path / "run"
@@ -271,9 +271,8 @@ def test_user_mistakes_are_one_line_before_start_up(reference, shards, tmp_path,
         expected = (f"error: {run}/checkpoints/latest names step-000040, which is missing or incomplete "
                     f"(checkpoints there: step-000020, step-000030); set checkpoints.resume to one of them")
     else:
-        cfg = small_config(tmp_path, run, dp=1, parallelism={"pp": 2}, model={"tie_word_embeddings": True})
-        expected = (f"error: {cfg}: model.tie_word_embeddings needs parallelism.pp = 1 (a tied embedding cannot be "
-                    f"split across pipeline stages), got pp 2; untie it or use tp/dp instead of pp")
+        cfg = small_config(tmp_path, run, dp=1, parallelism={"pp": 2}, model={"num_hidden_layers": 1})
+        expected = f"error: {cfg}: model.num_hidden_layers 1 < 2 pipeline stages (parallelism.pp 2)"
     proc = torchrun(cfg, 2, cwd=shards, check=False)
     assert proc.returncode != 0
     assert error_lines(proc.stderr) == [expected]

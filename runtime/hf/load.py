@@ -135,12 +135,13 @@ def _local_slices(p: torch.Tensor) -> tuple[slice, ...]:
 @torch.no_grad()
 def load_hf_weights(chunks: list[nn.Module], folder: str | Path) -> int:
     """Copy this rank's slices of the Hugging Face weights in ``folder`` into ``chunks``; returns the
-    number of parameters set. Tied weights are one parameter, read once (``model.embed_tokens``)."""
+    number of parameters set. A tied weight is read from ``model.embed_tokens`` (once with pp = 1; by
+    the first and the last stage with pp > 1)."""
     files = SafetensorsFolder(folder)
     count = 0
     for chunk in chunks:
         for name, p in chunk.named_parameters():
-            sl = _checked(files, name, tuple(p.shape))
+            sl = _checked(files, chunk.stored_name(name), tuple(p.shape))  # a pp-tied head reads the embedding
             local = p.to_local() if hasattr(p, "to_local") else p
             index = _local_slices(p)
             part = sl[index] if local.ndim else sl[:]

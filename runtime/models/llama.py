@@ -107,6 +107,14 @@ class LlamaChunk(nn.Module):
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False) if self.has_head else None
         if args.tie_word_embeddings and self.has_embedding and self.has_head:
             self.lm_head.weight = self.embed_tokens.weight
+        # tied, but the embedding is on another pipeline stage: this head is a copy of it, kept equal
+        # (runtime/parallel/tied_embedding.py) and stored, initialised and loaded under its name
+        self.head_copies_embedding = args.tie_word_embeddings and self.has_head and not self.has_embedding
+
+    def stored_name(self, name: str) -> str:
+        """The layout-independent name of parameter ``name``: the head copy of a tied embedding is
+        ``embed_tokens.weight`` (in checkpoints, initialisation and Hugging Face files)."""
+        return "embed_tokens.weight" if self.head_copies_embedding and name == "lm_head.weight" else name
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None):
         """``x``: token ids on the first chunk, hidden states elsewhere. Returns logits on the last
@@ -124,7 +132,7 @@ class LlamaChunk(nn.Module):
         return self.lm_head(self.norm(x))
 
 
-def init_weights(module: nn.Module, args: ModelArgs, seed: int) -> None:
+def init_weights(chunk: LlamaChunk, args: ModelArgs, seed: int) -> None:
     """Seeded per parameter name, so the full weights are the same for every tp/pp/dp layout.
 
     Linear and embedding weights ~ N(0, init_std); the projections that write into the residual
@@ -133,7 +141,8 @@ def init_weights(module: nn.Module, args: ModelArgs, seed: int) -> None:
     import hashlib
 
     scaled = args.init_std / (2 * args.num_hidden_layers) ** 0.5
-    for name, p in module.named_parameters():
+    for name, p in chunk.named_parameters():
+        name = chunk.stored_name(name)
         if name.endswith("norm.weight"):
             with torch.no_grad():
                 p.fill_(1.0)
