@@ -49,16 +49,21 @@ def _optimizer_state(engine: Engine) -> dict[str, torch.Tensor]:
     return out
 
 
-def _app_state(engine: Engine) -> dict:
-    """Each tensor once: a tied head is the embedding, so only ``embed_tokens.weight`` is saved and
-    loaded (``state_dict`` would also list it as ``lm_head.weight``), whatever the layout. With pp > 1
-    the last stage's head copy is stored under that name too (equal shards, which DCP writes once)."""
+def model_state(engine: Engine) -> dict[str, torch.Tensor]:
+    """The weights by layout-independent name, each tensor once: a tied head is the embedding, so only
+    ``embed_tokens.weight`` is saved and loaded (``state_dict`` would also list it as ``lm_head.weight``),
+    whatever the layout. With pp > 1 the last stage's head copy is stored under that name too (equal
+    shards, which DCP writes once)."""
     model = {}
     for chunk in engine.chunks:
         aliases = ({n for n, _ in chunk.named_parameters(remove_duplicate=False)}
                    - {n for n, _ in chunk.named_parameters()})
         model.update({chunk.stored_name(k): v for k, v in chunk.state_dict().items() if k not in aliases})
-    return {"model": model, "optimizer": _optimizer_state(engine)}
+    return model
+
+
+def _app_state(engine: Engine) -> dict:
+    return {"model": model_state(engine), "optimizer": _optimizer_state(engine)}
 
 
 def _rng_state() -> dict:

@@ -46,7 +46,9 @@ def compute_dtype(config: Config, device: torch.device) -> torch.dtype:
 class Engine:
     """Model chunks of this rank, optimizer and (with pp > 1) the pipeline schedule."""
 
-    def __init__(self, config: Config, parallel_context: ParallelContext) -> None:
+    def __init__(self, config: Config, parallel_context: ParallelContext, initialize: bool = True) -> None:
+        """``initialize=False`` leaves the weights uninitialised, for a caller that loads all of them
+        next (a checkpoint, a Hugging Face model): drawing a large model's seeded weights takes minutes."""
         self.config = config
         self.ctx = ctx = parallel_context
         par, args = config.parallelism, config.model
@@ -63,8 +65,8 @@ class Engine:
         self.use_fsdp = par.dp > 1 or self.device.type == "cuda" or self.dtype != torch.float32
         self.chunks: list[LlamaChunk] = []
         for c in self.stage_ids:
-            chunk = LlamaChunk(args, *ranges[c]).to(self.device)
-            init_weights(chunk, args, config.general.seed)
+            with torch.device("meta"):  # no memory until sharded: only this rank's shards are ever allocated
+                chunk = LlamaChunk(args, *ranges[c])
             apply_tensor_parallel(chunk, ctx.mesh["tp"])
             # torchtitan's order: tensor parallel, activation checkpointing, compile, then FSDP
             apply_activation_checkpointing(chunk, args.num_hidden_layers, args.activation_checkpointing,
@@ -73,6 +75,9 @@ class Engine:
                 compile_layers(chunk)
             if self.use_fsdp:
                 apply_fsdp(chunk, ctx.mesh["dp"], self.dtype)
+            chunk.materialize(self.device)
+            if initialize:
+                init_weights(chunk, args, config.general.seed)
             self.chunks.append(chunk)
         self.tied_sync = TiedEmbeddingSync(self.chunks, ctx) if args.tie_word_embeddings and par.pp > 1 else None
         self.owns_inputs = self.chunks[0].has_embedding

@@ -64,15 +64,15 @@ def prepare(config_path: str, checkpoint: str) -> tuple[Config, Path, dict, list
 
 def run(config: Config, path: Path, metadata: dict, heldout: list[HeldOutSet]) -> dict:
     """Build the engine in this layout, load the checkpoint's weights, evaluate: the metrics row."""
+    from runtime.checkpoint import model_state
     from runtime.checkpoint_read import load_dcp
     from runtime.engine import Engine
     from runtime.parallel.context import ParallelContext
     from runtime.validation import evaluate
 
     p = config.parallelism
-    engine = Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp))
-    model = {k: v for chunk in engine.chunks for k, v in chunk.state_dict().items()}
-    load_dcp({"model": model}, path, "choose another checkpoint")  # only the weights, resharded to this layout
+    engine = Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp), initialize=False)
+    load_dcp({"model": model_state(engine)}, path, "choose another checkpoint")  # only the weights, in this layout
     step = int(metadata["training"]["last_train_step"])
     stage = stage_at(config, step)
     results = evaluate(engine, heldout, config.stage_sequence_length(stage), stage.data.use_position_ids)

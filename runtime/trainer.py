@@ -71,7 +71,9 @@ class Trainer:
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.general.seed)
-        self.engine = Engine(config, self.parallel_context)
+        # resumed or from Hugging Face: every weight is loaded in _resume, so none is drawn first
+        self.engine = Engine(config, self.parallel_context,
+                             initialize=self.start.checkpoint is None and config.model.init_from_hf is None)
         self.lr_schedule = LRSchedule(config.lr_scheduler, config.optimizer.learning_rate, config.tokens.train_steps)
         self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main)
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard, config.logging.log_interval)

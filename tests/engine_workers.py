@@ -141,3 +141,23 @@ def schedule_per_length(rank: int, world: int) -> None:
             engine.train_step(batches, length)
         assert [str(w.message) for w in caught if w.filename.endswith("engine.py")] == []
         assert list(engine._schedules) == [(length,)], list(engine._schedules)
+
+
+def construction_memory(rank: int, world: int, layout: dict, out_path: str) -> None:
+    """Peak resident memory added by building the engine, and the model's full size, in bytes."""
+    import resource
+
+    from runtime.engine import Engine
+    from runtime.parallel.context import ParallelContext
+
+    config = tiny_config(hidden_size=256, intermediate_size=16384, num_hidden_layers=8, num_attention_heads=4,
+                         num_key_value_heads=4, **layout)
+    p = config.parallelism
+    ctx = ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp)
+    page = resource.getpagesize()
+    with open("/proc/self/statm") as f:
+        before = int(f.read().split()[1]) * page
+    engine = Engine(config, ctx)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    full = sum(p.numel() for p in engine.parameters()) * 4  # numel of a DTensor: the full tensor's
+    torch.save({"added": peak - before, "full": full}, f"{out_path}.{rank}")

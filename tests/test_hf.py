@@ -515,3 +515,21 @@ def test_a_pipeline_stage_opens_only_the_files_of_its_tensors(tmp_path, monkeypa
     original = tensors(hf)
     for name, p in chunk.named_parameters():
         assert torch.equal(p.detach(), original[hf_name(name)]), name
+
+
+def test_a_tied_model_whose_file_holds_another_head_is_refused(tmp_path):
+    """A tied config.json whose weights also hold a *different* ``lm_head.weight``: transformers keeps both
+    (untied), so taking the embedding as the head would silently give other logits (was: max 22 apart)."""
+    hf = save_hf(tmp_path / "hf", tie=True)
+    rewrite_weights(hf, lambda s: s.__setitem__("lm_head.weight", s["model.embed_tokens.weight"].clone()))
+    check_hf_weights(hf_config(hf).model)  # an equal copy is a tied model saved with both names: fine
+    rewrite_weights(hf, lambda s: s["lm_head.weight"].mul_(-1))
+    with pytest.raises(ConfigError) as e:
+        check_hf_weights(hf_config(hf).model)
+    assert str(e.value) == (f"model.init_from_hf: {hf / 'model.safetensors'}: lm_head.weight differs from "
+                            f"model.embed_tokens.weight, but config.json says tie_word_embeddings: true (transformers "
+                            f"would not tie them); set \"tie_word_embeddings\": false in a copy of "
+                            f"{hf / 'config.json'} to train them untied")
+    edit_config(hf, tie_word_embeddings=False)  # what the message says: the two weights, untied
+    ids = fixed_ids()
+    torch.testing.assert_close(ours(tmp_path, hf, {}, ids), reference_logits(hf, ids), rtol=0, atol=1e-5)

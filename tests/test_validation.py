@@ -367,3 +367,24 @@ def test_data_mistakes_are_one_line_before_start_up(shards, tmp_path):
     empty = evaluate_cli(small_config(tmp_path, tmp_path / "run", dp=1, name="none.yaml"), tmp_path, shards)
     assert empty.returncode == 1 and empty.stderr == (f"error: {tmp_path}/none.yaml: validation.datasets is empty; "
                                                       f"name the datasets to evaluate on\n")
+
+
+def test_tied_pipeline_run_evaluates_the_same_in_one_process(shards, tmp_path):
+    """Tied embeddings at pp = 2 (the head a copy of the embedding on the last stage): the checkpoint
+    holds the weight once, and ``runtime.evaluate`` in one process (head and embedding one parameter
+    again) gives the in-training values; it used to ask the checkpoint for a ``lm_head.weight``."""
+    run = tmp_path / "run"
+    cfg = with_validation(small_config(tmp_path, run, dp=1, accum=2, steps=4, boundary=3, interval=4, parallelism={"pp": 2},
+                                       model={"tie_word_embeddings": True}), interval=4, samples=4,
+                          datasets={"sft": "shards/sft"})
+    torchrun(cfg, 2, cwd=shards)
+    (logged,) = [r for r in metrics(run) if "val" in r and r["step"] == 4]
+    single = yaml.safe_load(cfg.read_text())
+    single["parallelism"]["pp"] = 1
+    (tmp_path / "single.yaml").write_text(yaml.safe_dump(single))
+    proc = evaluate_cli(tmp_path / "single.yaml", run / "checkpoints", shards, "--json")
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(proc.stdout)
+    assert (row["step"], row["stage"]) == (4, "anneal")
+    assert row["val"]["sft"]["tokens"] == logged["val"]["sft"]["tokens"] > 0
+    assert abs(row["val"]["sft"]["loss"] - logged["val"]["sft"]["loss"]) < 1e-5

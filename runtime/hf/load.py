@@ -18,6 +18,7 @@ from torch import nn
 
 from runtime.config import ModelArgs
 from runtime.config_loading import ConfigError
+from runtime.parallel.shards import local_slices, local_tensor
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -118,18 +119,25 @@ def check_hf_weights(args: ModelArgs) -> None:
     files = SafetensorsFolder(args.init_from_hf)
     for name, shape in _expected(args):
         _checked(files, name, shape)
+    if args.tie_word_embeddings:
+        _check_tied_head(files)
 
 
-def _local_slices(p: torch.Tensor) -> tuple[slice, ...]:
-    """The part of the full tensor that this rank's shard of ``p`` holds (all of it for a plain tensor)."""
-    from torch.distributed.tensor import DTensor
-
-    if not isinstance(p, DTensor):
-        return tuple(slice(0, n) for n in p.shape)
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
-    return tuple(slice(o, o + n) for o, n in zip(offset, shape))
+def _check_tied_head(files: SafetensorsFolder, rows: int = 4096) -> None:
+    """A tied model's file may also hold ``lm_head.weight``: a copy is fine, but another tensor means the
+    model is not tied (transformers then keeps both); using the embedding as the head would be wrong."""
+    head = files.slice("lm_head.weight")
+    if head is None:
+        return
+    embed = files.slice("model.embed_tokens.weight")
+    shape = tuple(head.get_shape())
+    if shape == tuple(embed.get_shape()) and all(torch.equal(head[i:i + rows], embed[i:i + rows])
+                                                 for i in range(0, shape[0], rows)):
+        return
+    raise ConfigError(f"model.init_from_hf: {files.path_of('lm_head.weight')}: lm_head.weight differs from "
+                      f"model.embed_tokens.weight, but config.json says tie_word_embeddings: true (transformers "
+                      f"would not tie them); set \"tie_word_embeddings\": false in a copy of "
+                      f"{files.folder / 'config.json'} to train them untied")
 
 
 @torch.no_grad()
@@ -142,8 +150,8 @@ def load_hf_weights(chunks: list[nn.Module], folder: str | Path) -> int:
     for chunk in chunks:
         for name, p in chunk.named_parameters():
             sl = _checked(files, chunk.stored_name(name), tuple(p.shape))  # a pp-tied head reads the embedding
-            local = p.to_local() if hasattr(p, "to_local") else p
-            index = _local_slices(p)
+            local = local_tensor(p)
+            index = local_slices(p)
             part = sl[index] if local.ndim else sl[:]
             if tuple(part.shape) != tuple(local.shape):
                 raise AssertionError(f"{name}: read {tuple(part.shape)} for a local shard of {tuple(local.shape)}")

@@ -16,6 +16,7 @@ from torch import nn
 from runtime.config import ModelArgs, RopeScalingArgs
 from runtime.models.document_attention import attend, document_mask
 from runtime.models.rope import rope_inv_freq
+from runtime.parallel.shards import local_slices, local_tensor
 
 
 class RMSNorm(nn.Module):
@@ -111,6 +112,15 @@ class LlamaChunk(nn.Module):
         # (runtime/parallel/tied_embedding.py) and stored, initialised and loaded under its name
         self.head_copies_embedding = args.tie_word_embeddings and self.has_head and not self.has_embedding
 
+    def materialize(self, device: torch.device) -> None:
+        """Allocate this rank's shards on ``device`` for a chunk built on the meta device (and already
+        sharded), so that no rank ever holds the whole model. ``to_empty`` turns a plain tied
+        parameter into two tensors: the head is tied to the embedding again."""
+        self.to_empty(device=device)
+        if self.has_embedding and self.has_head and self.args.tie_word_embeddings:
+            if self.lm_head.weight is not self.embed_tokens.weight:
+                self.lm_head.weight = self.embed_tokens.weight
+
     def stored_name(self, name: str) -> str:
         """The layout-independent name of parameter ``name``: the head copy of a tied embedding is
         ``embed_tokens.weight`` (in checkpoints, initialisation and Hugging Face files)."""
@@ -136,20 +146,22 @@ def init_weights(chunk: LlamaChunk, args: ModelArgs, seed: int) -> None:
     """Seeded per parameter name, so the full weights are the same for every tp/pp/dp layout.
 
     Linear and embedding weights ~ N(0, init_std); the projections that write into the residual
-    stream (o_proj, down_proj) use init_std / sqrt(2 · layers); norms start at 1.
+    stream (o_proj, down_proj) use init_std / sqrt(2 · layers); norms start at 1. Each full weight is
+    drawn on the CPU, one at a time, and only this rank's shard of it is kept.
     """
     import hashlib
 
     scaled = args.init_std / (2 * args.num_hidden_layers) ** 0.5
     for name, p in chunk.named_parameters():
         name = chunk.stored_name(name)
+        local = local_tensor(p)
         if name.endswith("norm.weight"):
             with torch.no_grad():
-                p.fill_(1.0)
+                local.fill_(1.0)
             continue
         digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
         gen = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
         std = scaled if name.endswith(("o_proj.weight", "down_proj.weight")) else args.init_std
         full = torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
         with torch.no_grad():
-            p.copy_(full.to(device=p.device, dtype=p.dtype))
+            local.copy_(full[local_slices(p)])
