@@ -23,13 +23,10 @@ class TiedEmbeddingSync:
 
     def __init__(self, chunks: list[nn.Module], ctx: ParallelContext) -> None:
         self.group = None
-        # new_group is collective: every rank creates every pair's group, in the same order
-        for dp_rank in range(ctx.dp_size):
-            for tp_rank in range(ctx.tp_size):
-                pair = [ctx.global_rank_of(0, dp_rank, tp_rank), ctx.global_rank_of(ctx.pp_size - 1, dp_rank, tp_rank)]
-                group = dist.new_group(pair)
-                if ctx.world_rank in pair:
-                    self.group = group
+        if ctx.is_first_pp_rank or ctx.is_last_pp_rank:
+            # only the pair takes part in making its group (not every rank of the world, once per pair)
+            pair = [ctx.global_rank_of(p, ctx.dp_rank, ctx.tp_rank) for p in (0, ctx.pp_size - 1)]
+            self.group = dist.new_group(pair, use_local_synchronization=True)
         self.param: nn.Parameter | None = None
         for chunk in chunks:
             if chunk.has_embedding:
