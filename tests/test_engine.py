@@ -139,3 +139,20 @@ def test_no_rank_materialises_the_whole_model(tmp_path, world, layout):
         m = torch.load(tmp_path / f"m.{rank}")
         assert m["full"] == 8 * 3 * 256 * 16384 * 4 + 8 * 4 * 256 * 256 * 4 + 2 * 128 * 256 * 4 + 17 * 256 * 4
         assert m["added"] < 0.9 * m["full"], (m["added"] / 2**20, m["full"] / 2**20)
+
+
+@pytest.mark.parametrize("shape", [(1001, 37), (50, 3), (17, 1), (4099, 16), (300,), (64, 6, 5)])
+def test_blockwise_init_draws_the_whole_tensors_values(shape):
+    """A shard of a weight drawn in blocks of rows equals that shard of the weight drawn whole, bit for
+    bit, for any block size and part (so the initialisation is the same in every layout)."""
+    from runtime.models.llama import draw_normal_part
+
+    whole = torch.empty(shape).normal_(0.0, 0.02, generator=torch.Generator().manual_seed(11))
+    rows = shape[0]
+    parts = [(0, rows), (0, 1), (rows // 3, rows // 2 + 1), (rows - 1, rows), (rows // 2, rows)]
+    for block_values in (16, 48, 100, 1 << 22):
+        for a, b in parts:
+            part = (slice(a, b),) + tuple(slice(n // 4, n) for n in shape[1:])
+            got = torch.full(whole[part].shape, float("nan"))
+            draw_normal_part(got, shape, 0.02, torch.Generator().manual_seed(11), part, block_values)
+            assert torch.equal(got, whole[part]), (shape, block_values, a, b)

@@ -115,7 +115,8 @@ def _checked(files: SafetensorsFolder, name: str, shape: tuple[int, ...]):
 
 
 def check_hf_weights(args: ModelArgs) -> None:
-    """Every tensor the model needs is in ``args.init_from_hf`` with the right shape (headers only)."""
+    """Every tensor the model needs is in ``args.init_from_hf`` with the right shape (headers only; a
+    tied model's file that also holds ``lm_head.weight`` has it compared with the embedding)."""
     files = SafetensorsFolder(args.init_from_hf)
     for name, shape in _expected(args):
         _checked(files, name, shape)
