@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 
 import torch
-import yaml
 
 from runtime.config import Config
 from runtime.config_loading import from_dict

@@ -143,7 +143,7 @@ def test_one_tokenizer_for_all(tmp_path, shards, monkeypatch):
 
 
 def test_too_few_tokens_for_a_window(tmp_path, shards, monkeypatch):
-    from nanoset import Manifest, ShardWriter, TokenizerInfo, write_manifest
+    from nanoset import Manifest, ShardWriter, write_manifest
     tiny = shards / "tiny"
     if not tiny.exists():
         with ShardWriter(tiny, "s", "uint16", "t") as w:

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from runtime.data.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
 from runtime.data.prefetch import PrefetchLoader
 from runtime.data.sampler import get_sampler
+from runtime.parallel.tensor_pointer import TensorPointer
 from runtime.preemption import ignore_in_loader_worker
 
 
