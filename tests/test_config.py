@@ -89,6 +89,8 @@ def stage(d, i):
     (lambda d: d["tokens"].update(sequence_length=300), "tokens.sequence_length 300 > model.max_position_embeddings"),
     (lambda d: d["parallelism"].update(tp=3), "parallelism.tp 3 must divide model.num_attention_heads 4"),
     (lambda d: d["parallelism"].update(pp=8), "model.num_hidden_layers 4 < 8 pipeline stages"),
+    (lambda d: (d["parallelism"].update(tp=2), d["model"].update(compile=True)),
+     "model.compile with parallelism.tp 2 fails in torch's DTensor backward under torch.compile"),
     (lambda d: d["parallelism"].update(pp=2, pp_engine="interleaved-1f1b", pp_virtual_stages=4),
      "< 8 pipeline stages (parallelism.pp 2 × pp_virtual_stages 4)"),
     (lambda d: d["parallelism"].update(pp=4, pp_engine="1f1b"), "batch_accumulation_per_replica 2 < parallelism.pp 4"),
