@@ -92,7 +92,7 @@ def _validate_parallelism(c: Config) -> None:
     if m.compile and p.tp > 1:  # found with torch 2.13, under inductor and aot_eager alike
         raise ConfigError(f"model.compile with parallelism.tp {p.tp} fails in torch's DTensor backward under "
                           f"torch.compile ('Tensor' object has no attribute '_local_tensor' at the first step); set "
-                          f"model.compile: false, or tp: 1 (compile works with dp and pp)")
+                          f"model.compile: false, or tp: 1")
     interleaved = p.pp > 1 and p.pp_engine == "interleaved-1f1b"  # with pp = 1 the engine is irrelevant
     chunks = p.pp * (p.pp_virtual_stages if interleaved else 1)
     if m.num_hidden_layers < chunks:
