@@ -62,8 +62,7 @@ def tied_reference(tmp_path_factory):
     return run_layout(tmp_path_factory.mktemp("tied"), 1, tie_word_embeddings=True)
 
 
-TIED_LAYOUTS = {
-    "tp2": (2, {"tp": 2}),
+TIED_LAYOUTS = {  # tp alone is inside dp2-tp2 and tp2-pp2
     "dp2-tp2": (4, {"dp": 2, "tp": 2, "accum": 2}),
     "pp2-afab": (2, {"pp": 2, "engine": "afab"}),
     "pp2-interleaved": (2, {"pp": 2, "engine": "interleaved-1f1b"}),
