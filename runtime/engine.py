@@ -83,6 +83,8 @@ class Engine:
         self.owns_inputs = self.chunks[0].has_embedding
         self.owns_loss = self.chunks[-1].has_head
         self.optimizer = self._build_optimizer()
+        # gradient clipping counts each weight once: a pipeline-tied head copy has the embedding's gradient
+        self._norm_parameters = [p for c in self.chunks for n, p in c.named_parameters() if c.stored_name(n) == n]
         self._schedules: dict[tuple, object] = {}
         self._loss_scale = 1.0
 
@@ -95,9 +97,6 @@ class Engine:
         """Layout-independent names: a pipeline-tied head copy is ``embed_tokens.weight`` too."""
         return [(c.stored_name(n), p) for c in self.chunks for n, p in c.named_parameters()]
 
-    def _norm_parameters(self) -> list[nn.Parameter]:
-        """Each weight once: the head copy of a tied embedding is the embedding's (equal) gradient."""
-        return [p for c in self.chunks for n, p in c.named_parameters() if c.stored_name(n) == n]
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         o = self.config.optimizer
@@ -177,7 +176,7 @@ class Engine:
         if self.tied_sync is not None:
             self.tied_sync.sum_gradients()
         grad_norm = clip_grad_norm_(self.parameters(), self.config.optimizer.clip_grad, self.ctx,
-                                    counted=self._norm_parameters())
+                                    counted=self._norm_parameters)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss, n_tokens = self._global_loss(losses, n_tokens)
