@@ -4,9 +4,10 @@ This package never imports torch; the training runtime lives in ``runtime``.
 """
 
 from nanoset.errors import NanosetError
-from nanoset.format import Manifest, ShardInfo, TokenizerInfo
-from nanoset.reader import NanosetReader, open_dataset
-from nanoset.writer import ShardWriter, write_manifest
+from nanoset.format.open import open_dataset
+from nanoset.format.reader import NanosetReader
+from nanoset.format.spec import Manifest, ShardInfo, TokenizerInfo
+from nanoset.format.writer import ShardWriter, write_manifest
 
 __all__ = [
     "Manifest",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from nanoset.errors import NanosetError
+from nanoset.errors import NanosetError, report_user_errors
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -61,7 +61,7 @@ def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: s
              task_bytes: int | None, skip_bad_lines: bool, overwrite: bool, quiet: bool, chat: bool,
              chat_template: str | None, messages_column: str, prompt_column: str, completion_column: str) -> None:
     """Tokenize INPUTS (files, folders, globs) into a Nanoset dataset folder."""
-    from nanoset.tokenize import TokenizeOptions, tokenize as run
+    from nanoset.tokenize.job import TokenizeOptions, tokenize as run
 
     summary = run(TokenizeOptions(
         inputs=list(inputs), output=output, tokenizer=tokenizer, eos_token=eos_token, text_column=text_column,
@@ -82,7 +82,7 @@ def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: s
 @click.option("--tokenizer", default=None, help="Tokenizer for decoding (default: the one in the manifest).")
 def inspect(path: Path, as_json: bool, samples: int, tokenizer: str | None) -> None:
     """Statistics, per-shard table and decoded samples of a dataset folder."""
-    from nanoset.inspect import collect_stats, render_text
+    from nanoset.stats import collect_stats, render_text
 
     stats = collect_stats(path, samples=samples, tokenizer=tokenizer)
     click.echo(json.dumps(stats, indent=1) if as_json else render_text(stats))
@@ -123,25 +123,28 @@ def _terminate(signum: int, frame) -> None:
     raise Terminated
 
 
-def main() -> None:
-    signal.signal(signal.SIGTERM, _terminate)
+def _click_main() -> int:
+    """The command's exit status; Ctrl-C, SIGTERM and click's own usage errors as one line."""
     try:
         cli.main(standalone_mode=False)
     except Terminated:
         click.echo("error: terminated; rerun the same command to resume", err=True)
-        sys.exit(128 + signal.SIGTERM)
+        return 128 + signal.SIGTERM
     except click.exceptions.Abort as e:  # click turns Ctrl-C (and a stray EOFError) into Abort
         if isinstance(e.__cause__, KeyboardInterrupt):
             click.echo("error: interrupted; rerun the same command to resume", err=True)
         else:
             click.echo(f"error: aborted ({e.__cause__!r})" if e.__cause__ else "error: aborted", err=True)
-        sys.exit(130)
+        return 130
     except click.ClickException as e:
         click.echo(f"error: {e.format_message()}", err=True)
-        sys.exit(e.exit_code)
-    except (NanosetError, OSError) as e:  # OSError: a full disk, a read-only or missing folder, too many files
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
+        return e.exit_code
+    return 0
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
+    sys.exit(report_user_errors(_click_main))
 
 
 if __name__ == "__main__":

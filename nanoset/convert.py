@@ -18,8 +18,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from nanoset.atomic import fresh_folder_beside
 from nanoset.errors import NanosetError
-from nanoset.format import (
+from nanoset.format.spec import (
     INDEX_DTYPE,
     MANIFEST_NAME,
     Manifest,
@@ -27,12 +28,12 @@ from nanoset.format import (
     TokenizerInfo,
     dtype_for_vocab,
     dtype_name,
-    fresh_folder_beside,
     metadata_text,
     shard_files,
 )
-from nanoset.reader import NanosetReader, ShardReader, open_dataset
-from nanoset.writer import write_manifest
+from nanoset.format.open import open_dataset
+from nanoset.format.reader import NanosetReader, ShardReader
+from nanoset.format.writer import write_manifest
 
 CHUNK = 1 << 22  # tokens (or document ends) per copy step: bounded memory whatever the shard size
 UINT32_LIMIT = 1 << 32
@@ -55,7 +56,7 @@ def _tokenizer_info(ds: NanosetReader, spec: str | None, eos_token: str | None, 
         if eos_token is not None:
             raise NanosetError("--eos-token needs --tokenizer (the tokenizer that made the data)")
         return TokenizerInfo(name=ds.tokenizer.name if ds.tokenizer else "unknown", vocab_size=None)
-    from nanoset.tokenizer import resolve_tokenizer
+    from nanoset.tokenize.tokenizer import resolve_tokenizer
 
     info = resolve_tokenizer(spec, eos_token).info
     if top >= info.vocab_size:

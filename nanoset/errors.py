@@ -1,8 +1,45 @@
-"""The exception type a user can cause; the CLI prints it as a single line."""
+"""User errors: one root, and the one wrapper through which every entry point reports them.
+
+A mistake a user can make (a wrong flag, config key or path, damaged data or checkpoint, a full
+disk) raises a ``NanosetError`` whose message names the file, key or value and says what to do;
+every command prints it as one ``error:`` line and exits 1. Anything else is a bug and keeps its
+traceback. Where callers catch a builtin (``FileNotFoundError``, ``FileExistsError``,
+``TimeoutError``), the user error keeps it as a second base.
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+from typing import Callable
 
 
 class NanosetError(ValueError):
     """A user-facing error: the message names the file, key or value and says what to do."""
+
+
+class ConfigError(NanosetError):
+    """A config mistake: the message names the key path and says what to change."""
+
+
+class CheckpointError(NanosetError):
+    """A checkpoint that is missing, damaged, or does not fit the run: the message names it and what to resume from."""
+
+
+class RunFolderError(NanosetError):
+    """A run folder that is in use by another run, or cannot be written."""
+
+
+class MissingPath(NanosetError, FileNotFoundError):
+    """A file or folder the user named (or a run needs) does not exist."""
+
+
+class OutputExists(NanosetError, FileExistsError):
+    """An output that must not exist yet does."""
+
+
+class WaitTimeout(NanosetError, TimeoutError):
+    """Another process holds what this one waits for and shows no sign of life."""
 
 
 class MissingColumnError(NanosetError):
@@ -16,3 +53,34 @@ class MissingColumnError(NanosetError):
     def __str__(self) -> str:
         return (f"{self.where}: no column {self.column!r}; the columns there are: "
                 f"{', '.join(map(str, self.columns)) or 'none'} (choose one with {self.option})")
+
+
+# OSErrors that come from the machine, not from a bug: said in one line (they name the path)
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EMFILE,
+                      errno.ENFILE, errno.ENAMETOOLONG, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
+                      errno.EIO, errno.ENOMEM, errno.ENOTEMPTY, errno.EBUSY, errno.ESTALE}
+
+
+def user_message(error: BaseException) -> str | None:
+    """The one line a user error prints; None for anything else (a bug keeps its traceback)."""
+    if isinstance(error, NanosetError):
+        return str(error)
+    if isinstance(error, OSError) and error.errno in ENVIRONMENT_ERRNOS:
+        return str(error)
+    return None
+
+
+def print_error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def report_user_errors(main: Callable[[], int | None], report: Callable[[str], None] = print_error) -> int:
+    """Run an entry point: its exit status, or 1 after ``report`` says a user error in one line."""
+    try:
+        return main() or 0
+    except Exception as e:
+        message = user_message(e)
+        if message is None:
+            raise
+        report(message)
+        return 1

@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.errors import NanosetError
-from nanoset.format import ShardInfo
-from nanoset.megatron import MegatronShardReader, verify_megatron_shard
-from nanoset.reader import NanosetReader, ShardReader, open_dataset
+from nanoset.format.spec import ShardInfo
+from nanoset.format.megatron import MegatronShardReader, verify_megatron_shard
+from nanoset.format.open import open_dataset
+from nanoset.format.reader import NanosetReader, ShardReader
 
 CHUNK_TOKENS = 1 << 24
 

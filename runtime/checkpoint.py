@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from nanoset.format import atomic_write_text
+from nanoset.atomic import atomic_write_text
 from runtime.checkpoint_read import earlier_checkpoints_hint, load_dcp
 from runtime.config_loading import ConfigError
 from runtime.engine import Engine

@@ -12,9 +12,7 @@ import types
 import typing
 from typing import Any, Union
 
-
-class ConfigError(ValueError):
-    """A config mistake: the message names the key path and says what to change."""
+from nanoset.errors import ConfigError
 
 
 def _type_name(tp: Any) -> str:

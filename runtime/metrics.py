@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from nanoset.format import atomic_write_text
+from nanoset.atomic import atomic_write_text
 
 # dense bf16 peak FLOP/s by device name fragment, for MFU
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}

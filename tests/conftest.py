@@ -39,7 +39,7 @@ def one_line_error(proc, *fragments: str) -> str:
 
 
 def read_texts_in_corpus_order() -> list[str]:
-    """The fixture corpus read independently of nanoset.corpus, in the documented order."""
+    """The fixture corpus read independently of nanoset.tokenize.rows, in the documented order."""
     import pyarrow.parquet as pq
     import zstandard
 
@@ -57,7 +57,7 @@ def read_texts_in_corpus_order() -> list[str]:
 
 @pytest.fixture(autouse=True, scope="session")
 def _nanoset_cache_dir(tmp_path_factory):
-    """Largest-token-id scan records (nanoset.maxid) go to a temporary cache, never the user's."""
+    """Largest-token-id scan records (nanoset.format.maxid) go to a temporary cache, never the user's."""
     os.environ["NANOSET_CACHE_DIR"] = str(tmp_path_factory.mktemp("nanoset-cache"))
 
 
@@ -93,7 +93,7 @@ CONFIGS = FIXTURES / "configs"
 @pytest.fixture(scope="session")
 def shards(tmp_path_factory) -> Path:
     """A folder holding shards/web, shards/code and shards/sft from the fixture corpora (cwd for configs)."""
-    from nanoset.tokenize import TokenizeOptions, tokenize
+    from nanoset.tokenize.job import TokenizeOptions, tokenize
 
     root = tmp_path_factory.mktemp("work")
     for name in ("web", "code", "sft"):

@@ -112,7 +112,7 @@ def test_broken_tokenizer_config_is_an_error_not_another_eos(tmp_path, config, e
     """A tokenizer_config.json that could not be read (or named an EOS the tokenizer lacks) was ignored: the
     EOS was then guessed from the special tokens, possibly another one than the model was trained with."""
     from nanoset.errors import NanosetError
-    from nanoset.tokenizer import resolve_tokenizer
+    from nanoset.tokenize.tokenizer import resolve_tokenizer
 
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "tokenizer.json").write_text((TOKENIZER / "tokenizer.json").read_text())

@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import TOKENIZER
 
-from nanoset.chat_template import ChatRenderer, ChatRenderError, ChatTemplate, load_chat_template
+from nanoset.tokenize.chat_template import ChatRenderer, ChatRenderError, ChatTemplate, load_chat_template
 from nanoset.errors import NanosetError
 
 CHATML = json.loads((TOKENIZER / "tokenizer_config.json").read_text())["chat_template"]
@@ -161,7 +161,7 @@ def test_ids_and_mask_equal_transformers_assistant_tokens_mask():
     transformers = pytest.importorskip("transformers")
     from tokenizers import Tokenizer
 
-    from nanoset.chat import RenderedChat, encode_chats
+    from nanoset.tokenize.chat import RenderedChat, encode_chats
 
     tagged = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}{% if m['role'] == 'assistant' %}"
               "{% generation %}{{ m['content'] + '<|im_end|>\n' }}{% endgeneration %}{% else %}"

@@ -12,9 +12,9 @@ from conftest import FIXTURES, TOKENIZER, run_cli
 from test_tokenize import same_folder
 
 from nanoset import open_dataset
-from nanoset.chat import token_loss_mask
+from nanoset.tokenize.chat import token_loss_mask
 from nanoset.errors import NanosetError
-from nanoset.writer import ShardWriter
+from nanoset.format.writer import ShardWriter
 
 CHAT = FIXTURES / "chat"
 IM_START, IM_END = 1492, 1493
@@ -127,8 +127,8 @@ def test_offsets_are_characters_for_wordpiece_and_unigram_tokenizers(kind):
     multi-byte characters before the span (byte offsets would shift the mask right by their extra bytes)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-    from nanoset.chat import RenderedChat, encode_chats
-    from nanoset.chat_template import ChatRenderer, ChatTemplate
+    from nanoset.tokenize.chat import RenderedChat, encode_chats
+    from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate
 
     if kind == "wordpiece":
         words = ["<unk>", "user", "assistant", "naive", "cafe", "日", "本", "resume", "world"]

@@ -78,13 +78,13 @@ def test_filesystem_errors_are_one_line(tmp_path):
 ])
 def test_ctrl_c_says_that_a_rerun_resumes(monkeypatch, capsys, raised, line):
     # click turns KeyboardInterrupt into Abort, so the CLI's own Ctrl-C message was never printed
-    import nanoset.tokenize
+    import nanoset.tokenize.job
     from nanoset import cli
 
     def interrupted(opts):
         raise raised
 
-    monkeypatch.setattr(nanoset.tokenize, "tokenize", interrupted)
+    monkeypatch.setattr(nanoset.tokenize.job, "tokenize", interrupted)
     monkeypatch.setattr(sys, "argv", ["nanoset", "tokenize", "in", "-o", "out", "--tokenizer", "tok"])
     with pytest.raises(SystemExit) as exit_:
         cli.main()
@@ -95,8 +95,8 @@ def test_files_removed_by_another_job_on_the_folder_are_explained(tmp_path, monk
     """Another job with --overwrite (or the same --task-index) removing our files mid-run surfaced as a bare
     '[Errno 2] No such file or directory: .../.nanoset-work/.task-000000.json.tmp-PID'."""
     from nanoset.errors import NanosetError
-    from nanoset.plan import OutputFolder
-    from nanoset.tokenize import TokenizeOptions, tokenize
+    from nanoset.tokenize.tasks import OutputFolder
+    from nanoset.tokenize.job import TokenizeOptions, tokenize
 
     data = corpus(tmp_path / "data")
     out = tmp_path / "out"

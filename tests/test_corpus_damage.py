@@ -12,9 +12,9 @@ import zstandard
 from conftest import TOKENIZER, one_line_error, run_cli
 
 from nanoset import open_dataset
-import nanoset.corpus as corpus_mod
-from nanoset.corpus import TextReader
-from nanoset.sources import Piece, Source
+import nanoset.tokenize.rows as corpus_mod
+from nanoset.tokenize.rows import TextReader
+from nanoset.tokenize.inputs import Piece, Source
 from nanoset.errors import NanosetError
 
 LINES = [json.dumps({"text": f"document {i} " + "word " * (i % 40)}).encode() for i in range(3000)]

@@ -12,9 +12,9 @@ import pytest
 from conftest import TOKENIZER, one_line_error, run_cli
 
 from nanoset.errors import NanosetError
-from nanoset.format import Manifest
-from nanoset.inspect import SAMPLE_CHARS, collect_stats
-from nanoset.reader import open_dataset
+from nanoset.format.spec import Manifest
+from nanoset.stats import SAMPLE_CHARS, collect_stats
+from nanoset.format.open import open_dataset
 
 
 def datatrove_shard(folder: Path, name: str, ends: list[int], tokens: list[int]) -> None:

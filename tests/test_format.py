@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from nanoset import Manifest, NanosetError, ShardWriter, TokenizerInfo, open_dataset, write_manifest
-from nanoset.format import metadata_text
+from nanoset.format.spec import metadata_text
 
 
 def write_dataset(folder, docs_per_shard, dtype=np.uint16, vocab=1000):

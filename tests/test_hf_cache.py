@@ -39,13 +39,13 @@ def write_jsonl(path: Path, texts: list[str]) -> Path:
 PREPARE = '''
 import sys, time
 sys.path.insert(0, {root!r})
-import nanoset.tokenize
-real = nanoset.tokenize.tokenize
+import nanoset.tokenize.job
+real = nanoset.tokenize.job.tokenize
 def slow(opts):
     print("tokenizing", flush=True)
     time.sleep(2)  # both processes are surely inside prepare at once
     return real(opts)
-nanoset.tokenize.tokenize = slow
+nanoset.tokenize.job.tokenize = slow
 from runtime.config import Config
 from runtime.data.hf_cache import resolve_stage_folders
 print(resolve_stage_folders(Config.from_yaml(sys.argv[1]))[0][0], flush=True)

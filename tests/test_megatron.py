@@ -15,7 +15,7 @@ from megatron_data import DOCS, ENDS, STREAM, build_with_megatron, read, write_m
 from test_reader_foreign import write_datatrove
 
 from nanoset import NanosetError, open_dataset
-from nanoset.mapcache import set_max_open_shards, shared_cache
+from nanoset.format.mapcache import set_max_open_shards, shared_cache
 
 
 # ---------------------------------------------------------------- the real writer, token for token ------

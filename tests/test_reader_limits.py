@@ -59,7 +59,7 @@ SCRIPT = textwrap.dedent('''
     sys.path.insert(0, {tests!r})
     from test_reader_limits import NUM_SHARDS, shard_docs
     from nanoset import open_dataset
-    from nanoset.inspect import collect_stats
+    from nanoset.stats import collect_stats
     from nanoset.verify import verify_dataset
 
     def fds():
@@ -158,7 +158,7 @@ def test_views_outlive_eviction_and_pickled_readers_reopen(tmp_path):
     import pickle
 
     from nanoset import open_dataset
-    from nanoset.mapcache import DEFAULT_MAX_OPEN_SHARDS, set_max_open_shards, shared_cache
+    from nanoset.format.mapcache import DEFAULT_MAX_OPEN_SHARDS, set_max_open_shards, shared_cache
 
     folder = tmp_path / "three"
     folder.mkdir()

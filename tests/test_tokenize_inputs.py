@@ -10,9 +10,9 @@ import pytest
 from conftest import CORPUS, TOKENIZER, one_line_error, run_cli
 
 from nanoset import open_dataset
-from nanoset import corpus as corpus_mod
-from nanoset.corpus import TextReader
-from nanoset.sources import Piece, Source, discover, split_source
+from nanoset.tokenize import rows as corpus_mod
+from nanoset.tokenize.rows import TextReader
+from nanoset.tokenize.inputs import Piece, Source, discover, split_source
 
 
 def all_docs(folder: Path) -> list[list[int]]:
@@ -48,7 +48,7 @@ def test_tokenizer_truncation_and_padding_are_ignored(tmp_path, tokenizer, eos_i
     assert max(map(len, expected)) > 100 and len(expected[-1]) < 16
     assert all_docs(tmp_path / "out") == expected
 
-    from nanoset.tokenizer import load_tokenizer  # inspect's decoder and the runtime's HF cache load it this way
+    from nanoset.tokenize.tokenizer import load_tokenizer  # inspect's decoder and the runtime's HF cache load it this way
 
     loaded = load_tokenizer(tok_dir / "tokenizer.json")
     assert loaded.truncation is None and loaded.padding is None
@@ -118,7 +118,7 @@ def test_parquet_and_hf_errors_name_the_absolute_row(tmp_path):
 
 
 def counting_open(monkeypatch) -> list[str]:
-    """Record every file nanoset.corpus opens (the old reader re-read the file from byte 0 per bad line)."""
+    """Record every file nanoset.tokenize.rows opens (the old reader re-read the file from byte 0 per bad line)."""
     opened: list[str] = []
 
     def _open(path, *args, **kwargs):

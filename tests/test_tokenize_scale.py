@@ -13,8 +13,8 @@ import pytest
 from conftest import CORPUS, TOKENIZER, run_cli
 from test_tokenize import big_corpus, same_folder
 
-from nanoset.sources import Source, discover
-from nanoset.plan import auto_task_bytes, make_plan
+from nanoset.tokenize.inputs import Source, discover
+from nanoset.tokenize.tasks import auto_task_bytes, make_plan
 
 
 def cli(*args) -> list[str]:
@@ -84,7 +84,7 @@ def small_corpus(folder: Path) -> Path:
 
 
 def test_killed_worker_stops_the_job_naming_its_task_and_rerun_resumes(tmp_path):
-    from nanoset.tokenize import describe_task
+    from nanoset.tokenize.job import describe_task
 
     corpus = small_corpus(tmp_path / "corpus")
     args = ["--tokenizer", TOKENIZER, "--task-bytes", 40_000, "--quiet"]
@@ -142,8 +142,8 @@ def test_a_machine_finding_the_job_finished_meanwhile_reports_it_complete(tmp_pa
     """Machine 1 runs its tasks; before it reads the markers, machine 0 reruns, finds every task done, writes
     the manifest and removes the work folder. Machine 1 must then see a complete job (it used to read the
     vanishing markers and fail with AttributeError)."""
-    from nanoset import tokenize as tokenize_mod
-    from nanoset.tokenize import TokenizeOptions
+    from nanoset.tokenize import job as tokenize_mod
+    from nanoset.tokenize.job import TokenizeOptions
 
     out = tmp_path / "out"
     base = ["tokenize", CORPUS, "-o", out, "--tokenizer", TOKENIZER, "--task-bytes", 200_000, "--quiet"]
@@ -167,7 +167,7 @@ def test_machines_starting_together_share_one_work_folder(tmp_path, monkeypatch,
     """Machine A prepares the folder while machine B is preparing it: B must take it as its own (it used to
     see A's half-made work folder as "other files"), and refuse only a different plan."""
     from nanoset.errors import NanosetError
-    from nanoset.plan import OutputFolder
+    from nanoset.tokenize.tasks import OutputFolder
 
     plan = make_plan(discover([str(CORPUS)]), {}, 200_000)
     out = tmp_path / "out"
@@ -205,8 +205,8 @@ def test_a_manifest_left_half_written_is_removed_when_the_job_finishes(tmp_path,
 def test_two_machines_writing_the_manifest_at_once(tmp_path, fixture_dataset, monkeypatch):
     """Both machines find every task done; the other one finishes first and, removing temporary files,
     removes the manifest we are writing: ours is then a complete job too, not a FileNotFoundError."""
-    from nanoset import tokenize as tokenize_mod
-    from nanoset.tokenize import TokenizeOptions
+    from nanoset.tokenize import job as tokenize_mod
+    from nanoset.tokenize.job import TokenizeOptions
 
     out = tmp_path / "out"
     base = ["tokenize", CORPUS, "-o", out, "--tokenizer", TOKENIZER, "--task-bytes", 200_000, "--quiet"]
@@ -227,7 +227,7 @@ def test_partials_of_the_tasks_to_run_are_removed_in_one_listing(tmp_path, monke
     them (one per task read the whole folder 2,000 times: 20 s), and never another task's files."""
     from pathlib import Path as PathType
 
-    from nanoset.plan import OutputFolder
+    from nanoset.tokenize.tasks import OutputFolder
 
     names = [".00001_00000.ds.partial-7", ".00001_00001.ds.index.partial-7", ".00010_00000.ds.loss.partial-9",
              ".00002_00000.ds.partial-8", "00001_00000.ds", ".00100_00000.ds.partial-7"]

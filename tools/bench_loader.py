@@ -30,7 +30,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from nanoset import Manifest, ShardInfo, ShardWriter, TokenizerInfo, write_manifest
-from nanoset.format import metadata_text
+from nanoset.format.spec import metadata_text
 from runtime.config import Config
 from runtime.config_loading import from_dict
 from runtime.data import DataPlan, StageDataset, get_train_dataloader

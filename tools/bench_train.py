@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nanoset.tokenize import TokenizeOptions, tokenize  # noqa: E402
+from nanoset.tokenize.job import TokenizeOptions, tokenize  # noqa: E402
 from runtime.config import Config  # noqa: E402
 from runtime.config_loading import from_dict  # noqa: E402
 from runtime.data import DataPlan, StageDataset, get_train_dataloader  # noqa: E402

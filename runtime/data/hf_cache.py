@@ -45,7 +45,7 @@ def _files_fingerprint(path: Path) -> list:
 
 def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset") -> Path:
     """Where the tokenized copy of ``ds`` lives; the name changes when anything that matters does."""
-    from nanoset.tokenizer import find_tokenizer_file
+    from nanoset.tokenize.tokenizer import find_tokenizer_file
 
     src = Path(ds.hf_dataset_or_datasets)
     if not src.exists():
@@ -56,7 +56,7 @@ def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset")
     parts = [str(src.resolve()), _files_fingerprint(src), ds.hf_dataset_splits, ds.text_column_name,
              hashlib.sha256(tok_file.read_bytes()).hexdigest(), tok.eos_token]
     if ds.sft:  # only conversation stages add these: plain stages keep their cache folders
-        from nanoset.chat_template import special_token_strings
+        from nanoset.tokenize.chat_template import special_token_strings
 
         parts += ["sft", _chat_template_sha256(tok_file, ds, where), ds.messages_column_name, ds.prompt_column_name,
                   ds.completion_column_name, special_token_strings(tok_file, tok.eos_token)]  # the template's globals
@@ -67,7 +67,7 @@ def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset")
 
 def _chat_template_sha256(tok_file: Path, ds: HFDatasetArgs, where: str) -> str:
     """The template a conversation stage renders with (its own file, else the tokenizer's), by content."""
-    from nanoset.chat_template import load_chat_template
+    from nanoset.tokenize.chat_template import load_chat_template
     from nanoset.errors import NanosetError
 
     try:
@@ -157,7 +157,7 @@ def prepare_hf_dataset(config: Config, ds: HFDatasetArgs, where: str = "data.dat
     with _exclusive(out.parent / f".{out.name}.lock", out):
         if (out / MANIFEST).is_file():  # another process finished it while this one waited
             return out
-        from nanoset.tokenize import TokenizeOptions, tokenize
+        from nanoset.tokenize.job import TokenizeOptions, tokenize
 
         try:
             tokenize(TokenizeOptions(inputs=[ds.hf_dataset_or_datasets], output=out,
@@ -194,7 +194,7 @@ def resolve_stage_folders(config: Config) -> list[list[str]]:
 
 def _without_cli_hint(message: str) -> str:
     """A bad row's error says what to do in a stage config instead of naming a flag the config lacks."""
-    from nanoset.corpus import SKIP_HINT
+    from nanoset.tokenize.rows import SKIP_HINT
 
     if not message.endswith(SKIP_HINT):
         return message

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from nanoset import TokenizerInfo
-from nanoset.format import atomic_write_text, fresh_folder_beside
+from nanoset.atomic import atomic_write_text, fresh_folder_beside
 from runtime.checkpoint_read import load_dcp
 from runtime.config import MODEL_SIZE_KEYS, ModelArgs
 from runtime.config_loading import ConfigError, from_dict

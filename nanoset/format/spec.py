@@ -8,8 +8,6 @@ holds ``nanoset.json``, written last, which makes it a complete Nanoset dataset.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -24,6 +22,9 @@ MANIFEST_NAME = "nanoset.json"
 TOKENS_SUFFIX = ".ds"
 INDEX_SUFFIX = ".ds.index"
 METADATA_SUFFIX = ".ds.metadata"
+WORK_DIR = ".nanoset-work"  # an unfinished tokenize output: its plan and the markers of finished tasks
+WORK_PLAN = "plan.json"
+TASK_MARKER_GLOB = "task-*.json"
 LOSS_SUFFIX = ".ds.loss"  # one byte per token, 1 = trained on (datatrove's loss-mask side file)
 LOSS_DTYPE = np.dtype("u1")
 INDEX_DTYPE = np.dtype("<u8")
@@ -96,7 +97,7 @@ class TokenizerInfo:
 
 def comparable_name(name: str) -> str:
     """A tokenizer name as ``nanoset tokenize`` records it (a hub name as given, a local tokenizer by its
-    folder's name, see ``nanoset.tokenizer.canonical_name``), also for a path that datatrove recorded."""
+    folder's name, see ``nanoset.tokenize.tokenizer.canonical_name``), also for a path that datatrove recorded."""
     if not (name.startswith(("/", "./", "../", "~")) or name.endswith((".json", "/"))):
         return name  # a hub name such as 'gpt2' or 'meta-llama/Llama-3.1-8B'
     p = PurePosixPath(name.rstrip("/"))
@@ -218,34 +219,26 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary name in the same folder, fsync, then rename: old or new, never half."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def fresh_folder_beside(out: Path, tmp_name: str) -> Path:
-    """An empty folder ``tmp_name`` beside ``out`` (its parents made), where an output is built before its
-    rename into place; a place where it cannot be made is one line naming ``out``, not a bare errno."""
-    tmp = out.with_name(tmp_name)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    except OSError as e:
-        raise NanosetError(f"{out}: cannot create the output folder there ({e.strerror}); choose another "
-                           f"output folder") from None
-    return tmp
-
-
 def shard_files(name: str, loss: bool = False) -> dict[str, str]:
     """The three file names of shard ``name``, keyed by role; with ``loss``, its loss mask too."""
     files = {"ds": name + TOKENS_SUFFIX, "index": name + INDEX_SUFFIX, "metadata": name + METADATA_SUFFIX}
     if loss:
         files["loss"] = name + LOSS_SUFFIX
     return files
+
+
+def task_marker_name(task: int) -> str:
+    return f"task-{task:06d}.json"
+
+
+def work_progress(path: Path) -> tuple[int, int | None] | None:
+    """(tasks done, tasks planned) of an unfinished tokenize output; None when ``path`` has no work folder."""
+    work = Path(path) / WORK_DIR
+    if not work.is_dir():
+        return None
+    done = sum(1 for _ in work.glob(TASK_MARKER_GLOB))
+    try:
+        total = json.loads((work / WORK_PLAN).read_text()).get("num_tasks")
+    except (OSError, ValueError):
+        total = None
+    return done, total

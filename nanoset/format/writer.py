@@ -17,14 +17,14 @@ from typing import BinaryIO, Sequence
 
 import numpy as np
 
+from nanoset.atomic import atomic_write_text
 from nanoset.errors import NanosetError
-from nanoset.format import (
+from nanoset.format.spec import (
     INDEX_DTYPE,
     LOSS_DTYPE,
     MANIFEST_NAME,
     Manifest,
     ShardInfo,
-    atomic_write_text,
     metadata_text,
     shard_files,
 )

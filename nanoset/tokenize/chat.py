@@ -2,7 +2,7 @@
 
 A row holds a ``messages`` list of ``{role, content}`` (roles system, user, assistant) or a
 ``prompt`` and a ``completion`` (one user turn, one assistant turn). The template renders it
-(``nanoset.chat_template``), the rendered text is encoded as ``transformers`` encodes a chat
+(``nanoset.tokenize.chat_template``), the rendered text is encoded as ``transformers`` encodes a chat
 (``add_special_tokens=False``: a BOS the template writes is not doubled), and each token gets
 ``1`` when the first character it covers lies in an assistant span, else ``0``.
 """
@@ -15,8 +15,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from nanoset.chat_template import ChatRenderer, ChatRenderError
-from nanoset.corpus import TextReader
+from nanoset.tokenize.chat_template import ChatRenderer, ChatRenderError
+from nanoset.tokenize.rows import TextReader
 from nanoset.errors import MissingColumnError, NanosetError
 
 ROLES = ("system", "user", "assistant")

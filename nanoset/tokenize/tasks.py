@@ -17,20 +17,22 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanoset.sources import Piece, Source, split_source
+from nanoset.tokenize.inputs import Piece, Source, split_source
+from nanoset.atomic import atomic_write_text
 from nanoset.errors import NanosetError
-from nanoset.format import (
+from nanoset.format.spec import (
     INDEX_SUFFIX,
     LOSS_SUFFIX,
     MANIFEST_NAME,
     METADATA_SUFFIX,
     TOKENS_SUFFIX,
+    WORK_DIR,
+    WORK_PLAN,
+    task_marker_name,
     Manifest,
     ShardInfo,
-    atomic_write_text,
 )
 
-WORK_DIR = ".nanoset-work"
 MAX_TASKS = 2000  # tasks (so shard files, markers) of any corpus with the default task size
 SMALL_CORPUS_TASKS = 64  # a small corpus is still cut this fine, so that many workers all get work ...
 SMALL_TASK_CAP = 1 << 20  # ... while that keeps tasks under 1 MiB of input
@@ -96,19 +98,6 @@ def make_plan(sources: list[Source], options: dict, task_bytes: int | None = Non
     return Plan(build=build, sources=sources, tasks=tasks)
 
 
-def work_progress(path: Path) -> tuple[int, int | None] | None:
-    """(tasks done, tasks planned) of an unfinished tokenize output; None when ``path`` has no work folder."""
-    work = Path(path) / WORK_DIR
-    if not work.is_dir():
-        return None
-    done = sum(1 for _ in work.glob("task-*.json"))
-    try:
-        total = json.loads((work / "plan.json").read_text()).get("num_tasks")
-    except (OSError, ValueError):
-        total = None
-    return done, total
-
-
 class OutputFolder:
     """The output folder of a tokenize job: its plan, task markers and manifest."""
 
@@ -117,7 +106,7 @@ class OutputFolder:
         self.work = self.path / WORK_DIR
 
     def marker(self, task: int) -> Path:
-        return self.work / f"task-{task:06d}.json"
+        return self.work / task_marker_name(task)
 
     def completed_manifest(self) -> Manifest | None:
         return Manifest.load(self.path) if (self.path / MANIFEST_NAME).is_file() else None
@@ -131,7 +120,7 @@ class OutputFolder:
         a folder that is ours is seen as ours."""
         state = plan.state_json()
         entries = self._entries()
-        saved = _read_text(self.work / "plan.json")
+        saved = _read_text(self.work / WORK_PLAN)
         ours = saved == state
         manifest = self.completed_manifest()
         if manifest is not None and manifest.build == plan.build and not overwrite:
@@ -171,12 +160,12 @@ class OutputFolder:
                                f"another -o folder") from None
         tmp = self.path / f"{WORK_DIR}.tmp-{uuid.uuid4().hex}"
         tmp.mkdir()
-        atomic_write_text(tmp / "plan.json", state)
+        atomic_write_text(tmp / WORK_PLAN, state)
         try:
             os.rename(tmp, self.work)
         except OSError:  # another machine created it first
             shutil.rmtree(tmp, ignore_errors=True)
-            if _read_text(self.work / "plan.json") != state:
+            if _read_text(self.work / WORK_PLAN) != state:
                 raise NanosetError(f"{self.path}: another run is writing a different dataset there; "
                                    f"give every machine the same inputs and options") from None
 

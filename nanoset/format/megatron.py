@@ -28,8 +28,9 @@ from typing import Iterator
 import numpy as np
 
 from nanoset.errors import NanosetError
-from nanoset.format import INDEX_DTYPE
-from nanoset.reader import NanosetReader, ShardReader
+from nanoset.format.maxid import cache_dir
+from nanoset.format.reader import NanosetReader, ShardReader
+from nanoset.format.spec import INDEX_DTYPE, MANIFEST_NAME, TOKENS_SUFFIX
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -169,8 +170,6 @@ def iter_document_ends(index: MegatronIndex, bin_size: int) -> Iterator[np.ndarr
 
 
 def _cache_file(index_path: Path) -> Path:
-    from nanoset.maxid import cache_dir
-
     st = index_path.stat()
     key = f"{index_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
     return cache_dir() / "megatron-ends" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".ends")
@@ -239,8 +238,6 @@ class MegatronShardReader(ShardReader):
 def megatron_prefixes(path: Path) -> list[Path] | None:
     """The prefixes ``path`` names: itself when ``path.idx`` or ``path.bin`` exists, the pairs in a folder
     with neither a manifest nor datatrove shards, else None (not Megatron data)."""
-    from nanoset.format import MANIFEST_NAME, TOKENS_SUFFIX
-
     own = [path.with_name(path.name + s) for s in (INDEX_SUFFIX, DATA_SUFFIX)]
     if any(p.is_file() for p in own):
         for p in own:

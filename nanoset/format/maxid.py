@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from nanoset.errors import NanosetError
-from nanoset.format import atomic_write_text
+from nanoset.atomic import atomic_write_text
 
 SCAN_CHUNK = 1 << 24  # tokens per max() call: bounded memory whatever the shard size
 

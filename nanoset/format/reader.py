@@ -1,9 +1,10 @@
-"""Memory-mapped readers: one shard, and a dataset folder seen as one token stream.
+"""Memory-mapped readers: one shard, and a dataset folder seen as one token stream, whatever the
+format it is stored in (``nanoset.format.open`` finds the shards; this module reads them).
 
 Opening is cheap and constant in the data size: file sizes are checked against the manifest
 (or the datatrove metadata) with ``stat``; shards are memory-mapped lazily on first touch, so a
 folder of thousands of shards opens in milliseconds and RSS does not grow with the token count.
-Maps live in a bounded, process-wide LRU (``nanoset.mapcache``): any number of shards is read
+Maps live in a bounded, process-wide LRU (``nanoset.format.mapcache``): any number of shards is read
 with a bounded number of open files and maps. Checksums are only read by ``nanoset verify``.
 A folder of chat data also has a loss mask per shard (``NAME.ds.loss``, one 0/1 byte per token),
 read the same way through ``NanosetReader.loss_mask``.
@@ -19,21 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.errors import NanosetError
-from nanoset.format import (
-    INDEX_DTYPE,
-    INDEX_SUFFIX,
-    LOSS_DTYPE,
-    LOSS_SUFFIX,
-    MANIFEST_NAME,
-    METADATA_SUFFIX,
-    TOKENS_SUFFIX,
-    Manifest,
-    TokenizerInfo,
-    dtype_from_name,
-    parse_metadata,
-    shard_files,
-)
-from nanoset.mapcache import new_key, shared_cache
+from nanoset.format.mapcache import new_key, shared_cache
+from nanoset.format.maxid import dataset_max_token_id
+from nanoset.format.spec import INDEX_DTYPE, LOSS_DTYPE, LOSS_SUFFIX, Manifest, TokenizerInfo, shard_files
 
 _MAPS = shared_cache()
 
@@ -128,7 +117,7 @@ class NanosetReader:
 
     @property
     def format(self) -> str:
-        """Where the data comes from: 'nanoset' (a manifest), 'datatrove' or 'megatron' (``nanoset.megatron``)."""
+        """Where the data comes from: 'nanoset' (a manifest), 'datatrove' or 'megatron' (``nanoset.format.megatron``)."""
         return "nanoset" if self.manifest is not None else self.shards[0].format
 
     @property
@@ -219,8 +208,6 @@ class NanosetReader:
     @cached_property
     def max_token_id(self) -> int:
         """The largest token id (-1 for no tokens): recorded in the manifest, else scanned once and cached."""
-        from nanoset.maxid import dataset_max_token_id
-
         return dataset_max_token_id(self)
 
     @cached_property
@@ -236,94 +223,3 @@ class NanosetReader:
         else:
             payload = [(s.name, s.num_tokens, s.num_documents) + (("loss",) if loss else ()) for s in self.shards]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def open_dataset(path: str | Path) -> NanosetReader:
-    """Open a Nanoset folder (with ``nanoset.json``), a plain datatrove folder of ``*.ds`` shards, or a
-    Megatron dataset (a ``PREFIX`` of ``PREFIX.bin`` + ``PREFIX.idx``, or a folder of such pairs)."""
-    folder = Path(path)
-    from nanoset.megatron import megatron_prefixes, open_megatron
-
-    prefixes = megatron_prefixes(folder)
-    if prefixes is not None:
-        return open_megatron(folder, prefixes)
-    if not folder.is_dir():
-        raise NanosetError(f"{folder}: no such dataset folder (create it with `nanoset tokenize ... -o {folder}`)")
-    if not (folder / MANIFEST_NAME).is_file():
-        _refuse_unfinished(folder)
-    if (folder / MANIFEST_NAME).is_file():
-        manifest = Manifest.load(folder)
-        dtype = dtype_from_name(manifest.dtype)
-        shards = [ShardReader(folder, s.name, dtype, s.num_tokens, s.num_documents, has_loss=manifest.loss_masks)
-                  for s in manifest.shards]
-        tokenizer: TokenizerInfo | None = manifest.tokenizer
-    else:
-        manifest = None
-        shards, tokenizer = _open_datatrove(folder)
-    if not shards:
-        raise NanosetError(f"{folder}: the dataset has no shards")
-    for shard in shards:
-        shard.check_sizes()
-    return NanosetReader(folder, shards, tokenizer, manifest)
-
-
-def _refuse_unfinished(folder: Path) -> None:
-    """A tokenize output whose tasks are not all done holds shards but is no dataset yet."""
-    from nanoset.plan import work_progress
-
-    progress = work_progress(folder)
-    if progress is None:
-        return
-    done, total = progress
-    raise NanosetError(
-        f"{folder}: unfinished `nanoset tokenize` output ({done} of {total if total is not None else '?'} tasks done, "
-        f"no {MANIFEST_NAME} yet); finish it by rerunning the same tokenize command without --num-tasks/--task-index "
-        f"(finished tasks are kept), or run the missing --task-index values"
-    )
-
-
-def _open_datatrove(folder: Path) -> tuple[list[ShardReader], TokenizerInfo | None]:
-    names = sorted(p.name[: -len(TOKENS_SUFFIX)] for p in folder.glob("*" + TOKENS_SUFFIX) if p.is_file())
-    if not names:
-        partial = any(p.name.startswith(".") for p in folder.iterdir())
-        hint = " (a tokenize run is unfinished: re-run it)" if partial else ""
-        raise NanosetError(f"{folder}: neither {MANIFEST_NAME} nor *.ds shards found{hint}; is this a dataset folder?")
-    shards = []
-    tokenizer_names = set()
-    for name in names:
-        meta = folder / (name + METADATA_SUFFIX)
-        index = folder / (name + INDEX_SUFFIX)
-        if not meta.is_file() or not index.is_file():
-            raise NanosetError(f"{folder / name}.ds: missing {meta.name} or {index.name}; the shard is incomplete")
-        tok_name, token_size, num_tokens = parse_metadata(meta)
-        if token_size not in (2, 4):
-            raise NanosetError(f"{meta}: token size {token_size} bytes is not supported (2 or 4)")
-        tokenizer_names.add(tok_name)
-        num_documents = index.stat().st_size // INDEX_DTYPE.itemsize
-        dtype = np.dtype(f"<u{token_size}")
-        shard = ShardReader(folder, name, dtype, num_tokens, num_documents,
-                            has_loss=(folder / (name + LOSS_SUFFIX)).is_file())
-        shard.check_sizes()
-        last = _last_end(index, num_documents)
-        if num_documents and last != num_tokens:
-            raise NanosetError(f"{index}: last document end {last} != {num_tokens} tokens in {meta.name}")
-        shards.append(shard)
-    if len({s.dtype for s in shards}) > 1:
-        raise NanosetError(f"{folder}: shards mix 2- and 4-byte tokens; one dataset needs one token size")
-    if len({s.has_loss for s in shards}) > 1:
-        missing = next(s for s in shards if not s.has_loss)
-        raise NanosetError(f"{missing.loss_path}: missing, while other shards of {folder} have a loss mask "
-                           f"({LOSS_SUFFIX}); every shard needs one, or none")
-    if len(tokenizer_names) > 1:
-        raise NanosetError(f"{folder}: shards come from different tokenizers {sorted(tokenizer_names)}")
-    info = TokenizerInfo(name=tokenizer_names.pop(), vocab_size=None)  # type: ignore[arg-type]
-    return shards, info
-
-
-def _last_end(index: Path, num_documents: int) -> int:
-    """The index's last entry, read without mapping the file (open checks touch every shard)."""
-    if not num_documents:
-        return 0
-    with open(index, "rb") as f:
-        f.seek((num_documents - 1) * INDEX_DTYPE.itemsize)
-        return int(np.frombuffer(f.read(INDEX_DTYPE.itemsize), dtype=INDEX_DTYPE)[0])

@@ -4,7 +4,7 @@ Each task of the plan is tokenized by a worker process (the Rust encoder, in bat
 into its own shard files, published by rename, then a marker. A rerun skips tasks with a
 marker; the manifest is written last from the markers in task order. The bytes written depend
 only on the plan, never on the number of workers or machines or on restarts. With ``chat`` the
-rows are conversations (``nanoset.chat``) and every shard also gets its loss mask.
+rows are conversations (``nanoset.tokenize.chat``) and every shard also gets its loss mask.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from nanoset.chat import ChatColumns, ChatReader, encode_chats
-from nanoset.chat_template import ChatRenderer, ChatTemplate, load_chat_template, special_token_strings
-from nanoset.corpus import TextReader
-from nanoset.sources import Piece, discover
+from nanoset.tokenize.chat import ChatColumns, ChatReader, encode_chats
+from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate, load_chat_template, special_token_strings
+from nanoset.tokenize.rows import TextReader
+from nanoset.tokenize.inputs import Piece, discover
 from nanoset.errors import NanosetError
-from nanoset.format import Manifest, dtype_for_vocab, dtype_name
-from nanoset.plan import OutputFolder, Plan, Task, TaskResult, make_plan
-from nanoset.taskpool import TaskPool, WorkerDied
-from nanoset.tokenizer import ResolvedTokenizer, load_tokenizer, resolve_tokenizer
-from nanoset.writer import ShardWriter, write_manifest
+from nanoset.format.spec import Manifest, dtype_for_vocab, dtype_name
+from nanoset.tokenize.tasks import OutputFolder, Plan, Task, TaskResult, make_plan
+from nanoset.tokenize.taskpool import TaskPool, WorkerDied
+from nanoset.tokenize.tokenizer import ResolvedTokenizer, load_tokenizer, resolve_tokenizer
+from nanoset.format.writer import ShardWriter, write_manifest
 
 
 @dataclass

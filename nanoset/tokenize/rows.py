@@ -1,4 +1,4 @@
-"""Input readers: the texts of one piece of the corpus (``nanoset.sources`` finds the inputs and cuts
+"""Input readers: the texts of one piece of the corpus (``nanoset.tokenize.inputs`` finds the inputs and cuts
 them into pieces), streamed in batches, bad rows raised as one-line errors or skipped and counted."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, TypeVar
 
 from nanoset.errors import MissingColumnError, NanosetError
-from nanoset.sources import Piece, first_byte, load_hf, one_line, parquet_file
+from nanoset.tokenize.inputs import Piece, first_byte, load_hf, one_line, parquet_file
 
 SKIP_HINT = " (pass --skip-bad-lines to skip and count such lines)"  # what a bad row's error ends with
 BATCH_CHARS = 1 << 20  # texts are yielded in batches of about this many characters
@@ -94,7 +94,7 @@ class TextReader:
     """Yields the texts of one piece in batches, raising (or counting, with ``skip_bad``) bad rows.
 
     The row-level hooks (``_value``, ``_table_columns``, ``_table_values``, ``_weight``) are what a reader of
-    other values overrides (``nanoset.chat.ChatReader``: conversations); the file handling stays here."""
+    other values overrides (``nanoset.tokenize.chat.ChatReader``: conversations); the file handling stays here."""
 
     def __init__(self, piece: Piece, text_column: str, skip_bad: bool) -> None:
         self.piece = piece

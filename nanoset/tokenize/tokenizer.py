@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanoset.errors import NanosetError
-from nanoset.format import TokenizerInfo
+from nanoset.format.spec import TokenizerInfo
 
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>", "[SEP]")
 BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")

@@ -10,11 +10,45 @@ from typing import Any
 import numpy as np
 
 from nanoset.errors import NanosetError
-from nanoset.format import TokenizerInfo
-from nanoset.loss_view import count_loss_tokens, mark_trained, truncate_marked
-from nanoset.reader import open_dataset
+from nanoset.format.spec import TokenizerInfo
+from nanoset.format.open import open_dataset
+from nanoset.format.reader import NanosetReader
 
 SAMPLE_CHARS = 400
+OPEN, CLOSE = "[[", "]]"
+CHUNK = 1 << 24
+
+
+def count_loss_tokens(ds: NanosetReader) -> int:
+    """Tokens with loss 1: from the manifest when it records them per shard, else counted (a full read)."""
+    recorded = [s.loss_tokens for s in ds.manifest.shards] if ds.manifest is not None else [None]
+    if None not in recorded:
+        return int(sum(recorded))
+    total = 0
+    for shard in ds.shards:
+        for start in range(0, shard.num_tokens, CHUNK):
+            total += int(np.count_nonzero(shard.loss[start : start + CHUNK]))
+    return total
+
+
+def mark_trained(decoder, ids: list[int], loss: np.ndarray) -> str:
+    """The decoded document with each run of trained tokens wrapped in ``[[...]]``. Runs are decoded
+    apart; the tokens of one character always share its mask, so no character is cut in two."""
+    loss = np.asarray(loss, dtype=bool)
+    cuts = np.flatnonzero(np.diff(loss.astype(np.int8))) + 1
+    out = []
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(ids)]):
+        text = decoder.decode(ids[a:b], skip_special_tokens=False)
+        out.append(OPEN + text + CLOSE if loss[a] else text)
+    return "".join(out)
+
+
+def truncate_marked(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, closing a trained span the cut leaves open."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    return cut + CLOSE if cut.rfind(OPEN) > cut.rfind(CLOSE) else cut
 
 
 def _length_stats(lengths: np.ndarray) -> dict[str, float]:
@@ -34,7 +68,7 @@ def _decoder(given: str | None, recorded: TokenizerInfo | None) -> tuple[Any, st
     """The tokenizer to decode samples with, or None and why not: ``--tokenizer`` (an error if it cannot be
     loaded), else the one the dataset records if it is still there unchanged (another file at its path
     would decode the ids into the wrong text)."""
-    from nanoset.tokenizer import find_tokenizer_file, load_tokenizer
+    from nanoset.tokenize.tokenizer import find_tokenizer_file, load_tokenizer
 
     if given is not None:
         return load_tokenizer(find_tokenizer_file(given)), None
