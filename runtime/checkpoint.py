@@ -23,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 
 from nanoset.atomic import atomic_write_text
 from runtime.checkpoint_read import earlier_checkpoints_hint, load_dcp
-from runtime.config_loading import ConfigError
+from nanoset.errors import ConfigError
 from runtime.engine import Engine
 from runtime.run_start import LATEST, checkpoint_step, resolve_checkpoint
 

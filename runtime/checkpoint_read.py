@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from runtime.config_loading import ConfigError
+from nanoset.errors import ConfigError
 from runtime.run_start import checkpoint_step, saved_checkpoints
 
 

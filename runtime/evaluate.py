@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from nanoset.errors import NanosetError
-from runtime.config import Config, ConfigError, DatasetStageArgs, ParallelismArgs
+from runtime.config import Config, ConfigError, ParallelismArgs
+from runtime.config.load import load_config
 from runtime.data.heldout import HeldOutSet, open_heldout
 from runtime.run_start import LATEST, check_same_model, read_metadata, resolve_checkpoint
 
@@ -34,12 +35,6 @@ def checkpoint_path(given: str) -> Path:
     raise FileNotFoundError(f"--checkpoint {path}: {what}")
 
 
-def stage_at(config: Config, step: int) -> DatasetStageArgs:
-    """The config stage that trains global step ``step`` (step 0: the first)."""
-    started = [s for s in config.data_stages if s.start_training_step <= max(step, 1)]
-    return max(started, key=lambda s: s.start_training_step)
-
-
 def layout_for_world(config: Config, world: int) -> Config:
     """The config's parallelism under torchrun; dp = tp = pp = 1 for a single process."""
     p = config.parallelism
@@ -53,7 +48,7 @@ def layout_for_world(config: Config, world: int) -> Config:
 
 def prepare(config_path: str, checkpoint: str) -> tuple[Config, Path, dict, list[HeldOutSet]]:
     """Everything that can be a user mistake, checked before any process group."""
-    config = layout_for_world(Config.from_yaml(config_path), int(os.environ.get("WORLD_SIZE", "1")))
+    config = layout_for_world(load_config(config_path), int(os.environ.get("WORLD_SIZE", "1")))
     if not config.validation.datasets:
         raise ConfigError(f"{config_path}: validation.datasets is empty; name the datasets to evaluate on")
     path = checkpoint_path(checkpoint)
@@ -74,7 +69,7 @@ def run(config: Config, path: Path, metadata: dict, heldout: list[HeldOutSet]) -
     engine = Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp), initialize=False)
     load_dcp({"model": model_state(engine)}, path, "choose another checkpoint")  # only the weights, in this layout
     step = int(metadata["training"]["last_train_step"])
-    stage = stage_at(config, step)
+    stage = config.stage_at(max(step, 1))
     results = evaluate(engine, heldout, config.stage_sequence_length(stage), stage.data.use_position_ids)
     return {"step": step, "stage": stage.name, "val": results}
 

@@ -17,10 +17,12 @@ import sys
 import numpy as np
 
 from runtime.config import Config
+
+from runtime.config.load import load_config
 from runtime.data.hf_cache import resolve_stage_folders
-from runtime.data.plan import DataPlan
-from runtime.data.record import read_metadata_json
-from runtime.data.stage_dataset import label_mask
+from runtime.data.order.plan import DataPlan
+from runtime.data.order.record import read_metadata_json
+from runtime.data.loading.dataset import label_mask
 
 
 def explain_step(plan: DataPlan, step: int) -> list[dict]:
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print a JSON list, one object per sample")
     args = ap.parse_args(argv)
     try:
-        config = Config.from_yaml(args.config)
+        config = load_config(args.config)
         plan = DataPlan(config, resolve_stage_folders(config))
         if args.checkpoint:
             plan = plan.resumed_from(args.checkpoint, read_metadata_json(args.checkpoint))

@@ -12,7 +12,7 @@ import json
 import sys
 
 from nanoset.errors import NanosetError
-from runtime.config_loading import ConfigError
+from nanoset.errors import ConfigError
 from runtime.hf.export import DTYPES, export_checkpoint
 
 

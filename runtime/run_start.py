@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from runtime.config import Config, ConfigError
-from runtime.data.record import read_metadata_json
+from runtime.data.order.record import read_metadata_json
 
 LATEST = "latest"
 # the model keys that shape the parameters; rope_theta, rms_norm_eps, max_position_embeddings,

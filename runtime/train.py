@@ -18,9 +18,10 @@ if __package__ in (None, ""):  # run as a script by torchrun: make the repositor
 
 from nanoset.errors import NanosetError  # noqa: E402
 from runtime.config import Config, ConfigError  # noqa: E402
+from runtime.config.load import load_config
 from runtime.data.heldout import open_heldout, training_tokenizers  # noqa: E402
 from runtime.data.hf_cache import resolve_stage_folders  # noqa: E402
-from runtime.data.plan import DataPlan  # noqa: E402
+from runtime.data.order.plan import DataPlan  # noqa: E402
 from runtime.hf.preflight import check_init_from_hf  # noqa: E402
 from runtime.run_start import RunStart, plan_start  # noqa: E402
 
@@ -30,7 +31,7 @@ USER_ERRORS = (ConfigError, NanosetError, FileNotFoundError, TimeoutError)
 
 def prepare(config_path: str) -> tuple[Config, DataPlan, RunStart]:
     """Load and validate the config, its data and where the run starts; one-line errors for user mistakes."""
-    config = Config.from_yaml(config_path)
+    config = load_config(config_path)
     p = config.parallelism
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if p.tp * p.pp * p.dp != world:

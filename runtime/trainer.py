@@ -19,15 +19,16 @@ import torch
 
 from runtime.checkpoint import CheckpointManager
 from runtime.config import Config, ConfigError
+from runtime.config.load import load_config
 from runtime.data import DataPlan, StageDataset, get_train_dataloader
-from runtime.data.custom_loaders import loader_from_source
+from runtime.data.loading.custom_loaders import loader_from_source
 from runtime.data.heldout import HeldOutSet, open_heldout, training_tokenizers
 from runtime.data.hf_cache import resolve_stage_folders
-from runtime.data.plan import StagePlan
-from runtime.data.prefetch import PrefetchIterator
-from runtime.data.same_plan import check_same_plan
-from runtime.data.stages import training_metadata
-from runtime.data.tp_broadcast import broadcast_batches
+from runtime.data.order.plan import StagePlan
+from runtime.data.loading.prefetch import PrefetchIterator
+from runtime.data.loading.same_plan import check_same_plan
+from runtime.data.order.plan import training_metadata
+from runtime.data.loading.tp_broadcast import broadcast_batches
 from runtime.engine import Engine
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
@@ -55,7 +56,7 @@ class Trainer:
     def __init__(self, config: Config | str | Path, parallel_context: ParallelContext | None = None,
                  plan: DataPlan | None = None, start: RunStart | None = None,
                  heldout: list[HeldOutSet] | None = None) -> None:
-        self.config = config = config if isinstance(config, Config) else Config.from_yaml(config)
+        self.config = config = config if isinstance(config, Config) else load_config(config)
         # all data validation (I/O), checkpoint resolution and run-folder checks happen before any process group
         self.plan = plan if plan is not None else DataPlan(config, resolve_stage_folders(config))
         self.start = start if start is not None else plan_start(config)

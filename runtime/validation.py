@@ -12,7 +12,7 @@ import math
 
 from runtime.config import Config
 from runtime.data.heldout import HeldOutSet
-from runtime.data.tp_broadcast import broadcast_batches
+from runtime.data.loading.tp_broadcast import broadcast_batches
 from runtime.engine import Engine
 from runtime.engine_eval import eval_loss
 

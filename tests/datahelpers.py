@@ -10,7 +10,8 @@ import yaml
 from conftest import CONFIGS
 
 from runtime.config import Config
-from runtime.config_loading import from_dict
+from runtime.config.load import from_dict
+from runtime.config.rules import validate_config
 from runtime.data import StageDataset, get_train_dataloader
 
 BASE = yaml.safe_load((CONFIGS / "two-stage.yaml").read_text())
@@ -25,7 +26,7 @@ def make_config(dp=1, accum=1, mbs=2, train_steps=40, stages=None, seq=128, pp=1
     if stages is not None:
         d["data_stages"] = stages
     c = from_dict(Config, d, "config")
-    c.validate()
+    validate_config(c)
     return c
 
 

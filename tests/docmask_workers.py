@@ -8,7 +8,8 @@ import torch
 from engine_workers import TINY
 
 from runtime.config import Config
-from runtime.config_loading import from_dict
+from runtime.config.load import from_dict
+from runtime.config.rules import validate_config
 
 # four packed rows of 16 tokens (documents of these lengths; the rest is padding, one position-0 token each)
 ROWS = [[5, 7, 3], [9, 7], [16], [2, 2, 2, 4]]
@@ -22,7 +23,7 @@ def docmask_config(attention: str = "document", dp=1, tp=1, pp=1, engine="1f1b")
     d["model"]["attention"] = attention
     d["data_stages"][0]["data"]["use_position_ids"] = True
     c = from_dict(Config, d, "config")
-    c.validate()
+    validate_config(c)
     return c
 
 

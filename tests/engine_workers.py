@@ -7,8 +7,9 @@ import copy
 import torch
 
 from runtime.config import Config
-from runtime.config_loading import from_dict
-from runtime.data.collator import LABEL_KEYS
+from runtime.config.load import from_dict
+from runtime.config.rules import validate_config
+from runtime.data.loading.collator import LABEL_KEYS
 from runtime.parallel.tensor_pointer import TensorPointer
 
 TINY = {
@@ -29,7 +30,7 @@ def tiny_config(dp=1, tp=1, pp=1, engine="1f1b", accum=4, virtual=2, **model) ->
     d["tokens"]["batch_accumulation_per_replica"] = accum
     d["model"].update(model)
     c = from_dict(Config, d, "config")
-    c.validate()
+    validate_config(c)
     return c
 
 

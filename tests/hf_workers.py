@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 
 from runtime.config import Config
-from runtime.config_loading import from_dict
+from runtime.config.load import from_dict
+from runtime.config.rules import validate_config
 from runtime.hf.config_map import apply_hf_config
 
 BASE = {
@@ -29,7 +30,7 @@ def hf_config(hf_path: str | Path, dp: int = 1, tp: int = 1, pp: int = 1, **mode
     d["parallelism"] = {"dp": dp, "tp": tp, "pp": pp, "pp_engine": "afab"}
     c = from_dict(Config, d, "config")
     apply_hf_config(c.model, given=set(d["model"]))
-    c.validate()
+    validate_config(c)
     return c
 
 

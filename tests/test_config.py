@@ -8,8 +8,11 @@ import pytest
 import yaml
 from conftest import CONFIGS
 
-from runtime.config import Config, ConfigError, get_config_from_yaml
-from runtime.data.plan import validate_data
+from runtime.compat import get_config_from_yaml
+from runtime.config import Config, ConfigError
+
+from runtime.config.load import load_config
+from runtime.data.order.plan import validate_data
 
 BASE = yaml.safe_load((CONFIGS / "two-stage.yaml").read_text())
 
@@ -20,7 +23,7 @@ def load(tmp_path, edit=None, data=None):
         edit(d)
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(d))
-    return Config.from_yaml(path)
+    return load_config(path)
 
 
 def fails(tmp_path, edit, *fragments):
@@ -64,10 +67,10 @@ def test_unknown_key_names_path_and_closest(tmp_path):
 
 def test_yaml_file_errors(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
-        Config.from_yaml(tmp_path / "none.yaml")
+        load_config(tmp_path / "none.yaml")
     (tmp_path / "bad.yaml").write_text("a: [1, 2")
     with pytest.raises(ConfigError, match="not valid YAML"):
-        Config.from_yaml(tmp_path / "bad.yaml")
+        load_config(tmp_path / "bad.yaml")
 
 
 def stage(d, i):

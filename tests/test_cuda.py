@@ -27,7 +27,7 @@ def test_fsdp_mixed_precision_fused_adamw_and_no_host_sync_in_the_micro_batch_lo
 def test_prefetch_thread_pins_the_batches():
     from torch.utils.data import DataLoader
 
-    from runtime.data.prefetch import PrefetchLoader
+    from runtime.data.loading.prefetch import PrefetchLoader
 
     data = [{"input_ids": torch.full((4,), i)} for i in range(6)]
     loader = PrefetchLoader(DataLoader(data, batch_size=2, pin_memory=True), 2)

@@ -7,7 +7,7 @@ from conftest import ROOT
 from trainhelpers import metrics, small_config, torchrun
 
 from runtime.config import ConfigError
-from runtime.data.custom_loaders import loader_from_source
+from runtime.data.loading.custom_loaders import loader_from_source
 
 
 class Countdown:
@@ -42,7 +42,7 @@ import sys
 sys.path.insert(0, {root!r})
 from torch.utils.data import DataLoader
 from runtime.data import StageDataset, get_sampler
-from runtime.data.collator import DataCollatorForCLM
+from runtime.data.loading.collator import DataCollatorForCLM
 from runtime.trainer import Trainer
 
 trainer = Trainer(sys.argv[sys.argv.index("--config") + 1])

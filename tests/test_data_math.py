@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nanoset import Manifest, ShardWriter, TokenizerInfo, open_dataset, write_manifest
-from runtime.data.blend import BlendSchedule, round_weights
-from runtime.data.permutation import FeistelPermutation
-from runtime.data.windows import TokenWindows
+from runtime.data.order.blend import BlendSchedule, round_weights
+from runtime.data.order.permutation import FeistelPermutation
+from runtime.data.order.windows import TokenWindows
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 31, 127, 8191, 2**10 - 1, 2**10, 2**10 + 1, 2**16 + 1, 1_000_003])

@@ -14,6 +14,8 @@ from conftest import CONFIGS
 from datahelpers import global_batches, make_config, stage_loader
 
 from runtime.config import Config, ConfigError
+
+from runtime.config.load import load_config
 from runtime.data import (
     DataPlan,
     StageDataset,
@@ -140,7 +142,7 @@ def test_epochs_continue_when_a_dataset_is_exhausted(in_shards):
 
 
 def test_per_stage_sequence_length(in_shards):
-    plan = DataPlan(Config.from_yaml(CONFIGS / "two-stage.yaml"))
+    plan = DataPlan(load_config(CONFIGS / "two-stage.yaml"))
     anneal = plan.stages[1]
     assert anneal.sequence_length == 64 and anneal.start_step == 31
     batch = next(iter(stage_loader(plan, anneal, 0, 2)))
@@ -153,7 +155,7 @@ def test_per_stage_sequence_length(in_shards):
 
 
 def test_label_mask_hides_the_first_token_of_a_new_document(in_shards):
-    plan = DataPlan(Config.from_yaml(CONFIGS / "two-stage.yaml"))
+    plan = DataPlan(load_config(CONFIGS / "two-stage.yaml"))
     b = next(iter(stage_loader(plan, plan.stages[0], 0, 1)))
     eos = plan.datasets[0].reader.tokenizer.eos_id
     pos, mask, inputs = b["position_ids"], b["label_mask"], b["input_ids"]
@@ -164,7 +166,7 @@ def test_label_mask_hides_the_first_token_of_a_new_document(in_shards):
 
 @pytest.mark.parametrize("pp", [1, 2, 4])
 def test_tensor_pointer_placement(in_shards, pp):
-    plan = DataPlan(Config.from_yaml(CONFIGS / "two-stage.yaml"))
+    plan = DataPlan(load_config(CONFIGS / "two-stage.yaml"))
     stage = plan.stages[0]
     for rank in range(pp):
         loader = stage_loader(plan, stage, 0, 2, pp_rank=rank, pp=pp)
@@ -178,7 +180,7 @@ def test_tensor_pointer_placement(in_shards, pp):
 
 
 def test_explain_cli_matches_the_plan(in_shards):
-    plan = DataPlan(Config.from_yaml(CONFIGS / "two-stage.yaml"))
+    plan = DataPlan(load_config(CONFIGS / "two-stage.yaml"))
     proc = subprocess.run([sys.executable, "-m", "runtime.explain", "--config", str(CONFIGS / "two-stage.yaml"),
                            "--step", "31", "--json"], capture_output=True, text=True, check=True)
     rows = json.loads(proc.stdout)
@@ -211,7 +213,7 @@ def test_data_hash_is_layout_independent(in_shards):
 
 
 def test_resume_helpers_mid_stage(in_shards):
-    c = Config.from_yaml(CONFIGS / "two-stage.yaml")
+    c = load_config(CONFIGS / "two-stage.yaml")
     plan = DataPlan(c)
     pre, anneal = c.data_stages
     assert get_stage_for_step(c, 30) is pre and get_stage_for_step(c, 31) is anneal
@@ -229,7 +231,7 @@ def test_resume_helpers_mid_stage(in_shards):
 
 
 def test_stage_dataset_bounds(in_shards):
-    plan = DataPlan(Config.from_yaml(CONFIGS / "two-stage.yaml"))
+    plan = DataPlan(load_config(CONFIGS / "two-stage.yaml"))
     ds = StageDataset(plan, plan.stages[1])
     assert len(ds) == 80
     with pytest.raises(IndexError, match="outside"):

@@ -16,6 +16,8 @@ from datahelpers import make_config
 from trainhelpers import metrics, small_config, torchrun
 
 from runtime.config import ConfigError
+
+from runtime.config.load import load_config
 from runtime.data import DataPlan, training_metadata
 
 
@@ -210,8 +212,8 @@ def test_trainer_resumed_with_a_new_batch_size_matches_explain(shards, tmp_path)
                              check=True)
         assert {r["data_hash"] for r in json.loads(out.stdout)} == {rows[step - 1]["data_hash"]}
     from runtime.config import Config
-    first = DataPlan(Config.from_yaml(cfg))
-    resumed = DataPlan(Config.from_yaml(new)).resumed_from(ckpt, json.loads((ckpt / "metadata.json").read_text()))
+    first = DataPlan(load_config(cfg))
+    resumed = DataPlan(load_config(new)).resumed_from(ckpt, json.loads((ckpt / "metadata.json").read_text()))
     stage1, stage2 = windows(first, range(1, 5)), windows(resumed, range(5, 9))
     web = str(shards / "shards" / "web")
     assert len(stage2) == 8 and {f for f, _ in stage2} == {web} and not set(stage1) & set(stage2)

@@ -11,7 +11,8 @@ from docmask_workers import ROWS, docmask_config, packed_inputs, packed_logits
 from engine_workers import TINY
 
 from runtime.config import Config, ConfigError
-from runtime.config_loading import from_dict
+from runtime.config.load import from_dict
+from runtime.config.rules import validate_config
 from runtime.models.document_attention import document_ids, document_mask
 from runtime.models.llama import LlamaChunk, init_weights
 
@@ -91,9 +92,9 @@ def test_document_attention_needs_position_ids():
     d["model"]["attention"] = "document"
     with pytest.raises(ConfigError, match=r"data_stages\[0\] \(s\)\.data\.use_position_ids: model\.attention: "
                                           r"document finds document boundaries where position ids restart"):
-        from_dict(Config, d, "config").validate()
+        validate_config(from_dict(Config, d, "config"))
     d["data_stages"][0]["data"]["use_position_ids"] = True
-    from_dict(Config, d, "config").validate()
+    validate_config(from_dict(Config, d, "config"))
 
 
 def test_label_tokens_reach_every_pipeline_rank():

@@ -16,6 +16,7 @@ from datahelpers import make_config
 
 from nanoset import open_dataset
 from runtime.config import ConfigError
+from runtime.config.load import load_config
 from runtime.data.hf_cache import resolve_stage_folders
 
 TEXTS = [f"document number {i}: the quick brown fox jumps over {i} lazy dogs." for i in range(200)]
@@ -46,9 +47,9 @@ def slow(opts):
     time.sleep(2)  # both processes are surely inside prepare at once
     return real(opts)
 nanoset.tokenize.job.tokenize = slow
-from runtime.config import Config
+from runtime.config.load import load_config
 from runtime.data.hf_cache import resolve_stage_folders
-print(resolve_stage_folders(Config.from_yaml(sys.argv[1]))[0][0], flush=True)
+print(resolve_stage_folders(load_config(sys.argv[1]))[0][0], flush=True)
 '''
 
 

@@ -16,41 +16,42 @@ pytest.importorskip("transformers")
 from hf_models import LLAMA3, save_hf, write_yaml, edit_config, rewrite_weights  # noqa: E402
 from nanoset import TokenizerInfo  # noqa: E402
 from runtime.config import Config, ConfigError  # noqa: E402
+from runtime.config.load import load_config
 from runtime.hf.load import check_hf_weights  # noqa: E402
 from runtime.hf.preflight import check_tokenizer  # noqa: E402
 
 
 def test_sizes_come_from_config_json_and_must_agree(tmp_path):
     hf = save_hf(tmp_path / "hf")
-    c = Config.from_yaml(write_yaml(tmp_path, hf, num_hidden_layers=2, rope_theta=5000.0))
+    c = load_config(write_yaml(tmp_path, hf, num_hidden_layers=2, rope_theta=5000.0))
     assert (c.model.hidden_size, c.model.intermediate_size, c.model.max_position_embeddings) == (32, 48, 64)
     with pytest.raises(ConfigError) as e:
-        Config.from_yaml(write_yaml(tmp_path, hf, hidden_size=64))
+        load_config(write_yaml(tmp_path, hf, hidden_size=64))
     assert str(e.value) == (f"{tmp_path / 'cfg.yaml'}: model.hidden_size: 64 in the config but 32 in "
                             f"{hf / 'config.json'} (model.init_from_hf); remove the key or make them agree")
     with pytest.raises(ConfigError, match=r"model.rms_norm_eps: 1e-06 in the config but 1e-05 in"):
-        Config.from_yaml(write_yaml(tmp_path, hf, rms_norm_eps=1e-6))
+        load_config(write_yaml(tmp_path, hf, rms_norm_eps=1e-6))
     with pytest.raises(ConfigError, match=r"config.model.hidden_size: required key is missing \(give it, or "
                                           r"model.init_from_hf: PATH"):
-        Config.from_yaml(write_yaml(tmp_path, hf, init_from_hf=None))
+        load_config(write_yaml(tmp_path, hf, init_from_hf=None))
 
 
 def test_wrong_architecture_and_unsupported_rope_are_one_line(tmp_path):
     hf = save_hf(tmp_path / "hf")
     edit_config(hf, architectures=["GPT2LMHeadModel"])
     with pytest.raises(ConfigError) as e:
-        Config.from_yaml(write_yaml(tmp_path, hf))
+        load_config(write_yaml(tmp_path, hf))
     assert str(e.value).endswith(f"model.init_from_hf: {hf / 'config.json'}: architectures ['GPT2LMHeadModel'] is "
                                  f"not one of ['LlamaForCausalLM', 'MistralForCausalLM']; only Llama-style models can "
                                  f"be imported")
     edit_config(hf, architectures=["MistralForCausalLM"], sliding_window=4096)
     with pytest.raises(ConfigError, match="sliding_window 4096 is not supported"):
-        Config.from_yaml(write_yaml(tmp_path, hf))
+        load_config(write_yaml(tmp_path, hf))
     edit_config(hf, sliding_window=None, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0})
     with pytest.raises(ConfigError, match="rope scaling 'yarn' is not supported \\(only linear and llama3\\)"):
-        Config.from_yaml(write_yaml(tmp_path, hf))
+        load_config(write_yaml(tmp_path, hf))
     with pytest.raises(FileNotFoundError, match="model.init_from_hf: .*nowhere: no such folder"):
-        Config.from_yaml(write_yaml(tmp_path, tmp_path / "nowhere"))
+        load_config(write_yaml(tmp_path, tmp_path / "nowhere"))
 
 
 @pytest.mark.parametrize("changes, fragment", [
@@ -69,7 +70,7 @@ def test_config_json_values_of_the_wrong_type_are_one_line(tmp_path, changes, fr
     hf = save_hf(tmp_path / "hf")
     edit_config(hf, **changes)
     with pytest.raises(ConfigError) as e:
-        Config.from_yaml(write_yaml(tmp_path, hf))
+        load_config(write_yaml(tmp_path, hf))
     assert str(e.value) == f"{tmp_path / 'cfg.yaml'}: model.init_from_hf: {hf / 'config.json'}: {fragment}"
 
 

@@ -24,6 +24,7 @@ from hf_models import (  # noqa: E402
     save_hf, reference_logits, fixed_ids, tensors, rewrite_weights, safetensors_torch, transformers)
 from nanoset import NanosetError, TokenizerInfo  # noqa: E402
 from runtime.config import Config, ConfigError  # noqa: E402
+from runtime.config.load import load_config
 from runtime.hf.export import export_checkpoint  # noqa: E402
 
 
@@ -224,7 +225,7 @@ def test_export_hf_needs_save_final(tmp_path):
     d["checkpoints"] = {"export_hf": True, "save_final": False}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
     with pytest.raises(ConfigError) as e:
-        Config.from_yaml(tmp_path / "c.yaml")
+        load_config(tmp_path / "c.yaml")
     assert str(e.value) == (f"{tmp_path / 'c.yaml'}: checkpoints.export_hf: exports the final checkpoint, but "
                             f"checkpoints.save_final is false; set save_final: true or export a checkpoint with "
                             f"python -m runtime.export")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from nanoset import Manifest, ShardWriter, TokenizerInfo, open_dataset, write_manifest
-from runtime.data.windows import TokenWindows, position_ids_at
+from runtime.data.order.windows import TokenWindows, position_ids_at
 
 
 def _random_folder(path, seed=0, shards=3):
@@ -78,8 +78,8 @@ def test_collator_takes_the_stage_buffers_as_a_list_of_rows_would_give(shards, m
     from datahelpers import make_config
 
     from runtime.data import DataPlan, StageDataset
-    from runtime.data.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds
-    from runtime.data.stage_dataset import Examples
+    from runtime.data.loading.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds
+    from runtime.data.loading.dataset import Examples
 
     monkeypatch.chdir(shards)
     plan = DataPlan(make_config(mbs=4))

@@ -15,8 +15,8 @@ from test_reader_foreign import write_datatrove
 from trainhelpers import metrics, small_config, train_one
 
 from nanoset import NanosetError, open_dataset
-from runtime.data.plan import DataPlan
-from runtime.data.windows import TokenWindows
+from runtime.data.order.plan import DataPlan
+from runtime.data.order.windows import TokenWindows
 
 
 # ---------------------------------------------------------------- nanoset convert ------

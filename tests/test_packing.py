@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from nanoset import ShardWriter, open_dataset
-from runtime.data import packing as packing_module
-from runtime.data.collator import DataCollatorForCLMWithPositionIds
-from runtime.data.packing import PackedDocuments, pack_documents
-from runtime.data.windows import TokenWindows
+from runtime.data.order import packing as packing_module
+from runtime.data.loading.collator import DataCollatorForCLMWithPositionIds
+from runtime.data.order.packing import PackedDocuments, pack_documents
+from runtime.data.order.windows import TokenWindows
 
 
 def write_folder(path, shards: list[list[list[int]]], losses: list[list[list[int]]] | None = None):
@@ -262,8 +262,8 @@ def test_a_folder_without_documents_is_not_said_to_have_dropped_them(tmp_path):
 def test_resume_refuses_a_changed_packing(tmp_path):
     from runtime.config import ConfigError
     from runtime.data import DataPlan
-    from runtime.data.record import TrainingMetadata
-    from runtime.data.stages import training_metadata
+    from runtime.data.order.record import TrainingMetadata
+    from runtime.data.order.plan import training_metadata
 
     write_folder(tmp_path / "chat", DOCS, LOSS)
     history = TrainingMetadata.from_json(training_metadata(DataPlan(chat_config(tmp_path)), 1).to_json())
@@ -325,8 +325,8 @@ def test_resume_tells_a_chat_folder_from_a_plain_copy_of_its_tokens(tmp_path):
 
     from runtime.config import ConfigError
     from runtime.data import DataPlan
-    from runtime.data.record import TrainingMetadata
-    from runtime.data.stages import training_metadata
+    from runtime.data.order.record import TrainingMetadata
+    from runtime.data.order.plan import training_metadata
 
     write_folder(tmp_path / "chat", DOCS, LOSS)
     write_folder(tmp_path / "plain", DOCS)

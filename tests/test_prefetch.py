@@ -17,7 +17,7 @@ from datahelpers import make_config, stage_loader
 from trainhelpers import small_config
 
 from runtime.data import DataPlan
-from runtime.data.prefetch import PrefetchIterator, PrefetchLoader
+from runtime.data.loading.prefetch import PrefetchIterator, PrefetchLoader
 
 
 def _prefetch_threads() -> list[threading.Thread]:
@@ -102,7 +102,7 @@ def test_close_stops_a_thread_that_waits_for_room_and_one_that_reads():
 TRAIN = r'''
 import json, sys, threading
 sys.path.insert(0, {root!r})
-from runtime.data.stage_dataset import StageDataset
+from runtime.data.loading.dataset import StageDataset
 from runtime.trainer import Trainer
 
 def alive():
@@ -171,10 +171,11 @@ def test_a_negative_prefetch_is_one_clear_error():
     from datahelpers import BASE
 
     from runtime.config import Config, ConfigError
-    from runtime.config_loading import from_dict
+    from runtime.config.load import from_dict
+    from runtime.config.rules import validate_config
 
     d = copy.deepcopy(BASE)
     d["data_stages"][0]["data"]["prefetch"] = -1
     with pytest.raises(ConfigError) as e:
-        from_dict(Config, d, "config").validate()
+        validate_config(from_dict(Config, d, "config"))
     assert str(e.value) == "data_stages[0] (pretrain).data.prefetch: must be ≥ 0, got -1"

@@ -19,7 +19,7 @@ from datahelpers import make_config
 
 from nanoset import NanosetError, open_dataset
 from runtime.config import ConfigError
-from runtime.data.plan import DataPlan, validate_data
+from runtime.data.order.plan import DataPlan, validate_data
 
 
 @pytest.fixture(autouse=True)

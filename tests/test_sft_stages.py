@@ -12,6 +12,7 @@ from datahelpers import make_config
 
 from nanoset import open_dataset
 from runtime.config import ConfigError
+from runtime.config.load import load_config
 from runtime.data import DataPlan
 from runtime.data.hf_cache import resolve_stage_folders
 
@@ -120,7 +121,7 @@ def test_demo_config_ends_with_a_packed_document_masked_sft_stage(shards, tmp_pa
 
     from runtime.config import Config
 
-    config = Config.from_yaml(CONFIGS / "three-stage.yaml")
+    config = load_config(CONFIGS / "three-stage.yaml")
     assert config.model.attention == "document" and [s.name for s in config.data_stages] == ["pretrain", "anneal",
                                                                                                 "sft"]
     run_cli("tokenize", FIXTURES / "chat", "-o", tmp_path / "chat", "--tokenizer", TOKENIZER, "--chat", "--quiet")

@@ -10,6 +10,8 @@ from conftest import ROOT
 from trainhelpers import metrics, small_config, torchrun
 
 from runtime.config import Config
+
+from runtime.config.load import load_config
 from runtime.data import DataPlan
 
 
@@ -24,7 +26,7 @@ def reference(shards, tmp_path_factory):
 
 def plan_of(cfg, shards, monkeypatch):
     monkeypatch.chdir(shards)
-    return DataPlan(Config.from_yaml(cfg))
+    return DataPlan(load_config(cfg))
 
 
 def losses(rows):

@@ -13,6 +13,7 @@ from conftest import ROOT
 from trainhelpers import error_lines, metrics, small_config, torchrun, train_one, worker_stderr
 
 from runtime.checkpoint import CheckpointManager
+from runtime.config.load import load_config
 from runtime.metrics import MetricsLogger
 
 
@@ -352,13 +353,15 @@ def test_a_run_folder_without_file_locks_still_starts(tmp_path, monkeypatch):
     import fcntl
 
     from runtime.config import Config
+
+    from runtime.config.load import load_config
     from runtime.run_start import plan_start
 
     def no_locks(*args):
         raise OSError(errno.ENOSYS, "Function not implemented")
 
     monkeypatch.setattr(fcntl, "lockf", no_locks)
-    config = Config.from_yaml(small_config(tmp_path, tmp_path / "run", dp=1, single_stage=True))
+    config = load_config(small_config(tmp_path, tmp_path / "run", dp=1, single_stage=True))
     start = plan_start(config)
     assert (start.checkpoint, start.lock, start.replace_old_run) == (None, None, False)
 
@@ -373,12 +376,12 @@ def test_paths_with_a_tilde_are_in_the_home_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     cfg = small_config(tmp_path, "~/runs/x", single_stage=True, general={"cache_dir": "~/cache"},
                        checkpoints={"checkpoints_path": "~/ck", "resume": "~/ck/step-000002"})
-    config = Config.from_yaml(cfg)
+    config = load_config(cfg)
     home = tmp_path / "home"
     assert (config.general.run_path, checkpoints_folder(config), config.general.cache_dir, config.checkpoints.resume) == (
         home / "runs" / "x", home / "ck", str(home / "cache"), str(home / "ck" / "step-000002"))
     cfg.write_text(yaml.safe_dump(config.to_dict()))  # as a checkpoint's metadata records it
-    assert Config.from_yaml(cfg).general.run_path == home / "runs" / "x"
+    assert load_config(cfg).general.run_path == home / "runs" / "x"
     from runtime.config import ModelArgs
 
     assert ModelArgs(init_from_hf="~/models/llama").init_from_hf == str(home / "models" / "llama")

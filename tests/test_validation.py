@@ -22,8 +22,9 @@ from validation_workers import evaluate_in_layout, train_with_slow_evaluations
 
 from nanoset import open_dataset
 from runtime.config import Config, ConfigError
+from runtime.config.load import load_config
 from runtime.data.heldout import open_heldout
-from runtime.data.permutation import FeistelPermutation
+from runtime.data.order.permutation import FeistelPermutation
 from runtime.metrics import MetricsLogger
 from runtime.validation import describe
 
@@ -50,7 +51,7 @@ def test_sample_set_is_the_seeded_permutation_prefix_whatever_the_stages(shards,
     monkeypatch.chdir(shards)
     cfg = with_validation(small_config(tmp_path, tmp_path / "run"), samples=5,
                           datasets={"mix": ["shards/sft", "shards/code"]})
-    (held,) = open_heldout(Config.from_yaml(cfg))
+    (held,) = open_heldout(load_config(cfg))
     sft, code = open_dataset("shards/sft"), open_dataset("shards/code")
     n_sft, n_code = (sft.num_tokens - 1) // 16, (code.num_tokens - 1) // 16
     ids = held.sample_ids(16)
@@ -69,19 +70,19 @@ def test_sample_set_is_the_seeded_permutation_prefix_whatever_the_stages(shards,
     d = yaml.safe_load(other.read_text())
     d["data_stages"][0]["data"].update(seed=7, dataset={"dataset_folder": "shards/web"})
     other.write_text(yaml.safe_dump(d))
-    (held9,) = open_heldout(Config.from_yaml(other))
+    (held9,) = open_heldout(load_config(other))
     assert held9.sample_ids(16)[:5].tolist() == ids.tolist()
     # the validation seed changes the set
     reseeded = with_validation(small_config(tmp_path, tmp_path / "run3", name="seeded.yaml"), samples=5, seed=1,
                                datasets={"mix": ["shards/sft", "shards/code"]})
-    assert open_heldout(Config.from_yaml(reseeded))[0].sample_ids(16).tolist() != ids.tolist()
+    assert open_heldout(load_config(reseeded))[0].sample_ids(16).tolist() != ids.tolist()
 
 
 def test_batches_follow_the_contract_and_pad_with_masked_labels(shards, tmp_path, monkeypatch):
     """5 samples, dp 2 × micro-batch 2 × accumulation 2 = 8 rows per step: one step, 3 padding rows."""
     monkeypatch.chdir(shards)
     cfg = with_validation(small_config(tmp_path, tmp_path / "run"), samples=5, datasets={"sft": "shards/sft"})
-    (held,) = open_heldout(Config.from_yaml(cfg))
+    (held,) = open_heldout(load_config(cfg))
     ids = held.sample_ids(16)
     rows, masks = {}, {}
     for dp_rank in (0, 1):
@@ -109,7 +110,7 @@ def test_loss_masks_of_chat_folders_count_as_in_training(shards, tmp_path, monke
     monkeypatch.chdir(shards)
     cfg = with_validation(small_config(tmp_path, tmp_path / "run"), samples=6,
                           datasets={"mixed": [str(tmp_path / "chat"), "shards/sft"]})
-    (held,) = open_heldout(Config.from_yaml(cfg))
+    (held,) = open_heldout(load_config(cfg))
     chat, sft = open_dataset(tmp_path / "chat"), open_dataset("shards/sft")
     n_chat = (chat.num_tokens - 1) // 16
     ids = held.sample_ids(16)
@@ -158,7 +159,7 @@ def single_process(layout_config, tmp_path_factory):
 def test_single_process_values(layout_config, single_process):
     # 7 windows of 32 tokens, position ids on: the labels that do not start a new document count
     assert list(single_process) == ["sft", "web"]
-    for held in open_heldout(Config.from_yaml(layout_config)):
+    for held in open_heldout(load_config(layout_config)):
         r = single_process[held.name]
         examples = held.examples(32, held.sample_ids(32), use_position_ids=True)
         assert len(examples) == 7 and r["tokens"] == sum(int((ex["position_ids"][1:] != 0).sum()) for ex in examples)
@@ -330,7 +331,7 @@ def test_resume_keeps_one_validation_row_per_step(tmp_path):
 def test_config_mistakes(shards, tmp_path, validation, fragment):
     cfg = with_validation(small_config(tmp_path, tmp_path / "run"), **validation)
     with pytest.raises(ConfigError, match=None) as e:
-        Config.from_yaml(cfg)
+        load_config(cfg)
     assert fragment in str(e.value) and "\n" not in str(e.value)
 
 

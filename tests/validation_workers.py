@@ -7,6 +7,10 @@ import json
 
 from runtime.config import Config, ParallelismArgs
 
+from runtime.config.load import load_config
+
+from runtime.config.rules import validate_config
+
 
 def evaluate_in_layout(rank: int, world: int, config_path: str, layout: dict, out_path: str,
                        without_schedule_eval: bool) -> None:
@@ -24,9 +28,9 @@ def evaluate_in_layout(rank: int, world: int, config_path: str, layout: dict, ou
 
         del schedules._PipelineSchedule.eval
         schedules._PipelineSchedule._maybe_compute_loss = old_maybe_compute_loss
-    config = Config.from_yaml(config_path)
+    config = load_config(config_path)
     config = dataclasses.replace(config, parallelism=ParallelismArgs(**layout))
-    config.validate()
+    validate_config(config)
     p = config.parallelism
     engine = Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp))
     stage = config.data_stages[0]

@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from runtime.config import Config
-from runtime.config_loading import from_dict
+from runtime.config.load import from_dict
+from runtime.config.rules import validate_config
 from runtime.engine import Engine
 from runtime.models.llama import LlamaChunk, init_weights
 from runtime.parallel.context import ParallelContext
@@ -45,7 +46,7 @@ def make_config(hidden: int, layers: int, seq: int, mbs: int, accum: int, steps:
         "optimizer": {"learning_rate": 1e-3, "weight_decay": 0.1, "clip_grad": 1.0},
         "data_stages": [{"name": "s", "start_training_step": 1, "data": {"dataset": {"dataset_folder": "unused"}}}],
     }, "config")
-    c.validate()
+    validate_config(c)
     return c
 
 

@@ -32,7 +32,8 @@ import numpy as np
 from nanoset import Manifest, ShardInfo, ShardWriter, TokenizerInfo, write_manifest
 from nanoset.format.spec import metadata_text
 from runtime.config import Config
-from runtime.config_loading import from_dict
+from runtime.config.load import from_dict
+from runtime.config.rules import validate_config
 from runtime.data import DataPlan, StageDataset, get_train_dataloader
 
 L = 2048
@@ -80,7 +81,7 @@ def config(folders: list[str], weights: list[float], mbs: int, steps: int, worke
             "num_loading_workers": workers, "use_position_ids": positions, "packing": packing,
             "dataset": {"dataset_folder": folders, "dataset_weights": weights}}}],
     }, "config")
-    c.validate()
+    validate_config(c)
     return c
 
 

@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from nanoset.tokenize.job import TokenizeOptions, tokenize  # noqa: E402
 from runtime.config import Config  # noqa: E402
-from runtime.config_loading import from_dict  # noqa: E402
+from runtime.config.load import from_dict  # noqa: E402
+from runtime.config.rules import validate_config  # noqa: E402
 from runtime.data import DataPlan, StageDataset, get_train_dataloader  # noqa: E402
 from runtime.engine import Engine  # noqa: E402
 from runtime.trainer import Trainer  # noqa: E402
@@ -62,7 +63,7 @@ def make_config(work: Path, steps: int, workers: int, prefetch: int = 0) -> Conf
                       "dataset": {"dataset_folder": str(shards / "sft")}}},
         ],
     }, "config")
-    c.validate()
+    validate_config(c)
     return c
 
 

@@ -19,9 +19,9 @@ import torch
 
 from nanoset import NanosetError, NanosetReader, TokenizerInfo, open_dataset
 from runtime.config import Config, ConfigError
-from runtime.data.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
-from runtime.data.permutation import FeistelPermutation
-from runtime.data.windows import TokenWindows
+from runtime.data.loading.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
+from runtime.data.order.permutation import FeistelPermutation
+from runtime.data.order.windows import TokenWindows
 
 
 @dataclass

@@ -14,14 +14,10 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from runtime.config import ModelArgs, RopeScalingArgs
-from runtime.config_loading import ConfigError
+from nanoset.errors import ConfigError, MissingPath
+from runtime.config.schema import SIZE_KEYS, ModelArgs, RopeScalingArgs
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
-# our ModelArgs key → the config.json key (the same names)
-MODEL_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
-              "max_position_embeddings", "num_key_value_heads", "head_dim", "tie_word_embeddings", "rope_theta",
-              "rms_norm_eps", "rope_scaling")
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -29,12 +25,12 @@ def read_hf_config(folder: str | Path) -> dict:
     """``folder/config.json`` as a dict, checked to be a model our Llama reproduces."""
     path = Path(folder) / "config.json"
     if not Path(folder).is_dir():
-        raise FileNotFoundError(f"model.init_from_hf: {folder}: no such folder (give a local folder holding a "
+        raise MissingPath(f"model.init_from_hf: {folder}: no such folder (give a local folder holding a "
                                 f"Hugging Face model's config.json and model.safetensors)")
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"model.init_from_hf: {path}: missing; the folder must hold a Hugging Face "
+        raise MissingPath(f"model.init_from_hf: {path}: missing; the folder must hold a Hugging Face "
                                 f"model's config.json") from None
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.init_from_hf: {path}: not readable JSON ({e})") from None
@@ -104,7 +100,7 @@ def hf_model_values(folder: str | Path) -> dict:
     """Our ``model`` keys as the Hugging Face config at ``folder`` sets them."""
     cfg = read_hf_config(folder)
     where = str(Path(folder) / "config.json")
-    out = {key: _integer(cfg, key, where) for key in MODEL_KEYS[:6]}
+    out = {key: _integer(cfg, key, where) for key in SIZE_KEYS}
     for key in ("num_key_value_heads", "head_dim"):  # optional; null as absent
         if cfg.get(key) is not None:
             _integer(cfg, key, where)

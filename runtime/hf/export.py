@@ -20,8 +20,9 @@ import torch
 from nanoset import TokenizerInfo
 from nanoset.atomic import atomic_write_text, fresh_folder_beside
 from runtime.checkpoint_read import load_dcp
-from runtime.config import MODEL_SIZE_KEYS, ModelArgs
-from runtime.config_loading import ConfigError, from_dict
+from runtime.config.schema import SIZE_KEYS, ModelArgs
+from nanoset.errors import ConfigError
+from runtime.config.load import from_dict
 from runtime.hf.config_map import hf_config_json
 from runtime.hf.load import INDEX, SINGLE, _expected, hf_name
 
@@ -46,7 +47,7 @@ def read_checkpoint_metadata(checkpoint: Path) -> dict:
 
 def _model_args(metadata: dict, where: Path) -> ModelArgs:
     model = dict(metadata["config"]["model"])
-    missing = [k for k in MODEL_SIZE_KEYS if model.get(k) is None]
+    missing = [k for k in SIZE_KEYS if model.get(k) is None]
     if missing:
         raise ConfigError(f"{where / 'metadata.json'}: config.model records no {', '.join(missing)}; is it a "
                           f"checkpoint of this runtime?")

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from runtime.config import ModelArgs
-from runtime.config_loading import ConfigError
+from nanoset.errors import ConfigError
 from runtime.parallel.shards import local_slices, local_tensor
 
 SINGLE = "model.safetensors"

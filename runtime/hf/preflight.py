@@ -8,7 +8,7 @@ from pathlib import Path
 
 from nanoset import TokenizerInfo
 from runtime.config import Config
-from runtime.config_loading import ConfigError
+from nanoset.errors import ConfigError
 
 
 def data_tokenizer(plan) -> TokenizerInfo | None:

@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 from torch.utils.data import Sampler
 
-from runtime.data.permutation import FeistelPermutation
+from runtime.data.order.permutation import FeistelPermutation
 
 
 class DataParallelSampler(Sampler[int]):

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runtime.data.plan import DataPlan, StagePlan
+from runtime.data.order.plan import DataPlan, StagePlan
 
 
 class StageDataset:

@@ -25,7 +25,7 @@ import numpy as np
 
 from nanoset import NanosetReader, open_dataset
 from runtime.config import ConfigError
-from runtime.data.windows import checked_indices, position_ids_at
+from runtime.data.order.windows import checked_indices, position_ids_at
 
 CACHE_VERSION = 1
 

@@ -1,7 +1,8 @@
-"""Strict construction of config dataclasses from plain YAML data.
+"""Loading a config: strict YAML → the schema's dataclasses → the sizes of ``model.init_from_hf`` → the rules.
 
 Unknown keys are errors naming their path and the closest valid key; missing required keys and
-wrong types are errors naming the path. Nothing here reads files other than the YAML itself.
+wrong types are errors naming the path. Nothing is read but the YAML itself (and, with
+``model.init_from_hf``, that model's ``config.json``); the data is checked later, at start-up.
 """
 
 from __future__ import annotations
@@ -10,9 +11,15 @@ import dataclasses
 import difflib
 import types
 import typing
+from pathlib import Path
 from typing import Any, Union
 
+import yaml
+
 from nanoset.errors import ConfigError
+from runtime.config.rules import validate_config
+from runtime.config.schema import Config
+from runtime.hf.config_map import apply_hf_config
 
 
 def _type_name(tp: Any) -> str:
@@ -109,10 +116,20 @@ def from_dict(cls: type, data: Any, path: str) -> Any:
     return cls(**kwargs)
 
 
-def to_dict(obj: Any) -> Any:
-    """The inverse of ``from_dict``: plain data, ready for YAML or JSON."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
-    if isinstance(obj, list):
-        return [to_dict(v) for v in obj]
-    return obj
+def load_config(path: str | Path) -> Config:
+    """The config at ``path``, built strictly and checked by every rule that needs no data."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    try:
+        config = from_dict(Config, data, "config")
+        if config.model.init_from_hf is not None:
+            apply_hf_config(config.model, given=set(data["model"]))
+        validate_config(config)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return config

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from runtime.data.collator import INPUT_KEYS, LABEL_KEYS, pointer_batch
+from runtime.data.loading.collator import INPUT_KEYS, LABEL_KEYS, pointer_batch
 
 INT_KEYS = ("input_ids", "label_ids", "position_ids")
 

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from runtime.data.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
-from runtime.data.prefetch import PrefetchLoader
-from runtime.data.sampler import get_sampler
+from runtime.data.loading.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
+from runtime.data.loading.prefetch import PrefetchLoader
+from runtime.data.loading.sampler import get_sampler
 from runtime.parallel.tensor_pointer import TensorPointer
 from runtime.preemption import ignore_in_loader_worker
 
@@ -59,7 +59,7 @@ def get_train_dataloader(train_dataset: Any, sequence_length: int, parallel_cont
                          use_position_ids: bool = False, seed: int = 0, shuffle: bool = False,
                          prefetch: int = 0) -> Any:
     """The canonical loader: DP-sharded sampler, CLM collator, workers, pinned memory on CUDA;
-    with 0 workers and ``prefetch`` > 0, a thread keeps that many micro-batches ready (``runtime.data.prefetch``).
+    with 0 workers and ``prefetch`` > 0, a thread keeps that many micro-batches ready (``runtime.data.loading.prefetch``).
 
     ``parallel_context`` needs ``dp_rank``, ``dp_size`` and ``pp_rank``. Pipeline ranks that own
     neither inputs nor labels get a ``TensorPointerLoader`` of the same length and read nothing.

@@ -1,13 +1,13 @@
 """The rules a training config must follow that need no I/O (sizes, parallel layout, stages,
-validation sets); each error names the key to change. ``Config.validate`` applies them."""
+validation sets); each error names the key to change. ``load_config`` applies them."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import fields
 
-from runtime.config import MODEL_SIZE_KEYS, Config, HFDatasetArgs, NanosetDatasetsArgs, RopeScalingArgs
-from runtime.config_loading import ConfigError
+from nanoset.errors import ConfigError
+from runtime.config.schema import SIZE_KEYS, Config, HFDatasetArgs, NanosetDatasetsArgs, RopeScalingArgs
 
 
 def validate_config(c: Config) -> None:
@@ -24,7 +24,7 @@ def _positive(value: int | float, path: str, allow_zero: bool = False) -> None:
 
 def _validate_sizes(c: Config) -> None:
     m, t = c.model, c.tokens
-    for name in MODEL_SIZE_KEYS:
+    for name in SIZE_KEYS:
         if getattr(m, name) is None:
             raise ConfigError(f"config.model.{name}: required key is missing (give it, or model.init_from_hf: PATH "
                               f"of a Hugging Face model whose config.json has it)")

@@ -1,31 +1,31 @@
-"""Training configuration: dataclasses loaded strictly from YAML, validated before any process starts.
+"""The training config's schema: one dataclass per section, a line on each key.
 
-``Config.from_yaml(path)`` parses and checks every rule that needs no I/O;
-``validate_data(config)`` then opens the dataset folders (cheap: manifests and ``stat``) and
-checks what needs the data: folders exist, one tokenizer, vocab sizes, enough tokens.
+Construction does no I/O and checks nothing across keys: ``runtime.config.load`` builds a
+``Config`` strictly from YAML and ``runtime.config.rules`` checks it; ``docs/config.md`` lists
+every key with its default (a test keeps the two equal).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Union
+from typing import Any, Literal, Union, get_args
 
-import yaml
+from nanoset.errors import ConfigError
 
-from runtime.config_loading import ConfigError, from_dict, to_dict
-
-PP_ENGINES = ("afab", "1f1b", "interleaved-1f1b")
+PipelineEngine = Literal["afab", "1f1b", "interleaved-1f1b"]
+PP_ENGINES: tuple[str, ...] = get_args(PipelineEngine)
 
 
 @dataclass
 class GeneralArgs:
-    project: str
-    run: str
-    seed: int = 42
+    project: str  # the project's name (for the log)
+    run: str  # the run's name: its folder is runs/<run> unless run_dir is given
+    seed: int = 42  # model initialisation, and the data order of stages without data.seed
     run_dir: str | None = None  # default: runs/<run>
-    cache_dir: str = ".nanoset_cache"  # where Hugging Face datasets are tokenized once
+    cache_dir: str = ".nanoset_cache"  # where Hugging Face datasets are tokenized once, and packings cached
 
     def __post_init__(self) -> None:  # `~/runs/x` is the home folder's, not a folder named `~` here
         self.run_dir = _home(self.run_dir)
@@ -38,11 +38,19 @@ class GeneralArgs:
 
 @dataclass
 class ParallelismArgs:
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    pp_engine: Literal["afab", "1f1b", "interleaved-1f1b"] = "1f1b"
+    dp: int = 1  # data-parallel replicas (FSDP2 shards parameters over them)
+    tp: int = 1  # tensor-parallel ranks per replica
+    pp: int = 1  # pipeline stages
+    pp_engine: PipelineEngine = "1f1b"  # the pipeline schedule: afab (GPipe), 1f1b or interleaved-1f1b
     pp_virtual_stages: int = 2  # model chunks per pipeline rank with interleaved-1f1b
+
+    @property
+    def world_size(self) -> int:
+        """The processes this layout needs."""
+        return self.dp * self.tp * self.pp
+
+    def describe(self) -> str:
+        return f"tp {self.tp} × pp {self.pp} × dp {self.dp} = {self.world_size} processes"
 
 
 @dataclass
@@ -58,27 +66,30 @@ class RopeScalingArgs:
 
 
 # the model sizes; with model.init_from_hf they may be omitted (taken from its config.json)
-MODEL_SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
-                   "max_position_embeddings")
+SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+             "max_position_embeddings")
+# the keys that shape the parameters (a checkpoint loads only into the same); rope_theta, rms_norm_eps,
+# max_position_embeddings, init_std and dtype may change on resume (e.g. to extend the context)
+SHAPE_KEYS = SIZE_KEYS[:5] + ("num_key_value_heads", "head_dim", "tie_word_embeddings")
 
 
 @dataclass
 class ModelArgs:
-    hidden_size: int | None = None
-    num_hidden_layers: int | None = None
-    num_attention_heads: int | None = None
-    intermediate_size: int | None = None
-    vocab_size: int | None = None
-    max_position_embeddings: int | None = None
+    hidden_size: int | None = None  # width of the residual stream
+    num_hidden_layers: int | None = None  # decoder layers
+    num_attention_heads: int | None = None  # query heads
+    intermediate_size: int | None = None  # SwiGLU hidden width
+    vocab_size: int | None = None  # ids the embedding holds: at least the tokenizer's
+    max_position_embeddings: int | None = None  # the longest sequence length any stage may use
     num_key_value_heads: int | None = None  # default: num_attention_heads (no grouping)
     head_dim: int | None = None  # default: hidden_size // num_attention_heads
     rope_scaling: RopeScalingArgs | None = None
     # a local Hugging Face Llama folder: its config.json gives the sizes, its weights start a fresh run
     init_from_hf: str | None = None
-    tie_word_embeddings: bool = False
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-5
-    init_std: float = 0.02
+    tie_word_embeddings: bool = False  # the output head is the embedding
+    rope_theta: float = 10000.0  # RoPE base
+    rms_norm_eps: float = 1e-5  # RMSNorm epsilon
+    init_std: float = 0.02  # standard deviation of the seeded initialisation
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
     # document: a token attends only to earlier tokens of its own document (where position_ids restart)
     attention: Literal["causal", "document"] = "causal"
@@ -101,17 +112,17 @@ class ModelArgs:
 
 @dataclass
 class TokensArgs:
-    sequence_length: int
-    micro_batch_size: int
-    train_steps: int
-    batch_accumulation_per_replica: int = 1
+    sequence_length: int  # tokens per sample (a stage may set its own)
+    micro_batch_size: int  # samples per rank and forward pass
+    train_steps: int  # optimizer steps of the whole run
+    batch_accumulation_per_replica: int = 1  # micro-batches per step and replica (the pipeline's micro-batches)
 
 
 @dataclass
 class OptimizerArgs:
-    learning_rate: float
-    weight_decay: float = 0.0
-    clip_grad: float | None = 1.0
+    learning_rate: float  # the peak learning rate of AdamW
+    weight_decay: float = 0.0  # decoupled weight decay of matrices (norms and biases: none)
+    clip_grad: float | None = 1.0  # clip the global gradient norm to this; null: no clipping
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     adam_eps: float = 1e-8
@@ -119,9 +130,9 @@ class OptimizerArgs:
 
 @dataclass
 class LRSchedulerArgs:
-    warmup_steps: int = 0
-    decay_style: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
-    min_lr: float = 0.0
+    warmup_steps: int = 0  # linear warm-up from 0 to the peak
+    decay_style: Literal["cosine", "linear", "constant", "wsd"] = "cosine"  # decay to min_lr at the last step
+    min_lr: float = 0.0  # the learning rate at the last step
     wsd_decay_fraction: float = 0.2  # wsd: share of the steps after warm-up spent decaying
 
 
@@ -130,7 +141,7 @@ class CheckpointsArgs:
     checkpoint_interval: int = 0  # 0: only at the end
     save_final: bool = True  # a checkpoint after the last step
     resume: str | None = "latest"  # latest | PATH | null
-    keep_last: int = 3
+    keep_last: int = 3  # checkpoints kept (the newest by step number)
     checkpoints_path: str | None = None  # default: <run_dir>/checkpoints
     # resume although the data of a stage that has begun (datasets, content, weights, seed) or the global batch
     # size mid-stage changed: finished stages keep the checkpoint's record, the current one changes from the resume
@@ -150,20 +161,20 @@ def _home(path: str | None) -> str | None:
 
 @dataclass
 class LoggingArgs:
-    log_interval: int = 1
+    log_interval: int = 1  # a console line every N steps (metrics.jsonl gets every step)
     tensorboard: bool = True  # write TensorBoard events when the package is installed
 
 
 @dataclass
 class TokenizerArgs:
-    tokenizer_name_or_path: str
-    eos_token: str | None = None
+    tokenizer_name_or_path: str  # for Hugging Face dataset stages: the tokenizer that tokenizes them
+    eos_token: str | None = None  # the EOS appended to every document; default: the tokenizer's own
 
 
 @dataclass
 class NanosetDatasetsArgs:
-    dataset_folder: Union[str, list[str]]
-    dataset_weights: list[float] | None = None
+    dataset_folder: Union[str, list[str]]  # dataset folders (Nanoset, datatrove or Megatron) blended in the stage
+    dataset_weights: list[float] | None = None  # one per folder; default: equal
 
     @property
     def folders(self) -> list[str]:
@@ -176,9 +187,9 @@ class NanosetDatasetsArgs:
 
 @dataclass
 class HFDatasetArgs:
-    hf_dataset_or_datasets: str
+    hf_dataset_or_datasets: str  # a local dataset file or save_to_disk folder, tokenized once into cache_dir
     text_column_name: str = "text"
-    hf_dataset_splits: Union[str, list[str], None] = None
+    hf_dataset_splits: Union[str, list[str], None] = None  # splits of a saved DatasetDict; default: all
     # rows are conversations (a messages column, or prompt + completion): rendered with the chat template,
     # tokenized with loss masks (trained only on the assistant turns), as `nanoset tokenize --chat` does
     sft: bool = False
@@ -190,20 +201,20 @@ class HFDatasetArgs:
 
 @dataclass
 class DataArgs:
-    dataset: Union[NanosetDatasetsArgs, HFDatasetArgs]
-    seed: int | None = None  # default: general.seed
+    dataset: Union[NanosetDatasetsArgs, HFDatasetArgs]  # Nanoset folders, or a Hugging Face dataset
+    seed: int | None = None  # the data order's seed; default: general.seed
     # default: read in a thread of the training process, 2 micro-batches ahead (README: Speed)
     num_loading_workers: int = 0
     prefetch: int = 2  # micro-batches read ahead by a thread of the training process (0: none)
-    use_position_ids: bool = False
+    use_position_ids: bool = False  # position ids restart at each document; no label across a document start
     packing: Literal["window", "documents"] = "window"  # documents: whole documents per sample, padded
     drop_long_documents: bool = False  # documents packing: drop (not truncate) documents longer than L + 1
 
 
 @dataclass
 class DatasetStageArgs:
-    name: str
-    start_training_step: int
+    name: str  # unique; a checkpoint's record names its stages
+    start_training_step: int  # the stage's first global step (one stage starts at 1)
     data: DataArgs
     sequence_length: int | None = None  # default: tokens.sequence_length
 
@@ -241,28 +252,12 @@ class Config:
     tokenizer: TokenizerArgs | None = None
     validation: ValidationArgs = field(default_factory=ValidationArgs)
 
-    @staticmethod
-    def from_yaml(path: str | Path) -> Config:
-        path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML ({e})") from None
-        try:
-            config = from_dict(Config, data, "config")
-            if config.model.init_from_hf is not None:
-                from runtime.hf.config_map import apply_hf_config
-
-                apply_hf_config(config.model, given=set(data["model"]))
-            config.validate()
-        except ConfigError as e:
-            raise ConfigError(f"{path}: {e}") from None
-        return config
-
     def to_dict(self) -> dict:
         return to_dict(self)
+
+    @property
+    def world_size(self) -> int:
+        return self.parallelism.world_size
 
     @property
     def global_batch_size(self) -> int:
@@ -281,13 +276,17 @@ class Config:
     def stage_seed(self, stage: DatasetStageArgs) -> int:
         return stage.data.seed if stage.data.seed is not None else self.general.seed
 
-    def validate(self) -> None:
-        """Every rule that needs no I/O; each error says which key to change."""
-        from runtime.config_rules import validate_config
+    def stage_at(self, step: int) -> DatasetStageArgs:
+        """The stage that global step ``step`` (1-based) belongs to."""
+        if not 1 <= step <= self.tokens.train_steps:
+            raise ConfigError(f"step {step} is outside [1, tokens.train_steps={self.tokens.train_steps}]")
+        return max((s for s in self.data_stages if s.start_training_step <= step), key=lambda s: s.start_training_step)
 
-        validate_config(self)
 
-
-def get_config_from_yaml(path: str | Path) -> Config:
-    """Seed-compatible alias of ``Config.from_yaml``."""
-    return Config.from_yaml(path)
+def to_dict(obj: Any) -> Any:
+    """A config (or any part of it) as plain data, ready for YAML or JSON: the inverse of ``load.from_dict``."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+    if isinstance(obj, list):
+        return [to_dict(v) for v in obj]
+    return obj

@@ -25,12 +25,20 @@ import numpy as np
 
 from nanoset import NanosetError, TokenizerInfo, open_dataset
 from runtime.config import Config, ConfigError, DatasetStageArgs, NanosetDatasetsArgs
-from runtime.data.blend import BlendSchedule
-from runtime.data.history import PartSpec, differences, packing_mode, refuse, started_stages
-from runtime.data.packing import PackedDocuments
-from runtime.data.permutation import FeistelPermutation
-from runtime.data.record import DataStageMetadata, PartRecord, TrainingMetadata
-from runtime.data.windows import TokenWindows
+from runtime.data.order.blend import BlendSchedule
+from runtime.data.order.packing import PackedDocuments
+from runtime.data.order.permutation import FeistelPermutation
+from runtime.data.order.record import (
+    DataStageMetadata,
+    PartRecord,
+    PartSpec,
+    TrainingMetadata,
+    differences,
+    packing_mode,
+    refuse,
+    started_stages,
+)
+from runtime.data.order.windows import TokenWindows
 
 
 @dataclass
@@ -223,9 +231,9 @@ class DataPlan:
     # ---------------------------------------------------------------- lookups -------------------
 
     def stage_for_step(self, step: int) -> StagePlan:
-        if not 1 <= step <= self.config.tokens.train_steps:
-            raise ValueError(f"step {step} is outside [1, tokens.train_steps={self.config.tokens.train_steps}]")
-        return next(s for s in reversed(self.stages) if s.start_step <= step)
+        """The stage part that trains global step ``step``: the last one begun by then in its config stage."""
+        index = self.config.data_stages.index(self.config.stage_at(step))
+        return next(s for s in reversed(self.stages) if s.index == index and s.start_step <= step)
 
     def permutation(self, dataset: int, epoch: int) -> FeistelPermutation:
         key = (dataset, epoch)
@@ -377,6 +385,16 @@ def _open(folder: str, i: int, stage: DatasetStageArgs):
         return open_dataset(folder)
     except NanosetError as e:
         raise ConfigError(f"data_stages[{i}] ({stage.name}).data.dataset.dataset_folder: {e}") from None
+
+
+def training_metadata(plan: DataPlan, last_step: int) -> TrainingMetadata:
+    """The metadata of a run whose steps ``1..last_step`` are done, with the record of what they trained."""
+    config = plan.config
+    current = plan.stage_for_step(min(max(last_step, 1), config.tokens.train_steps))
+    return TrainingMetadata(
+        last_train_step=last_step, consumed_train_samples=plan.consumed_samples(last_step),
+        last_stage_idx=current.index, global_batch_size=config.global_batch_size, data_stages=plan.record(last_step),
+        draws_per_dataset=plan.draws_after(last_step), data_fingerprint=plan.fingerprint)
 
 
 def validate_data(config: Config, stage_folders: list[list[str]] | None = None) -> DataPlan:

@@ -14,7 +14,7 @@ import json
 import torch.distributed as dist
 
 from runtime.config import ConfigError
-from runtime.data.plan import DataPlan
+from runtime.data.order.plan import DataPlan
 
 
 def plan_signature(plan: DataPlan) -> str:

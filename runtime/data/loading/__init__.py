@@ -1,0 +1,1 @@
+"""From the data order to torch batches: the stage dataset, sampler, collators, loaders, prefetch, tp broadcast."""
