@@ -1,5 +1,6 @@
 """The distributed engine: a Llama model cut into pipeline chunks, tensor- and data-parallel,
-with AdamW and one ``train_step(batches) -> StepResult`` that the trainer calls.
+with AdamW, ``train_step(batches) -> StepResult`` for training and ``eval_step(batches)`` for
+validation: the same inputs, targets and loss, forward only.
 
 The loss is the mean cross-entropy over the unmasked label tokens of the whole global batch:
 every micro-batch contributes ``sum / N`` with ``N`` counted over all micro-batches and dp
@@ -18,13 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.config import Config
-from runtime.models.compile import compile_layers
 from runtime.models.llama import LlamaChunk, init_weights
-from runtime.parallel.activation_checkpoint import apply_activation_checkpointing
 from runtime.parallel.context import ParallelContext
-from runtime.parallel.data_parallel import apply_fsdp
-from runtime.parallel.pipeline import build_schedule, chunk_layer_ranges, chunks_of_rank, num_chunks
-from runtime.parallel.tensor_parallel import apply_tensor_parallel
+from runtime.parallel.parallelize import parallelize
+from runtime.parallel.pipeline import build_schedule, chunk_layer_ranges, chunks_of_rank, forward_only, num_chunks
 from runtime.parallel.tied_embedding import TiedEmbeddingSync
 
 IGNORE_INDEX = -100
@@ -52,34 +50,24 @@ class Engine:
         self.config = config
         self.ctx = ctx = parallel_context
         par, args = config.parallelism, config.model
-        if (par.tp, par.pp, par.dp) != (ctx.tp_size, ctx.pp_size, ctx.dp_size):
-            raise ValueError(f"config parallelism (tp {par.tp}, pp {par.pp}, dp {par.dp}) differs from the "
-                             f"ParallelContext ({ctx.tp_size}, {ctx.pp_size}, {ctx.dp_size})")
         self.device = ctx.device
         self.dtype = compute_dtype(config, self.device)
-        total = num_chunks(par.pp, par.pp_engine, par.pp_virtual_stages)
+        total = num_chunks(ctx.pp_size, par.pp_engine, par.pp_virtual_stages)
         ranges = chunk_layer_ranges(args.num_hidden_layers, total)
-        self.stage_ids = chunks_of_rank(ctx.pp_rank, par.pp, par.pp_engine, par.pp_virtual_stages)
+        self.stage_ids = chunks_of_rank(ctx.pp_rank, ctx.pp_size, par.pp_engine, par.pp_virtual_stages)
         self.total_stages = total
         # FSDP's mixed-precision policy is what casts to the compute dtype, so bf16 needs it even with dp = 1
-        self.use_fsdp = par.dp > 1 or self.device.type == "cuda" or self.dtype != torch.float32
+        self.use_fsdp = ctx.dp_size > 1 or self.device.type == "cuda" or self.dtype != torch.float32
         self.chunks: list[LlamaChunk] = []
         for c in self.stage_ids:
             with torch.device("meta"):  # no memory until sharded: only this rank's shards are ever allocated
                 chunk = LlamaChunk(args, *ranges[c])
-            apply_tensor_parallel(chunk, ctx.mesh["tp"])
-            # torchtitan's order: tensor parallel, activation checkpointing, compile, then FSDP
-            apply_activation_checkpointing(chunk, args.num_hidden_layers, args.activation_checkpointing,
-                                           args.activation_checkpointing_every)
-            if args.compile:
-                compile_layers(chunk)
-            if self.use_fsdp:
-                apply_fsdp(chunk, ctx.mesh["dp"], self.dtype)
+            parallelize(chunk, args, ctx.mesh["tp"], ctx.mesh["dp"] if self.use_fsdp else None, self.dtype)
             chunk.materialize(self.device)
             if initialize:
                 init_weights(chunk, args, config.general.seed)
             self.chunks.append(chunk)
-        self.tied_sync = TiedEmbeddingSync(self.chunks, ctx) if args.tie_word_embeddings and par.pp > 1 else None
+        self.tied_sync = TiedEmbeddingSync(self.chunks, ctx) if args.tie_word_embeddings and ctx.pp_size > 1 else None
         self.owns_inputs = self.chunks[0].has_embedding
         self.owns_loss = self.chunks[-1].has_head
         self.optimizer = self._build_optimizer()
@@ -96,7 +84,6 @@ class Engine:
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """Layout-independent names: a pipeline-tied head copy is ``embed_tokens.weight`` too."""
         return [(c.stored_name(n), p) for c in self.chunks for n, p in c.named_parameters()]
-
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         o = self.config.optimizer
@@ -216,10 +203,54 @@ class Engine:
             if self.ctx.dp_size > 1:
                 dist.all_reduce(total, group=self.ctx.dp_pg)
             total[1] = n_tokens
+        self._from_last_stage(total)
+        return float(total[0]), int(total[1])
+
+
+    @torch.no_grad()
+    def eval_step(self, batches: list[dict], sequence_length: int) -> tuple[float, int]:
+        """(Σ token losses, label tokens) of one global batch, forward only: the same inputs, targets and
+        loss as ``train_step`` (so the same label rules), with pp > 1 through the schedule's forward-only
+        path. ``batches`` are this rank's micro-batches; the result is the same on every rank."""
+        losses: list[torch.Tensor] = []
+        scale, self._loss_scale = self._loss_scale, 1.0  # the loss function returns plain sums
+        try:
+            with self._loss_context():
+                if self.ctx.pp_size == 1:
+                    chunk = self.chunks[0]
+                    ids, pos = self._inputs(batches)
+                    targets = self._targets(batches)
+                    rows = batches[0]["input_ids"].shape[0]
+                    for i in range(len(batches)):
+                        sl = slice(i * rows, (i + 1) * rows)
+                        losses.append(self._loss(chunk(ids[sl], pos[sl]), targets[sl]))
+                else:
+                    schedule = self._schedule((sequence_length,))
+                    if self.owns_inputs:
+                        forward_only(schedule, *self._inputs(batches))
+                    elif self.owns_loss:
+                        targets = self._targets(batches)
+                        logits = forward_only(schedule, target=targets, losses=losses)
+                        if not losses:  # torch without schedule.eval computed no loss: take it from the logits
+                            losses.append(self._loss(logits, targets))
+                    else:
+                        forward_only(schedule)
+        finally:
+            self._loss_scale = scale
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)  # Σ loss, label tokens
+        if self.owns_loss:
+            total[0] = sum(float(x.detach()) for x in losses)
+            total[1] = sum(int(b["label_mask"].sum()) for b in batches)
+            if self.ctx.dp_size > 1:
+                dist.all_reduce(total, group=self.ctx.dp_pg)
+        self._from_last_stage(total)
+        return float(total[0]), int(total[1])
+
+    def _from_last_stage(self, values: torch.Tensor) -> None:
+        """With pp > 1, every pipeline rank gets the last stage's ``values`` (in place)."""
         if self.ctx.pp_size > 1:
             src = self.ctx.global_rank_of(self.ctx.pp_size - 1, self.ctx.dp_rank, self.ctx.tp_rank)
-            dist.broadcast(total, src=src, group=self.ctx.pp_pg)
-        return float(total[0]), int(total[1])
+            dist.broadcast(values, src=src, group=self.ctx.pp_pg)
 
 
 def clip_grad_norm_(params: list[nn.Parameter], max_norm: float | None, ctx: ParallelContext,

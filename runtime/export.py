@@ -1,36 +1,8 @@
-"""Export: ``python -m runtime.export CHECKPOINT OUT [--dtype bfloat16|float32]``.
+"""``python -m runtime.export``: see ``runtime.cli.export``."""
 
-Writes a folder that ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` loads as-is
-(config.json, safetensors, generation_config.json, the data's tokenizer files), from a checkpoint
-of any tp/pp/dp layout, on one CPU process. Mistakes are one line and exit status 1.
-"""
-
-from __future__ import annotations
-
-import argparse
-import json
 import sys
 
-from nanoset.errors import NanosetError
-from nanoset.errors import ConfigError
-from runtime.hf.export import DTYPES, export_checkpoint
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m runtime.export", description=__doc__.split("\n\n")[0])
-    ap.add_argument("checkpoint", help="a step-N checkpoint folder, or a checkpoints folder (its latest)")
-    ap.add_argument("out", help="the Hugging Face folder to write (must not exist)")
-    ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: the checkpoint's (float32)")
-    args = ap.parse_args(argv)
-    try:
-        out = export_checkpoint(args.checkpoint, args.out, args.dtype)
-    except (ConfigError, NanosetError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    note = json.loads((out / "nanoset_export.json").read_text())["tokenizer"]
-    print(f"exported {args.checkpoint} to {out} ({note})")
-    return 0
-
+from runtime.cli.export import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,28 +17,26 @@ from typing import Any, Iterator
 
 import torch
 
-from runtime.checkpoint import CheckpointManager
-from runtime.config import Config, ConfigError
-from runtime.config.load import load_config
-from runtime.data import DataPlan, StageDataset, get_train_dataloader
-from runtime.data.loading.custom_loaders import loader_from_source
-from runtime.data.heldout import HeldOutSet, open_heldout, training_tokenizers
-from runtime.data.hf_cache import resolve_stage_folders
-from runtime.data.order.plan import StagePlan
+from nanoset.errors import NanosetError
+from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
+from runtime.checkpoint.run_folder import move_aside
+from runtime.checkpoint.store import CheckpointManager
+from runtime.config import Config
 from runtime.data.loading.prefetch import PrefetchIterator
 from runtime.data.loading.same_plan import check_same_plan
-from runtime.data.order.plan import training_metadata
+from runtime.data.loading.sources import DataSource, data_source
 from runtime.data.loading.tp_broadcast import broadcast_batches
+from runtime.data.order.plan import StagePlan, training_metadata
 from runtime.engine import Engine
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
-from runtime.hf.preflight import check_init_from_hf, data_tokenizer
+from runtime.hf.preflight import data_tokenizer
 from runtime.lr_schedule import LRSchedule
 from runtime.metrics import MetricsLogger, flops_per_token, peak_flops
 from runtime.parallel.context import ParallelContext
 from runtime.preemption import StopOnSignal
-from runtime.run_start import RunStart, checkpoints_folder, move_aside, plan_start
-from runtime.validation import describe, evaluate, is_due
+from runtime.startup import Startup, start_up
+from runtime.validation import Validator, describe
 
 KILL_AT_STEP_ENV = "NANOSET_FAULT_KILL_AT_STEP"  # fault injection for tests: SIGKILL rank 0 after this step
 
@@ -54,16 +52,13 @@ class TrainSummary:
 
 class Trainer:
     def __init__(self, config: Config | str | Path, parallel_context: ParallelContext | None = None,
-                 plan: DataPlan | None = None, start: RunStart | None = None,
-                 heldout: list[HeldOutSet] | None = None) -> None:
-        self.config = config = config if isinstance(config, Config) else load_config(config)
-        # all data validation (I/O), checkpoint resolution and run-folder checks happen before any process group
-        self.plan = plan if plan is not None else DataPlan(config, resolve_stage_folders(config))
-        self.start = start if start is not None else plan_start(config)
-        self.plan = self.plan.resumed_from(self.start.checkpoint, self.start.metadata)  # the past from its record
-        if plan is None:  # train.prepare checked it already
-            check_init_from_hf(config, self.plan, fresh_start=self.start.checkpoint is None)
-        self.heldout = heldout if heldout is not None else open_heldout(config, training_tokenizers(self.plan))
+                 startup: Startup | None = None) -> None:
+        """``config``: a YAML path or a ``Config``; ``startup``: the checks ``runtime.startup.start_up`` made of
+        it before the process group (done here when not given)."""
+        startup = startup if startup is not None else start_up(config)
+        self.config = config = startup.config
+        self.plan, self.start = startup.plan, startup.start
+        self.validator = Validator(config, startup.heldout)
         p = config.parallelism
         self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp)
         self.is_main = self.parallel_context.world_rank == 0
@@ -80,10 +75,9 @@ class Trainer:
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard, config.logging.log_interval)
         self.train_dataloader: Any = None
         self.last_step = 0
+        self._source: DataSource | None = None
         self._stage: StagePlan | None = None
-        self._loader: Any = None
         self._iterator: Iterator | None = None
-        self._broadcast = False
         self._peak = peak_flops(self.parallel_context.device)
         if moved:
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
@@ -102,7 +96,8 @@ class Trainer:
             raise
 
     def _train(self, dataloader_or_dls: Any) -> TrainSummary:
-        sources = self._check_sources(dataloader_or_dls)
+        source = self._source = data_source(dataloader_or_dls, self.plan, self.parallel_context,
+                                            self.config.tokens.micro_batch_size)
         self.checkpoints.clean_stale()
         self.last_step = self._resume()
         check_same_plan(self.plan)  # no rank silently reads another dataset (e.g. another node's cwd)
@@ -115,7 +110,7 @@ class Trainer:
             for step in range(self.last_step + 1, c.tokens.train_steps + 1):
                 stage = self.plan.stage_for_step(step)
                 if stage is not self._stage:
-                    self._switch_stage(stage, step, sources)
+                    self._switch_stage(stage, step)
                 t0 = time.perf_counter()
                 batches = self._next_batches(stage, step)
                 data_wait = time.perf_counter() - t0
@@ -130,11 +125,11 @@ class Trainer:
                     "step": step, "stage": stage.name, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
                     "tokens_per_s": tokens_per_s, "data_wait_ms": 1000 * data_wait,
                     "label_tokens": result.num_label_tokens,
-                    "data_hash": self.plan.data_hash(step) if sources is None and self.is_main else None,
+                    "data_hash": self.plan.data_hash(step) if source.from_config and self.is_main else None,
                     "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
                 })
-                if is_due(c, step, stage.index):  # before a checkpoint of this step: a resume never repeats it
-                    results = evaluate(self.engine, self.heldout, stage.sequence_length, stage.use_position_ids)
+                if self.validator.should_validate(step, stage.index):  # before this step's checkpoint: never repeated
+                    results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
                     self.metrics.log_validation(step, stage.name, results, describe(results))
                     prev_end = time.perf_counter()  # the next step's tokens/s leaves the evaluation out
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
@@ -150,7 +145,7 @@ class Trainer:
                     break
             if self.last_step > last_save and c.checkpoints.save_final:  # the final checkpoint
                 self._save(self.last_step)
-        summary.checkpoint = self.checkpoints.resolve("latest")
+        summary.checkpoint = self.checkpoints.resolve(LATEST)
         summary.last_step = self.last_step
         if c.checkpoints.export_hf and not summary.stopped_by_signal and summary.checkpoint is not None:
             self._export_hf(summary.checkpoint)
@@ -165,27 +160,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ data -------------------
 
-    def _check_sources(self, sources: Any) -> Any:
-        if isinstance(sources, dict):
-            names = [s.name for s in self.plan.stages]
-            unknown = sorted(set(sources) - set(names))
-            missing = [n for n in names if n not in sources]
-            if unknown or missing:
-                raise ConfigError(f"dataloader_or_dls: keys must be the stage names {names}; "
-                                  f"unknown {unknown}, missing {missing}")
-        return sources
-
-    def _switch_stage(self, stage: StagePlan, step: int, sources: Any) -> None:
+    def _switch_stage(self, stage: StagePlan, step: int) -> None:
         """Release the previous stage's loader (and its workers), then build this stage's."""
-        consumed = stage.consumed_samples(step - 1)
-        self._broadcast = sources is None and self.parallel_context.tp_size > 1
-        one_loader_for_all = sources is not None and not isinstance(sources, dict)
-        if not (one_loader_for_all and self._iterator is not None):  # one loader for the run is kept
+        source, ctx = self._source, self.parallel_context
+        if not (source.same_loader_for(stage) and self._iterator is not None):
             self._release_loader()
-            if self._reads_data(sources):
-                self._loader = self._build_loader(stage, consumed, sources)
-                self._iterator = iter(self._loader)
+            if source.reads(ctx):
+                self._iterator = iter(source.loader(stage, step))
         self._stage = stage
+        consumed = stage.consumed_samples(step - 1)
         folders = ", ".join(f"{self.plan.datasets[d].folder} ({w:g})" for d, w in zip(stage.dataset_ids, stage.weights))
         self.metrics.info(f"stage {stage.name!r} at step {step} (steps {stage.start_step}-{stage.end_step - 1}): "
                           f"datasets {folders}, sequence length {stage.sequence_length}, "
@@ -194,37 +177,16 @@ class Trainer:
             if self.plan.datasets[d].packing == "documents":
                 self.metrics.info(f"  {self.plan.datasets[d].describe()}")
 
-    def _build_loader(self, stage: StagePlan, consumed: int, sources: Any) -> Any:
-        if sources is None:
-            ctx = self.parallel_context
-            return get_train_dataloader(
-                StageDataset(self.plan, stage), stage.sequence_length, ctx, input_pp_rank=0,
-                output_pp_rank=ctx.pp_size - 1, micro_batch_size=self.config.tokens.micro_batch_size,
-                consumed_train_samples=consumed, dataloader_num_workers=stage.num_loading_workers,
-                use_position_ids=stage.use_position_ids, prefetch=stage.prefetch)
-        if isinstance(sources, dict):  # its loader has delivered every part of the stage (several after a resume)
-            consumed = sum(p.consumed_samples(self.last_step) for p in self.plan.stages if p.index == stage.index)
-            return loader_from_source(sources[stage.name], consumed, f"stage {stage.name!r}", self.last_step + 1)
-        # one loader for the whole run: it has delivered the samples of every stage so far
-        return loader_from_source(sources, self.plan.consumed_samples(self.last_step), "the run's data loader",
-                                  self.last_step + 1)
-
-    def _reads_data(self, sources: Any) -> bool:
-        """With config-built loaders and tp > 1, only tp rank 0 of a replica reads (and broadcasts);
-        pipeline ranks that own no data build a loader of TensorPointers, which reads nothing."""
-        ctx = self.parallel_context
-        return sources is not None or ctx.tp_rank == 0 or not (ctx.is_first_pp_rank or ctx.is_last_pp_rank)
-
     def _next_batches(self, stage: StagePlan, step: int) -> list[dict]:
         accum = self.config.tokens.batch_accumulation_per_replica
         ctx = self.parallel_context
         try:
             batches = [next(self._iterator) for _ in range(accum)] if self._iterator is not None else None
         except StopIteration:
-            raise RuntimeError(f"the data loader of stage {stage.name!r} ran out at step {step}, but the stage runs "
+            raise NanosetError(f"the data loader of stage {stage.name!r} ran out at step {step}, but the stage runs "
                                f"steps {stage.start_step}-{stage.end_step - 1}; give it more micro-batches (a larger "
                                f"dataset or a looping sampler)") from None
-        if self._broadcast and (ctx.is_first_pp_rank or ctx.is_last_pp_rank):
+        if self._source.from_config and ctx.tp_size > 1 and (ctx.is_first_pp_rank or ctx.is_last_pp_rank):
             batches = broadcast_batches(batches, accum, self.config.tokens.micro_batch_size, stage.sequence_length,
                                         stage.use_position_ids, ctx)
         return batches
@@ -235,7 +197,7 @@ class Trainer:
             it._shutdown_workers()
         if isinstance(it, PrefetchIterator):  # its thread stops and is joined (it shuts down the workers)
             it.close()
-        self._iterator = self._loader = None
+        self._iterator = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -256,9 +218,7 @@ class Trainer:
                 load_hf_weights(self.engine.chunks, self.config.model.init_from_hf)
                 self.metrics.info(f"weights from {self.config.model.init_from_hf} (model.init_from_hf)")
             return 0
-        meta = self.checkpoints.load(self.engine, path)
-        training = meta["training"]
-        last = int(training["last_train_step"])
+        last = last_step(self.checkpoints.load(self.engine, path))
         self.metrics.info(f"resumed from {path} at step {last}")
         return last
 
@@ -274,7 +234,7 @@ class Trainer:
                 failed = e
         torch.distributed.barrier()
         if failed is not None:
-            raise ConfigError(f"checkpoints.export_hf: {failed}; the run and its checkpoint {checkpoint} are complete: "
+            raise NanosetError(f"checkpoints.export_hf: {failed}; the run and its checkpoint {checkpoint} are complete: "
                               f"export it with python -m runtime.export") from failed
 
     # ------------------------------------------------------------------ reporting ---------------
@@ -282,12 +242,12 @@ class Trainer:
     def _mfu(self, tokens_per_s: float, sequence_length: int) -> float | None:
         if self._peak is None:
             return None
-        world = self.parallel_context.tp_size * self.parallel_context.pp_size * self.parallel_context.dp_size
+        world = self.config.world_size
         return tokens_per_s * flops_per_token(self.config.model, sequence_length) / (self._peak * world)
 
     def _print_summary(self, summary: TrainSummary, signal_name: str | None) -> None:
         if summary.stopped_by_signal:  # only `resume: latest` continues it (null starts over, a path rewinds)
-            how = ("rerun the same command" if self.config.checkpoints.resume == "latest"
+            how = ("rerun the same command" if self.config.checkpoints.resume == LATEST
                    else "set checkpoints.resume: latest and rerun")
             self.metrics.info(f"stopped by {signal_name or 'a signal to another rank'} after step "
                               f"{summary.last_step}: checkpoint {summary.checkpoint}; {how} to resume")

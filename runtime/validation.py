@@ -1,9 +1,10 @@
 """Validation loss: when to evaluate (``validation.interval``, stage ends) and the evaluation itself.
 
 Each named held-out set is read in batches shaped like a training step (this rank's rows; with tp > 1
-tp rank 0 reads and broadcasts) and run forward-only through the engine. The loss is
-Σ token losses / label tokens over the whole set, with the current stage's sequence length and
-position-id rule, so it is the same for every dp/tp/pp layout and for ``runtime.evaluate``.
+tp rank 0 reads and broadcasts) and run forward-only through the engine (``Engine.eval_step``).
+The loss is Σ token losses / label tokens over the whole set, with the current stage's sequence
+length and position-id rule, so it is the same for every dp/tp/pp layout and for
+``python -m runtime.evaluate``.
 """
 
 from __future__ import annotations
@@ -14,39 +15,44 @@ from runtime.config import Config
 from runtime.data.heldout import HeldOutSet
 from runtime.data.loading.tp_broadcast import broadcast_batches
 from runtime.engine import Engine
-from runtime.engine_eval import eval_loss
 
 
-def is_due(config: Config, step: int, stage_index: int) -> bool:
-    """Evaluate after ``step``: every ``interval`` steps, and at the last step of each stage (``at_stage_end``)."""
-    v = config.validation
-    if not v.datasets:
-        return False
-    if v.interval > 0 and step % v.interval == 0:
-        return True
-    return v.at_stage_end and step == config.stage_end_step(config.data_stages[stage_index]) - 1
+class Validator:
+    """The validation sets of a run and the rule of when to evaluate them."""
 
+    def __init__(self, config: Config, sets: list[HeldOutSet]) -> None:
+        self.config = config
+        self.sets = sets
 
-def evaluate(engine: Engine, sets: list[HeldOutSet], sequence_length: int, use_position_ids: bool
-             ) -> dict[str, dict[str, float | int]]:
-    """``{name: {"loss", "ppl", "tokens"}}`` for every set, identical on every rank."""
-    ctx = engine.ctx
-    tokens = engine.config.tokens
-    broadcast = ctx.tp_size > 1
-    reads = ctx.tp_rank == 0 or not broadcast
-    out = {}
-    for held in sets:
-        loss_sum, count = 0.0, 0
-        for batches in held.batches(sequence_length, use_position_ids, ctx, tokens.micro_batch_size,
-                                    tokens.batch_accumulation_per_replica, reads):
-            if broadcast and (ctx.is_first_pp_rank or ctx.is_last_pp_rank):
-                batches = broadcast_batches(batches, tokens.batch_accumulation_per_replica, tokens.micro_batch_size,
-                                            sequence_length, use_position_ids, ctx)
-            s, n = eval_loss(engine, batches, sequence_length)
-            loss_sum += s
-            count += n
-        out[held.name] = summarize(loss_sum, count)
-    return out
+    def should_validate(self, step: int, stage_index: int) -> bool:
+        """After ``step``: every ``interval`` steps, and at the last step of each stage (``at_stage_end``)."""
+        v = self.config.validation
+        if not v.datasets:
+            return False
+        if v.interval > 0 and step % v.interval == 0:
+            return True
+        return v.at_stage_end and step == self.config.stage_end_step(self.config.data_stages[stage_index]) - 1
+
+    def validate(self, engine: Engine, sequence_length: int, use_position_ids: bool
+                 ) -> dict[str, dict[str, float | int | None]]:
+        """``{name: {"loss", "ppl", "tokens"}}`` for every set, identical on every rank."""
+        ctx = engine.ctx
+        tokens = self.config.tokens
+        broadcast = ctx.tp_size > 1
+        reads = ctx.tp_rank == 0 or not broadcast
+        out = {}
+        for held in self.sets:
+            loss_sum, count = 0.0, 0
+            for batches in held.batches(sequence_length, use_position_ids, ctx, tokens.micro_batch_size,
+                                        tokens.batch_accumulation_per_replica, reads):
+                if broadcast and (ctx.is_first_pp_rank or ctx.is_last_pp_rank):
+                    batches = broadcast_batches(batches, tokens.batch_accumulation_per_replica,
+                                                tokens.micro_batch_size, sequence_length, use_position_ids, ctx)
+                s, n = engine.eval_step(batches, sequence_length)
+                loss_sum += s
+                count += n
+            out[held.name] = summarize(loss_sum, count)
+        return out
 
 
 def summarize(loss_sum: float, count: int) -> dict[str, float | int | None]:

@@ -54,7 +54,7 @@ def forward_logits(engine, ids: torch.Tensor) -> torch.Tensor | None:
 
 def logits_worker(rank: int, world: int, hf_path: str, layout: dict, ids: torch.Tensor, out: str,
                   checkpoint: str | None = None, tokenizer: dict | None = None) -> None:
-    from runtime.checkpoint import CheckpointManager
+    from runtime.checkpoint.store import CheckpointManager
     from runtime.engine import Engine
     from runtime.hf.load import load_hf_weights
     from runtime.parallel.context import ParallelContext
@@ -75,7 +75,7 @@ def logits_worker(rank: int, world: int, hf_path: str, layout: dict, ids: torch.
 def resumed_logits_worker(rank: int, world: int, hf_path: str, layout: dict, ids: torch.Tensor, out: str,
                           checkpoint: str) -> None:
     """Logits of a model resumed from ``checkpoint`` (any layout) into ``layout`` instead of read from HF."""
-    from runtime.checkpoint import CheckpointManager
+    from runtime.checkpoint.store import CheckpointManager
     from runtime.engine import Engine
     from runtime.parallel.context import ParallelContext
 

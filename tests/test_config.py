@@ -9,7 +9,7 @@ import yaml
 from conftest import CONFIGS
 
 from runtime.compat import get_config_from_yaml
-from runtime.config import Config, ConfigError
+from runtime.config import ConfigError
 
 from runtime.config.load import load_config
 from runtime.data.order.plan import validate_data

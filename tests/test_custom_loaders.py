@@ -7,7 +7,7 @@ from conftest import ROOT
 from trainhelpers import metrics, small_config, torchrun
 
 from runtime.config import ConfigError
-from runtime.data.loading.custom_loaders import loader_from_source
+from runtime.data.loading.sources import loader_from_source
 
 
 class Countdown:

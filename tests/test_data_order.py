@@ -13,7 +13,7 @@ import torch
 from conftest import CONFIGS
 from datahelpers import global_batches, make_config, stage_loader
 
-from runtime.config import Config, ConfigError
+from runtime.config import ConfigError
 
 from runtime.config.load import load_config
 from runtime.data import (
@@ -25,7 +25,7 @@ from runtime.data import (
     get_stage_for_step,
     training_metadata,
 )
-from runtime.explain import explain_step
+from runtime.cli.explain import explain_step
 
 
 @pytest.fixture(autouse=True)

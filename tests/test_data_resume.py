@@ -211,7 +211,6 @@ def test_trainer_resumed_with_a_new_batch_size_matches_explain(shards, tmp_path)
                               str(ckpt), "--step", str(step), "--json"], capture_output=True, text=True, cwd=shards,
                              check=True)
         assert {r["data_hash"] for r in json.loads(out.stdout)} == {rows[step - 1]["data_hash"]}
-    from runtime.config import Config
     first = DataPlan(load_config(cfg))
     resumed = DataPlan(load_config(new)).resumed_from(ckpt, json.loads((ckpt / "metadata.json").read_text()))
     stage1, stage2 = windows(first, range(1, 5)), windows(resumed, range(5, 9))

@@ -8,7 +8,7 @@ import shutil
 import pytest
 from dist_harness import run_distributed
 
-from runtime.parallel.activation_checkpoint import checkpointed_layers
+from runtime.parallel.parallelize import checkpointed_layers
 
 
 def _runs(tmp_path, runs: dict) -> dict:

@@ -16,7 +16,6 @@ from datahelpers import make_config
 
 from nanoset import open_dataset
 from runtime.config import ConfigError
-from runtime.config.load import load_config
 from runtime.data.hf_cache import resolve_stage_folders
 
 TEXTS = [f"document number {i}: the quick brown fox jumps over {i} lazy dogs." for i in range(200)]

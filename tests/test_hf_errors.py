@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 from hf_models import LLAMA3, save_hf, write_yaml, edit_config, rewrite_weights  # noqa: E402
 from nanoset import TokenizerInfo  # noqa: E402
-from runtime.config import Config, ConfigError  # noqa: E402
+from runtime.config import ConfigError  # noqa: E402
 from runtime.config.load import load_config
 from runtime.hf.load import check_hf_weights  # noqa: E402
 from runtime.hf.preflight import check_tokenizer  # noqa: E402

@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 from hf_models import (  # noqa: E402
     save_hf, reference_logits, fixed_ids, tensors, rewrite_weights, safetensors_torch, transformers)
 from nanoset import NanosetError, TokenizerInfo  # noqa: E402
-from runtime.config import Config, ConfigError  # noqa: E402
+from runtime.config import ConfigError  # noqa: E402
 from runtime.config.load import load_config
 from runtime.hf.export import export_checkpoint  # noqa: E402
 

@@ -198,7 +198,7 @@ SIGNAL_DURING_SAVE = f'''
 import os, signal, sys
 sys.path.insert(0, {str(ROOT)!r})
 import torch.distributed as dist
-from runtime.checkpoint import CheckpointManager
+from runtime.checkpoint.store import CheckpointManager
 save = CheckpointManager.save
 
 def save_and_get_a_signal(self, engine, step, metadata):

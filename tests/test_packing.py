@@ -189,7 +189,7 @@ def test_stage_samples_are_packed_samples_with_their_label_masks(tmp_path):
     from datahelpers import stage_loader
 
     from runtime.data import DataPlan
-    from runtime.explain import explain_step
+    from runtime.cli.explain import explain_step
 
     write_folder(tmp_path / "chat", DOCS, LOSS)
     plan = DataPlan(chat_config(tmp_path))
@@ -214,7 +214,7 @@ def test_stage_samples_are_packed_samples_with_their_label_masks(tmp_path):
 
 def test_explain_counts_loss_tokens_of_windows(tmp_path):
     from runtime.data import DataPlan
-    from runtime.explain import explain_step
+    from runtime.cli.explain import explain_step
 
     write_folder(tmp_path / "chat", DOCS, LOSS)
     plan = DataPlan(chat_config(tmp_path, packing="window", seq=4))
@@ -282,7 +282,7 @@ def test_sft_stage_trains_on_exactly_the_explained_loss_tokens(tmp_path):
     from trainhelpers import metrics, train_one
 
     from runtime.data import DataPlan
-    from runtime.explain import explain_step
+    from runtime.cli.explain import explain_step
 
     write_folder(tmp_path / "chat", DOCS, LOSS)
     config = chat_config(tmp_path, steps=4)

@@ -110,9 +110,9 @@ def alive():
 
 seen = []
 switch = Trainer._switch_stage
-def spy(self, stage, step, sources):
+def spy(self, stage, step):
     old = self._iterator
-    switch(self, stage, step, sources)  # the previous stage's thread is joined before the new one starts
+    switch(self, stage, step)  # the previous stage's thread is joined before the new one starts
     seen.append((step, old is not None and old._thread.is_alive(), type(self._iterator).__name__))
 Trainer._switch_stage = spy
 if "--fail" in sys.argv:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from runtime.checkpoint import CheckpointManager
+from runtime.checkpoint.store import CheckpointManager
 from runtime.config import LRSchedulerArgs
 from runtime.lr_schedule import LRSchedule
 

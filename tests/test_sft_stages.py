@@ -119,7 +119,6 @@ def test_a_bad_row_of_an_sft_stage_does_not_name_a_flag_the_config_lacks(tmp_pat
 def test_demo_config_ends_with_a_packed_document_masked_sft_stage(shards, tmp_path):
     from conftest import CONFIGS
 
-    from runtime.config import Config
 
     config = load_config(CONFIGS / "three-stage.yaml")
     assert config.model.attention == "document" and [s.name for s in config.data_stages] == ["pretrain", "anneal",

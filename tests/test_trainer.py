@@ -9,7 +9,6 @@ import pytest
 from conftest import ROOT
 from trainhelpers import metrics, small_config, torchrun
 
-from runtime.config import Config
 
 from runtime.config.load import load_config
 from runtime.data import DataPlan

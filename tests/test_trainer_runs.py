@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 from trainhelpers import error_lines, metrics, small_config, torchrun, train_one, worker_stderr
 
-from runtime.checkpoint import CheckpointManager
+from runtime.checkpoint.store import CheckpointManager
 from runtime.config.load import load_config
 from runtime.metrics import MetricsLogger
 
@@ -143,8 +143,8 @@ def test_a_kill_while_deleting_a_checkpoint_leaves_no_half_checkpoint(tmp_path, 
     """Pruning (or replacing a checkpoint of the same step) renames the folder before deleting it: a kill
     midway leaves a stale temporary folder, removed on the next start, never a step-N folder whose
     metadata.json outlived its shards."""
-    import runtime.checkpoint as checkpoint
-    from runtime.run_start import saved_checkpoints
+    import runtime.checkpoint.store as checkpoint
+    from runtime.checkpoint.layout import saved_checkpoints
 
     folder = tmp_path / "checkpoints"
     make_checkpoints(folder, ["step-000002", "step-000004", "step-000006"], latest="step-000006")
@@ -204,7 +204,7 @@ def test_resume_from_a_torn_checkpoint_is_one_line_naming_an_earlier_one(referen
 
 
 def test_the_hint_for_a_damaged_checkpoint_names_the_newest_earlier_one(tmp_path):
-    from runtime.checkpoint_read import earlier_checkpoints_hint
+    from runtime.checkpoint.layout import earlier_checkpoints_hint
 
     make_checkpoints(tmp_path, ["step-000002", "step-000004", "step-000010", "best"], latest="step-000010")
     (tmp_path / "step-000008").mkdir()  # incomplete (no metadata.json): never suggested
@@ -288,7 +288,7 @@ def test_rng_state_loads_with_weights_only(tmp_path):
     import numpy as np
     import torch
 
-    from runtime.checkpoint import _rng_state, _set_rng_state
+    from runtime.checkpoint.store import _rng_state, _set_rng_state
 
     torch.manual_seed(3), np.random.seed(4), random.seed(5), np.random.standard_normal()  # a cached gaussian too
     torch.save(_rng_state(), tmp_path / "rng.pt")
@@ -352,10 +352,8 @@ def test_a_run_folder_without_file_locks_still_starts(tmp_path, monkeypatch):
     import errno
     import fcntl
 
-    from runtime.config import Config
 
-    from runtime.config.load import load_config
-    from runtime.run_start import plan_start
+    from runtime.startup import plan_start
 
     def no_locks(*args):
         raise OSError(errno.ENOSYS, "Function not implemented")
@@ -370,8 +368,7 @@ def test_paths_with_a_tilde_are_in_the_home_folder(tmp_path, monkeypatch):
     """YAML leaves `~` alone: run_dir: ~/runs/x made a folder named `~` in the working directory."""
     import yaml
 
-    from runtime.config import Config
-    from runtime.run_start import checkpoints_folder
+    from runtime.checkpoint.layout import checkpoints_folder
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     cfg = small_config(tmp_path, "~/runs/x", single_stage=True, general={"cache_dir": "~/cache"},

@@ -21,7 +21,7 @@ from trainhelpers import error_lines, metrics, small_config, torchrun, train_one
 from validation_workers import evaluate_in_layout, train_with_slow_evaluations
 
 from nanoset import open_dataset
-from runtime.config import Config, ConfigError
+from runtime.config import ConfigError
 from runtime.config.load import load_config
 from runtime.data.heldout import open_heldout
 from runtime.data.order.permutation import FeistelPermutation

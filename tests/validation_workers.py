@@ -5,10 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from runtime.config import Config, ParallelismArgs
-
+from runtime.config import ParallelismArgs
 from runtime.config.load import load_config
-
 from runtime.config.rules import validate_config
 
 
@@ -17,7 +15,7 @@ def evaluate_in_layout(rank: int, world: int, config_path: str, layout: dict, ou
     from runtime.data.heldout import open_heldout
     from runtime.engine import Engine
     from runtime.parallel.context import ParallelContext
-    from runtime.validation import evaluate
+    from runtime.validation import Validator
 
     if without_schedule_eval:  # torch before 2.9: no eval(), and no loss computed without backward
         from torch.distributed.pipelining import schedules
@@ -34,7 +32,8 @@ def evaluate_in_layout(rank: int, world: int, config_path: str, layout: dict, ou
     p = config.parallelism
     engine = Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp))
     stage = config.data_stages[0]
-    results = evaluate(engine, open_heldout(config), config.stage_sequence_length(stage), stage.data.use_position_ids)
+    results = Validator(config, open_heldout(config)).validate(engine, config.stage_sequence_length(stage),
+                                                               stage.data.use_position_ids)
     with open(f"{out_path}.rank{rank}", "w") as f:
         json.dump(results, f)
 
@@ -43,16 +42,16 @@ def train_with_slow_evaluations(rank: int, world: int, config_path: str, out_pat
     """Train with every evaluation taking 2 s more: the tokens/s of the following steps must not see it."""
     import time
 
-    import runtime.trainer as trainer_module
     from runtime.trainer import Trainer
+    from runtime.validation import Validator
 
-    evaluate = trainer_module.evaluate
+    validate = Validator.validate
 
     def slow(*args, **kwargs):
         time.sleep(2)
-        return evaluate(*args, **kwargs)
+        return validate(*args, **kwargs)
 
-    trainer_module.evaluate = slow
+    Validator.validate = slow
     trainer = Trainer(config_path)
     try:
         trainer.train()

@@ -109,7 +109,7 @@ class ChatReader(TextReader):
             messages = conversation_from_row(row, self.columns)
             text, spans = self.renderer.render_with_spans(messages)
         except ChatRenderError as e:
-            self._bad(lambda: f"{where()}: {e}")
+            self._bad(lambda e=e: f"{where()}: {e}")
             return None
         return RenderedChat(text, tuple(spans), messages[-1]["role"] == "assistant")
 

@@ -221,11 +221,11 @@ class TextReader:
             try:
                 row = json.loads(_decode_json_text(line, offset == 0))
             except UnicodeDecodeError as e:
-                self._bad(lambda: f"{path}: invalid UTF-8 at byte offset {offset + e.start} "
+                self._bad(lambda e=e: f"{path}: invalid UTF-8 at byte offset {offset + e.start} "
                                   f"(line {self._line_number(n)})")
                 continue
             except json.JSONDecodeError as e:
-                self._bad(lambda: f"{path}:{self._line_number(n)}: malformed JSON ({e.msg} at column {e.colno})")
+                self._bad(lambda e=e: f"{path}:{self._line_number(n)}: malformed JSON ({e.msg} at column {e.colno})")
                 continue
             except RecursionError:
                 self._bad(lambda: f"{path}:{self._line_number(n)}: malformed JSON (nested too deeply to read)")

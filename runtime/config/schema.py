@@ -52,6 +52,17 @@ class ParallelismArgs:
     def describe(self) -> str:
         return f"tp {self.tp} × pp {self.pp} × dp {self.dp} = {self.world_size} processes"
 
+    def check_world(self, world: int, launched: bool = True) -> None:
+        """Refuse a world of another size: ``launched`` by the launcher (known before any process group),
+        or found in ``WORLD_SIZE`` by a process group being made."""
+        if world == self.world_size:
+            return
+        if launched:
+            raise ConfigError(f"parallelism {self.describe()}, but {world} were launched; use torchrun "
+                              f"--nproc_per_node={self.world_size}")
+        raise ConfigError(f"parallelism {self.describe()}, but WORLD_SIZE is {world}; launch with torchrun "
+                          f"--nproc_per_node={self.world_size} (× nodes) or change parallelism")
+
 
 @dataclass
 class RopeScalingArgs:

@@ -19,37 +19,24 @@ import torch
 
 from nanoset import TokenizerInfo
 from nanoset.atomic import atomic_write_text, fresh_folder_beside
-from runtime.checkpoint_read import load_dcp
-from runtime.config.schema import SIZE_KEYS, ModelArgs
-from nanoset.errors import ConfigError
+from nanoset.errors import CheckpointError, ConfigError, OutputExists
+from runtime.checkpoint.layout import METADATA, find_checkpoint, read_metadata
+from runtime.checkpoint.store import load_dcp, stored_tensors
 from runtime.config.load import from_dict
+from runtime.config.schema import SIZE_KEYS, ModelArgs
 from runtime.hf.config_map import hf_config_json
-from runtime.hf.load import INDEX, SINGLE, _expected, hf_name
+from runtime.hf.load import INDEX, SINGLE, expected_parameters, hf_name
 
 MAX_SHARD_BYTES = 5 * 10**9  # as save_pretrained: one file up to 5 GB, else shards with an index
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
 
-def read_checkpoint_metadata(checkpoint: Path) -> dict:
-    path = checkpoint / "metadata.json"
-    try:
-        metadata = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{checkpoint}: no metadata.json; give a step-N folder that a run saved (or the "
-                                f"checkpoints folder, for its latest)") from None
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path}: unreadable ({e})") from None
-    if not isinstance(metadata.get("config", {}).get("model"), dict):
-        raise ConfigError(f"{path}: records no model section (config.model); is it a checkpoint of this runtime?")
-    return metadata
-
-
 def _model_args(metadata: dict, where: Path) -> ModelArgs:
     model = dict(metadata["config"]["model"])
     missing = [k for k in SIZE_KEYS if model.get(k) is None]
     if missing:
-        raise ConfigError(f"{where / 'metadata.json'}: config.model records no {', '.join(missing)}; is it a "
+        raise ConfigError(f"{where / METADATA}: config.model records no {', '.join(missing)}; is it a "
                           f"checkpoint of this runtime?")
     known = {f.name for f in fields(ModelArgs)}
     return from_dict(ModelArgs, {k: v for k, v in model.items() if k in known}, f"{where}: config.model")
@@ -61,21 +48,12 @@ def _tokenizer_info(metadata: dict, where: Path) -> TokenizerInfo | None:
     if not record:
         return None
     if not isinstance(record, dict):
-        raise ConfigError(f"{where / 'metadata.json'}: tokenizer is {record!r}, not a tokenizer record")
+        raise ConfigError(f"{where / METADATA}: tokenizer is {record!r}, not a tokenizer record")
     known = {f.name for f in fields(TokenizerInfo)}
     try:
         return TokenizerInfo(**{k: v for k, v in record.items() if k in known})
     except TypeError as e:  # a required field missing
-        raise ConfigError(f"{where / 'metadata.json'}: tokenizer record unreadable ({e})") from None
-
-
-def _stored_tensors(checkpoint: Path) -> dict:
-    from torch.distributed.checkpoint import FileSystemReader
-
-    try:
-        return FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
-    except Exception as e:  # a missing or torn .metadata file
-        raise ConfigError(f"{checkpoint}: the DCP files are unreadable ({e}); choose another checkpoint") from None
+        raise ConfigError(f"{where / METADATA}: tokenizer record unreadable ({e})") from None
 
 
 def _shards(names: list[tuple[str, tuple[int, ...]]], itemsize: int, limit: int) -> list[list[tuple[str, tuple]]]:
@@ -98,9 +76,9 @@ def _read_group(checkpoint: Path, group: list[tuple[str, tuple]], stored: dict, 
     for name, shape in group:
         meta = stored.get(f"model.{name}")
         if meta is None or not hasattr(meta, "size"):
-            raise ConfigError(f"{checkpoint}: holds no model tensor {name}; is it a complete checkpoint?")
+            raise CheckpointError(f"{checkpoint}: holds no model tensor {name}; is it a complete checkpoint?")
         if tuple(meta.size) != shape:
-            raise ConfigError(f"{checkpoint}: tensor {name} has shape {list(meta.size)}, but its model section "
+            raise CheckpointError(f"{checkpoint}: tensor {name} has shape {list(meta.size)}, but its model section "
                               f"needs {list(shape)}")
         state[name] = torch.empty(shape, dtype=meta.properties.dtype)
     load_dcp({"model": state}, checkpoint, "choose another checkpoint", no_dist=True)
@@ -110,8 +88,8 @@ def _read_group(checkpoint: Path, group: list[tuple[str, tuple]], stored: dict, 
 def _write_weights(checkpoint: Path, tmp: Path, args: ModelArgs, dtype: torch.dtype | None, limit: int) -> str:
     from safetensors.torch import save_file
 
-    stored = _stored_tensors(checkpoint)
-    names = _expected(args)  # a tied lm_head is the embedding: named once, as transformers saves it
+    stored = stored_tensors(checkpoint)
+    names = expected_parameters(args)  # a tied lm_head is the embedding: named once, as transformers saves it
     first = stored.get(f"model.{names[0][0]}")
     itemsize = torch.empty((), dtype=dtype or getattr(getattr(first, "properties", None), "dtype", torch.float32)
                            ).element_size()
@@ -155,12 +133,12 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
                       max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Write ``out`` (a Hugging Face folder) from ``checkpoint`` (a step-N folder, or a checkpoints folder:
     its ``latest``). ``dtype``: ``float32`` or ``bfloat16``, default the checkpoint's. Returns ``out``."""
-    checkpoint, out = _resolve(Path(checkpoint)), Path(out)
+    checkpoint, out = find_checkpoint(checkpoint), Path(out)
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r} is not one of {list(DTYPES)}")
     if out.exists() and not replace:
-        raise FileExistsError(f"{out}: exists; remove it or choose another output folder")
-    metadata = read_checkpoint_metadata(checkpoint)
+        raise OutputExists(f"{out}: exists; remove it or choose another output folder")
+    metadata = read_metadata(checkpoint, record=False)
     if checkpoint.resolve() in out.resolve().parents:
         raise ConfigError(f"{out}: inside the checkpoint {checkpoint} (deleted with it when the run prunes old "
                           f"checkpoints); choose an output folder outside it")
@@ -186,14 +164,3 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
-
-
-def _resolve(checkpoint: Path) -> Path:
-    """A checkpoints folder stands for the checkpoint its ``latest`` names."""
-    pointer = checkpoint / "latest"
-    if not (checkpoint / "metadata.json").is_file() and pointer.is_file():
-        return checkpoint / pointer.read_text().strip()
-    if not checkpoint.is_dir():
-        raise FileNotFoundError(f"{checkpoint}: {'not a folder' if checkpoint.exists() else 'no such folder'}; give "
-                                f"a step-N checkpoint folder (or the checkpoints folder, for its latest)")
-    return checkpoint

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from runtime.config import ModelArgs
-from nanoset.errors import ConfigError
+from nanoset.errors import ConfigError, MissingPath
 from runtime.parallel.shards import local_slices, local_tensor
 
 SINGLE = "model.safetensors"
@@ -54,7 +54,7 @@ class SafetensorsFolder:
                                   f"must map tensor names to file names)")
             self.where = dict(weight_map)
         else:
-            raise FileNotFoundError(f"model.init_from_hf: {self.folder}: neither {SINGLE} nor {INDEX}; save the "
+            raise MissingPath(f"model.init_from_hf: {self.folder}: neither {SINGLE} nor {INDEX}; save the "
                                     f"model with save_pretrained(..., safe_serialization=True)")
         self._open: dict[str, object] = {}
 
@@ -64,7 +64,7 @@ class SafetensorsFolder:
 
             path = self.folder / file
             if not path.is_file():
-                raise FileNotFoundError(f"model.init_from_hf: {path}: missing ({INDEX} names it)")
+                raise MissingPath(f"model.init_from_hf: {path}: missing ({INDEX} names it)")
             try:
                 self._open[file] = safe_open(str(path), framework="pt", device="cpu")
             except Exception as e:  # safetensors raises its own SafetensorError for a bad header or size
@@ -92,7 +92,7 @@ class SafetensorsFolder:
         return self.folder / (self.file_of(name) or SINGLE)
 
 
-def _expected(args: ModelArgs) -> list[tuple[str, tuple[int, ...]]]:
+def expected_parameters(args: ModelArgs) -> list[tuple[str, tuple[int, ...]]]:
     """Our parameter names and full shapes for ``args`` (built on the meta device: no memory)."""
     from runtime.models.llama import LlamaChunk
 
@@ -118,7 +118,7 @@ def check_hf_weights(args: ModelArgs) -> None:
     """Every tensor the model needs is in ``args.init_from_hf`` with the right shape (headers only; a
     tied model's file that also holds ``lm_head.weight`` has it compared with the embedding)."""
     files = SafetensorsFolder(args.init_from_hf)
-    for name, shape in _expected(args):
+    for name, shape in expected_parameters(args):
         _checked(files, name, shape)
     if args.tie_word_embeddings:
         _check_tied_head(files)

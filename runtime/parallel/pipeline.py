@@ -1,5 +1,6 @@
 """Pipeline parallelism with ``torch.distributed.pipelining``: how layers split into chunks, which
-chunks a rank owns, and the schedule (afab = GPipe, 1f1b, interleaved-1f1b) that runs them."""
+chunks a rank owns, the schedule (afab = GPipe, 1f1b, interleaved-1f1b) that runs them, and its
+forward-only step for evaluation."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-SCHEDULES = {"afab": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"}
+from nanoset.errors import ConfigError
+from runtime.config.schema import PP_ENGINES
+
+# the torch.distributed.pipelining schedule of each parallelism.pp_engine
+SCHEDULES = dict(zip(PP_ENGINES, ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B")))
 
 
 def chunk_layer_ranges(num_layers: int, num_chunks: int) -> list[tuple[int, int]]:
@@ -41,8 +46,6 @@ def build_schedule(chunks: list[nn.Module], stage_ids: list[int], total_stages: 
     """PipelineStage objects for this rank's chunks and the schedule that drives them."""
     from torch.distributed import pipelining
 
-    if engine not in SCHEDULES:
-        raise ValueError(f"parallelism.pp_engine {engine!r} is not one of {list(SCHEDULES)}")
     stages = [pipelining.PipelineStage(c, i, total_stages, device, group=pp_group) for c, i in zip(chunks, stage_ids)]
     cls = getattr(pipelining, SCHEDULES[engine])
     kwargs = {"n_microbatches": n_microbatches, "loss_fn": loss_fn}
@@ -51,5 +54,26 @@ def build_schedule(chunks: list[nn.Module], stage_ids: list[int], total_stages: 
     try:
         return cls(stages if engine == "interleaved-1f1b" else stages[0], **kwargs)
     except ValueError as e:  # the schedule's own constraints (e.g. micro-batches vs stages)
-        raise ValueError(f"pipeline schedule {engine}: {e}; adjust tokens.batch_accumulation_per_replica "
+        raise ConfigError(f"pipeline schedule {engine}: {e}; adjust tokens.batch_accumulation_per_replica "
                          f"or parallelism.pp") from None
+
+
+def forward_only(schedule, *args, **kwargs):
+    """``schedule.eval`` (torch ≥ 2.9). Before it existed, the same by hand: a step with backward off,
+    which on those versions also skips the schedule's loss; the last stage then returns the merged
+    outputs (logits of all micro-batches) and the caller computes the loss from them."""
+    if hasattr(schedule, "eval"):
+        schedule.eval(*args, **kwargs)
+        return None
+    stages = getattr(schedule, "_stages", None) or [schedule._stage]
+    saved = schedule._has_backward, [s.has_backward for s in stages]
+    schedule._has_backward = False
+    for s in stages:
+        s.has_backward = False
+    kwargs.pop("losses", None)  # none are computed: asking for them would be an error
+    try:
+        return schedule.step(*args, **kwargs)
+    finally:
+        schedule._has_backward = saved[0]
+        for s, flag in zip(stages, saved[1]):
+            s.has_backward = flag

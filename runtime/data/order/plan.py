@@ -134,7 +134,7 @@ class DataPlan:
         self._check_tokenizers()
 
     def resumed_from(self, checkpoint: str | Path | None, metadata: dict | None) -> DataPlan:
-        """This plan for a run resuming from ``checkpoint`` (``metadata``: its metadata.json), the past taken
+        """This plan for a run resuming from ``checkpoint`` (``metadata``: what it records), the past taken
         from the checkpoint's record; itself when there is no checkpoint or it has this one already."""
         if checkpoint is None or self.checkpoint == str(checkpoint):
             return self

@@ -17,9 +17,7 @@ and the stage in progress continues with the new values from the resume step (se
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from nanoset.errors import ConfigError
 from runtime.config import Config, DatasetStageArgs, NanosetDatasetsArgs
@@ -74,21 +72,6 @@ class TrainingMetadata:
             stages.append(DataStageMetadata(**s))
         d["data_stages"] = stages
         return TrainingMetadata(**d)
-
-
-def read_metadata_json(checkpoint: str | Path) -> dict:
-    """A checkpoint folder's ``metadata.json`` (training record, config), checked to hold a training record."""
-    path = Path(checkpoint) / "metadata.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {checkpoint}: no metadata.json; it is not a complete checkpoint "
-                                f"(give a step-N folder)")
-    try:
-        metadata = json.loads(path.read_text(encoding="utf-8"))
-        TrainingMetadata.from_json(metadata["training"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path}: not a training checkpoint's metadata ({type(e).__name__}: {e}); give a step-N "
-                          f"folder that a run saved") from None
-    return metadata
 
 
 def started_stages(config: Config, history: TrainingMetadata, checkpoint: str) -> dict[int, DataStageMetadata]:

@@ -226,3 +226,15 @@ def _ramp(width: int) -> np.ndarray:
     ramp = np.arange(width, dtype=np.int64)
     ramp.flags.writeable = False
     return ramp
+
+
+def label_mask(windows, samples: np.ndarray, use_position_ids: bool) -> np.ndarray:
+    """The ``label_mask`` the collator gives samples ``samples`` of one dataset (``[n, L]`` bool): the
+    dataset's own mask (loss masks, packing) and, with position ids, no label across a document start."""
+    samples = np.asarray(samples, dtype=np.int64).reshape(-1)
+    mask = np.ones((len(samples), windows.sequence_length), dtype=bool)
+    if windows.has_label_mask:
+        mask &= windows.label_mask(samples)
+    if use_position_ids:
+        mask &= windows.position_ids(samples)[:, 1:] != 0
+    return mask

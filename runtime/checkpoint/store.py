@@ -1,37 +1,46 @@
-"""Checkpoints through ``torch.distributed.checkpoint``: sharded, reshardable, atomic.
+"""Saving and loading checkpoints through ``torch.distributed.checkpoint``: sharded, reshardable, atomic.
 
-A checkpoint is a folder ``step-000040`` with the DCP files (model and AdamW state keyed by the
-layout-independent parameter names, so any tp/pp/dp layout can load it), one RNG file per rank,
-and ``metadata.json`` (training progress, data fingerprint, config). It is written under a
-temporary name and renamed when complete; ``latest`` is updated last. A crash at any moment
+The DCP files hold the model and AdamW state keyed by the layout-independent parameter names, so
+any tp/pp/dp layout loads them; each rank also saves its RNG states. A checkpoint is written under
+a temporary name and renamed when complete; ``latest`` is updated last. A crash at any moment
 leaves the previous checkpoint and ``latest`` intact; stale temporary folders are removed on start.
+Damaged files are one ``CheckpointError`` line naming the checkpoint and what to resume from:
+DCP reports a missing or torn shard as ``CheckpointException``, a ``BaseException`` that escapes
+every ``except Exception`` (and a missing ``.metadata`` as a logged traceback per rank first).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
 import signal
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 
-from nanoset.atomic import atomic_write_text
-from runtime.checkpoint_read import earlier_checkpoints_hint, load_dcp
-from nanoset.errors import ConfigError
+from nanoset.atomic import fsync_dir
+from nanoset.errors import CheckpointError
+from runtime.checkpoint.layout import (
+    TMP_PREFIX,
+    checkpoint_name,
+    earlier_checkpoints_hint,
+    latest_name,
+    read_metadata,
+    resolve_resume,
+    step_folders,
+    write_latest,
+    write_metadata,
+)
 from runtime.engine import Engine
-from runtime.run_start import LATEST, checkpoint_step, resolve_checkpoint
 
 FAULT_ENV = "NANOSET_FAULT_KILL_IN_CHECKPOINT"  # fault injection for tests: SIGKILL before the rename
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:06d}"
 
 
 def _optimizer_state(engine: Engine) -> dict[str, torch.Tensor]:
@@ -96,14 +105,14 @@ class CheckpointManager:
     def clean_stale(self) -> None:
         """Remove temporary folders of saves that a crash interrupted."""
         if self.is_writer and self.folder.is_dir():
-            for p in self.folder.glob(".tmp-*"):
+            for p in self.folder.glob(TMP_PREFIX + "*"):
                 shutil.rmtree(p, ignore_errors=True)
         if dist.is_initialized():
             dist.barrier()
 
     def save(self, engine: Engine, step: int, metadata: dict) -> Path:
         final = self.folder / checkpoint_name(step)
-        tmp = self.folder / f".tmp-{checkpoint_name(step)}"
+        tmp = self.folder / f"{TMP_PREFIX}{checkpoint_name(step)}"
         if self.is_writer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
@@ -111,8 +120,7 @@ class CheckpointManager:
         dcp.save(_app_state(engine), checkpoint_id=str(tmp))
         torch.save(_rng_state(), tmp / f"rng-rank{dist.get_rank()}.pt")
         if self.is_writer:
-            atomic_write_text(tmp / "metadata.json", json.dumps(dict(metadata, world_size=dist.get_world_size()),
-                                                                indent=1))
+            write_metadata(tmp, dict(metadata, world_size=dist.get_world_size()))
         dist.barrier()
         if self.is_writer:
             if os.environ.get(FAULT_ENV) == str(step):
@@ -120,8 +128,8 @@ class CheckpointManager:
             if final.exists():  # a rerun of the same step after a crash: replace it
                 self._discard(final)
             os.replace(tmp, final)
-            _fsync_dir(self.folder)
-            atomic_write_text(self.folder / LATEST, final.name + "\n")
+            fsync_dir(self.folder)
+            write_latest(self.folder, final)
             self._prune(keep=final.name)
         dist.barrier()
         return final
@@ -129,29 +137,26 @@ class CheckpointManager:
     def _prune(self, keep: str) -> None:
         """Keep the ``keep_last`` newest by step number (not by name: step-1000000 > step-998000),
         and never ``keep`` (just written) or the checkpoint ``latest`` names."""
-        pointer = self.folder / LATEST
-        protected = {keep, pointer.read_text().strip() if pointer.is_file() else keep}
-        done = sorted((step, p) for p in self.folder.iterdir()
-                      if p.is_dir() and (step := checkpoint_step(p.name)) is not None)
-        for _, old in done[: -self.keep_last]:
+        protected = {keep, latest_name(self.folder) or keep}
+        for _, old in step_folders(self.folder)[: -self.keep_last]:
             if old.name not in protected:
                 self._discard(old)
 
     def _discard(self, checkpoint: Path) -> None:
         """Delete a checkpoint folder; renamed first, so a kill midway never leaves a ``step-N`` folder
-        whose ``metadata.json`` outlived its shards (the remains are stale: removed on the next start)."""
-        doomed = self.folder / f".tmp-discard-{checkpoint.name}"
+        whose metadata outlived its shards (the remains are stale: removed on the next start)."""
+        doomed = self.folder / f"{TMP_PREFIX}discard-{checkpoint.name}"
         shutil.rmtree(doomed, ignore_errors=True)
         os.replace(checkpoint, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
 
     def resolve(self, resume: str | None) -> Path | None:
         """The checkpoint to load: ``latest`` (None when there is none yet), a path, or None."""
-        return resolve_checkpoint(self.folder, resume)
+        return resolve_resume(self.folder, resume)
 
     def load(self, engine: Engine, path: Path) -> dict:
         """Load model and optimizer (resharding to this layout), RNG states; return the metadata."""
-        metadata = json.loads((path / "metadata.json").read_text())
+        metadata = read_metadata(path, record=False, model=False)  # start-up checked what it needs
         hint = earlier_checkpoints_hint(path)
         load_dcp(_app_state(engine), path, hint)  # in place: parameters, AdamW state
         rng = path / f"rng-rank{dist.get_rank()}.pt"
@@ -165,15 +170,30 @@ class CheckpointManager:
             errors = [""] * dist.get_world_size()
             dist.all_gather_object(errors, error)
             if any(errors):
-                raise ConfigError(f"{path}: unreadable RNG file {next(e for e in errors if e)}; {hint}")
+                raise CheckpointError(f"{path}: unreadable RNG file {next(e for e in errors if e)}; {hint}")
             if state is not None:
                 _set_rng_state(state)
         return metadata
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+def load_dcp(state: dict, checkpoint: Path, what_to_do: str, no_dist: bool = False) -> None:
+    """``dcp.load(state)`` from ``checkpoint`` in place; unreadable files are a ``CheckpointError`` naming the
+    checkpoint, the cause and ``what_to_do`` (raised on every rank: DCP gathers the failures)."""
+    checkpoint = Path(checkpoint)
+    if not (checkpoint / ".metadata").is_file():
+        raise CheckpointError(f"{checkpoint}: the DCP files are unreadable (.metadata is missing); {what_to_do}")
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        try:
+            dcp.load(state, checkpoint_id=str(checkpoint), no_dist=no_dist)
+        except (Exception, CheckpointException) as e:  # a missing or torn shard file
+            cause = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) and e.failures else e
+            raise CheckpointError(f"{checkpoint}: the DCP files are unreadable ({cause}); {what_to_do}") from None
+
+
+def stored_tensors(checkpoint: Path) -> dict:
+    """The DCP metadata of every stored tensor (name → its metadata), without reading them."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        return FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
+    except Exception as e:  # a missing or torn .metadata file
+        raise CheckpointError(f"{checkpoint}: the DCP files are unreadable ({e}); choose another checkpoint") from None

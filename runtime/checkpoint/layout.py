@@ -1,0 +1,169 @@
+"""Where checkpoints live and what they are called: the only code that knows ``step-N``, ``latest`` and
+``metadata.json``.
+
+A run's checkpoints folder holds ``step-000040`` folders (DCP files, one RNG file per rank and
+``metadata.json``: the training record, the config, the data's tokenizer), the ``latest`` file
+naming the newest, and ``.tmp-*`` folders of saves in progress. A checkpoint is complete when its
+``metadata.json`` exists (it is written last). Every command that takes a checkpoint resolves and
+reads it here, so a missing or damaged one is said the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from pathlib import Path
+
+from nanoset.atomic import atomic_write_text
+from nanoset.errors import CheckpointError, ConfigError, MissingPath
+from runtime.config import Config
+from runtime.config.schema import SHAPE_KEYS
+from runtime.data.order.record import TrainingMetadata
+
+LATEST = "latest"
+METADATA = "metadata.json"
+TMP_PREFIX = ".tmp-"  # saves in progress (and checkpoints being discarded): stale after a crash
+
+
+def checkpoints_folder(config: Config) -> Path:
+    return Path(config.checkpoints.checkpoints_path or config.general.run_path / "checkpoints")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step of a checkpoint folder name (``step-000040`` → 40), None for other names."""
+    m = re.fullmatch(r"step-(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+def is_complete(path: Path) -> bool:
+    return (path / METADATA).is_file()
+
+
+def saved_checkpoints(folder: Path) -> list[Path]:
+    """The complete checkpoints in ``folder``, oldest first by step number (not by name)."""
+    if not folder.is_dir():
+        return []
+    found = [(step, p) for p in folder.iterdir() if (step := checkpoint_step(p.name)) is not None and is_complete(p)]
+    return [p for _, p in sorted(found)]
+
+
+def step_folders(folder: Path) -> list[tuple[int, Path]]:
+    """Every ``step-N`` folder in ``folder`` (complete or not), by step number."""
+    return sorted((step, p) for p in folder.iterdir() if p.is_dir() and (step := checkpoint_step(p.name)) is not None)
+
+
+def latest_name(folder: Path) -> str | None:
+    """The checkpoint name ``folder/latest`` holds, None without one."""
+    pointer = folder / LATEST
+    return pointer.read_text().strip() if pointer.is_file() else None
+
+
+def write_latest(folder: Path, checkpoint: Path) -> None:
+    atomic_write_text(folder / LATEST, checkpoint.name + "\n")
+
+
+def _latest(folder: Path) -> Path | None:
+    """The checkpoint ``folder/latest`` names (None when nothing was saved yet)."""
+    name = latest_name(folder)
+    if name is None:
+        orphans = saved_checkpoints(folder)
+        if orphans:
+            raise MissingPath(f"{folder}: checkpoints {', '.join(p.name for p in orphans)} but no `latest` pointer; "
+                              f"set checkpoints.resume to one of them")
+        return None
+    path = folder / name
+    if not is_complete(path):
+        there = ", ".join(p.name for p in saved_checkpoints(folder)) or "none"
+        raise MissingPath(f"{folder / LATEST} names {path.name}, which is missing or incomplete (checkpoints there: "
+                          f"{there}); set checkpoints.resume to one of them")
+    return path
+
+
+def find_checkpoint(given: str | Path, option: str = "", choices: str = "") -> Path:
+    """The checkpoint a user named: a ``step-N`` folder, or a checkpoints folder (its ``latest``).
+
+    ``option`` starts the error line (``--checkpoint ``, ``checkpoints.resume: ``); ``choices`` follows
+    a missing folder's "no such folder" (what the option takes)."""
+    path = Path(given)
+    if is_complete(path):
+        return path
+    if (path / LATEST).is_file():
+        return _latest(path)
+    if not path.exists():
+        typo = "; did you mean 'latest'?" if choices and difflib.get_close_matches(str(given), [LATEST]) else ""
+        raise MissingPath(f"{option}{path}: no such folder{f' ({choices})' if choices else ''}{typo}")
+    if not path.is_dir():
+        raise MissingPath(f"{option}{path}: not a folder; give a step-N checkpoint folder (or the checkpoints folder, "
+                          f"for its latest)")
+    raise MissingPath(f"{option}{path}: no {METADATA}; it is not a complete checkpoint (give a step-N folder)")
+
+
+def resolve_resume(folder: Path, resume: str | None) -> Path | None:
+    """``checkpoints.resume``: ``latest`` (None when nothing was saved yet), a path, or None (a fresh start)."""
+    if resume is None:
+        return None
+    if resume == LATEST:
+        return _latest(folder)
+    return find_checkpoint(resume, "checkpoints.resume: ", "latest | PATH of a step-N folder | null")
+
+
+def read_metadata(path: Path, record: bool = True, model: bool = True) -> dict:
+    """``path/metadata.json``, checked to hold a training ``record`` (what resuming and ``explain`` need) and
+    the ``model`` it was saved with (what resuming and export need)."""
+    file = Path(path) / METADATA
+    if not file.is_file():
+        raise MissingPath(f"checkpoint {path}: no {METADATA}; it is not a complete checkpoint (give a step-N folder)")
+    try:
+        metadata = json.loads(file.read_text(encoding="utf-8"))
+        if record:
+            TrainingMetadata.from_json(metadata["training"])
+        if not isinstance(metadata, dict):
+            raise TypeError(f"a JSON {type(metadata).__name__}, not an object")
+    except OSError as e:
+        raise CheckpointError(f"{file}: unreadable ({e}); choose another checkpoint") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{file}: not a training checkpoint's metadata ({type(e).__name__}: {e}); give a "
+                              f"step-N folder that a run saved") from None
+    if model and not isinstance((metadata.get("config") or {}).get("model"), dict):
+        raise CheckpointError(f"{file}: records no model section (config.model); give a step-N folder that a run "
+                              f"saved")
+    return metadata
+
+
+def write_metadata(folder: Path, metadata: dict) -> None:
+    atomic_write_text(folder / METADATA, json.dumps(metadata, indent=1))
+
+
+def last_step(metadata: dict) -> int:
+    return int(metadata["training"]["last_train_step"])
+
+
+def check_same_model(config: Config, metadata: dict, path: Path) -> None:
+    """Refuse a checkpoint saved with another model shape (it would load partly, or crash on every rank)."""
+    saved = dict(metadata.get("config", {}).get("model", {}))
+    now = config.to_dict()["model"]
+    for d in (saved, now):  # compare the effective number of key/value heads and head size
+        if d.get("num_key_value_heads") is None:
+            d["num_key_value_heads"] = d.get("num_attention_heads")
+        if d.get("head_dim") is None and d.get("hidden_size") and d.get("num_attention_heads"):
+            d["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
+    diff = [f"{k} {saved.get(k)} → {now[k]}" for k in SHAPE_KEYS if saved.get(k) != now[k]]
+    if diff:
+        raise ConfigError(f"checkpoint {path} was saved with another model: model.{', model.'.join(diff)}; "
+                          f"use the checkpoint's model section, or another checkpoints.resume")
+
+
+def earlier_checkpoints_hint(checkpoint: Path) -> str:
+    """What to resume from instead of ``checkpoint``: the newest complete checkpoint before it, if any."""
+    step = checkpoint_step(checkpoint.name)
+    if step is None:  # a folder not named step-N: nothing to say what came before it
+        return "set checkpoints.resume to another checkpoint and rerun"
+    earlier = [p for p in saved_checkpoints(checkpoint.parent) if (checkpoint_step(p.name) or 0) < step]
+    if earlier:
+        return f"set checkpoints.resume: {earlier[-1]} (an earlier checkpoint) and rerun"
+    return "no earlier checkpoint is there: start over (checkpoints.resume: null, checkpoints.replace_run: true)"

@@ -1,0 +1,1 @@
+"""The runtime's command-line tools besides training: explain, evaluate, export (each parses, calls, reports)."""

@@ -1,0 +1,85 @@
+"""Validation loss of a saved checkpoint: ``python -m runtime.evaluate --config CFG --checkpoint CKPT [--json]``.
+
+The same evaluation as during training (``validation`` section of the config, the sequence length and
+position-id rule of the stage the checkpoint's step belongs to), so it prints the value the run logged
+at that step. One process evaluates on its own (the checkpoint is resharded to it); under torchrun the
+config's parallelism is used. ``CKPT`` is a ``step-N`` folder or a checkpoints folder with ``latest``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from nanoset.errors import ConfigError, print_error, report_user_errors
+from runtime.checkpoint.layout import check_same_model, find_checkpoint, last_step, read_metadata
+from runtime.config import Config, ParallelismArgs
+from runtime.config.load import load_config
+from runtime.data.heldout import HeldOutSet, open_heldout
+from runtime.startup import world_size
+
+
+def layout_for_world(config: Config, world: int) -> Config:
+    """The config's parallelism under torchrun; dp = tp = pp = 1 for a single process."""
+    if world == 1:
+        return dataclasses.replace(config, parallelism=ParallelismArgs())
+    config.parallelism.check_world(world)
+    return config
+
+
+def prepare(config_path: str, checkpoint: str) -> tuple[Config, Path, dict, list[HeldOutSet]]:
+    """Everything that can be a user mistake, checked before any process group."""
+    config = layout_for_world(load_config(config_path), world_size())
+    if not config.validation.datasets:
+        raise ConfigError(f"{config_path}: validation.datasets is empty; name the datasets to evaluate on")
+    path = find_checkpoint(checkpoint, "--checkpoint ")
+    metadata = read_metadata(path)
+    check_same_model(config, metadata, path)
+    return config, path, metadata, open_heldout(config)
+
+
+def run(config: Config, path: Path, metadata: dict, heldout: list[HeldOutSet]) -> dict:
+    """Build the engine in this layout, load the checkpoint's weights, evaluate: the metrics row."""
+    from runtime.checkpoint.store import load_dcp, model_state
+    from runtime.engine import Engine
+    from runtime.parallel.context import ParallelContext
+    from runtime.validation import Validator
+
+    p = config.parallelism
+    engine = Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp), initialize=False)
+    load_dcp({"model": model_state(engine)}, path, "choose another checkpoint")  # only the weights, in this layout
+    step = last_step(metadata)
+    stage = config.stage_at(max(step, 1))
+    results = Validator(config, heldout).validate(engine, config.stage_sequence_length(stage),
+                                                  stage.data.use_position_ids)
+    return {"step": step, "stage": stage.name, "val": results}
+
+
+def evaluate(config_path: str, checkpoint: str, as_json: bool) -> int:
+    config, path, metadata, heldout = prepare(config_path, checkpoint)
+    import torch.distributed as dist
+
+    from runtime.validation import describe
+
+    try:
+        row = run(config, path, metadata, heldout)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps(row) if as_json else "\n".join(describe(row["val"])))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m runtime.evaluate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True, help="the run's YAML config, with a validation section")
+    ap.add_argument("--checkpoint", required=True, help="a step-N checkpoint folder, or a folder with `latest`")
+    ap.add_argument("--json", action="store_true", help="print the metrics row as JSON")
+    args = ap.parse_args(argv)
+    # every rank finds a mistake (a damaged checkpoint too): the first rank of each node says it
+    return report_user_errors(lambda: evaluate(args.config, args.checkpoint, args.json),
+                              report=lambda message: int(os.environ.get("LOCAL_RANK", "0")) == 0 and print_error(message))

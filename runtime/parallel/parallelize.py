@@ -1,0 +1,122 @@
+"""The parallelize recipe of one model chunk, in torchtitan's order: tensor parallel, activation
+checkpointing, compile, then FSDP2. Each step changes the chunk in place and keeps parameter names
+(so checkpoints and Hugging Face export are the same whatever the setting).
+
+* **Tensor parallelism** with DTensor: Megatron-style column/row splits of attention and MLP, a
+  vocabulary-parallel embedding, and a vocabulary-sharded head whose loss is computed without
+  gathering the logits (``loss_parallel``). A tied head is the embedding: both are split over the
+  vocabulary (rows of the ``[vocab, hidden]`` weight), so one sharded parameter serves both.
+* **Activation checkpointing** (``model.activation_checkpointing``): a checkpointed layer keeps only
+  its input from the forward pass and runs its forward again during the backward pass, activation
+  memory of ``O(layers)`` inputs for about one more forward. ``full`` checkpoints every layer,
+  ``selective`` every ``activation_checkpointing_every``-th one (global layer indices 0, N, 2N, …, so
+  the choice does not depend on how the pipeline cuts the model). The layer's ``forward`` is wrapped
+  in place rather than the module in a ``CheckpointWrapper``.
+* **Compile** (``model.compile``): each decoder layer, not the whole chunk. All layers share one
+  compiled graph (their code is the same and parameters are graph inputs), so compilation costs one
+  layer whatever the depth; a pipeline cut, FSDP's hooks (outside the graph, around each layer's
+  call) and the loss (computed by the engine, eagerly) are untouched. A new sequence length (a stage
+  switch) compiles once more.
+* **FSDP2** (``fully_shard``) over the dp axis: parameters, gradients and optimizer state sharded;
+  bf16 compute with fp32 gradient reduction on CUDA. Applied last, so its hooks gather the parameters
+  around the whole checkpointed layer, recomputation included.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.utils.checkpoint import checkpoint
+
+from runtime.config import ModelArgs
+
+
+def parallelize(chunk: nn.Module, args: ModelArgs, tp_mesh: DeviceMesh, dp_mesh: DeviceMesh | None,
+                param_dtype: torch.dtype) -> None:
+    """Apply the recipe to ``chunk`` (a ``LlamaChunk``, still on the meta device); ``dp_mesh`` None: no FSDP."""
+    apply_tensor_parallel(chunk, tp_mesh)
+    apply_activation_checkpointing(chunk, args.num_hidden_layers, args.activation_checkpointing,
+                                   args.activation_checkpointing_every)
+    if args.compile:
+        compile_layers(chunk)
+    if dp_mesh is not None:
+        apply_fsdp(chunk, dp_mesh, param_dtype)
+
+
+def apply_tensor_parallel(chunk: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Shard ``chunk`` over ``tp_mesh`` in place."""
+    if tp_mesh.size() == 1:
+        return
+    plan = {}
+    if chunk.embed_tokens is not None:
+        plan["embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if chunk.lm_head is not None:
+        # logits stay sharded over the vocabulary; the loss runs under loss_parallel()
+        plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    for name in chunk.layers:
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            plan[f"layers.{name}.attn.{proj}"] = ColwiseParallel()
+        plan[f"layers.{name}.attn.o_proj"] = RowwiseParallel()
+        plan[f"layers.{name}.mlp.gate_proj"] = ColwiseParallel()
+        plan[f"layers.{name}.mlp.up_proj"] = ColwiseParallel()
+        plan[f"layers.{name}.mlp.down_proj"] = RowwiseParallel()
+    tied = chunk.has_embedding and chunk.has_head and chunk.lm_head.weight is chunk.embed_tokens.weight
+    parallelize_module(chunk, tp_mesh, plan)
+    if tied:
+        # parallelize_module gives each module its own DTensor copy; share the embedding's again
+        # (before FSDP, as with tp = 1) so both uses' gradients add into one parameter
+        chunk.lm_head.weight = chunk.embed_tokens.weight
+
+
+def checkpointed_layers(num_layers: int, mode: str, every: int) -> set[int]:
+    """Global indices of the layers that ``mode`` checkpoints."""
+    if mode == "none":
+        return set()
+    if mode == "full":
+        return set(range(num_layers))
+    if mode == "selective":
+        return set(range(0, num_layers, every))
+    raise ValueError(f"model.activation_checkpointing: {mode!r} is not one of none, full, selective")
+
+
+def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    # non-reentrant: works with torch.compile and with inputs that need no gradient
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def apply_activation_checkpointing(chunk: nn.Module, num_layers: int, mode: str, every: int) -> list[int]:
+    """Checkpoint the chosen layers of ``chunk``; returns their global indices."""
+    chosen = checkpointed_layers(num_layers, mode, every)
+    done = []
+    for name, layer in chunk.layers.items():
+        if int(name) in chosen:
+            layer.forward = functools.partial(_checkpointed, layer.forward)
+            done.append(int(name))
+    return done
+
+
+def compile_layers(chunk: nn.Module) -> None:
+    """Replace each decoder layer's ``forward`` by its compiled version (after activation checkpointing)."""
+    for layer in chunk.layers.values():
+        layer.forward = torch.compile(layer.forward, dynamic=False)
+
+
+def apply_fsdp(chunk: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
+    """Shard each decoder layer, then the chunk (embedding, norm, head) as the root group."""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:  # torch < 2.6 kept it under _composable
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    layers = list(chunk.layers.values())
+    for i, layer in enumerate(layers):
+        # the last layer's parameters are needed again right away by the root's backward
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
+    fully_shard(chunk, mesh=dp_mesh, mp_policy=mp)

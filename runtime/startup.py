@@ -1,0 +1,93 @@
+"""Everything a launch checks before any process group exists, done once, on every rank.
+
+The config is loaded and checked, the world size compared with its layout, the run folder locked
+and checked, the checkpoint to resume from resolved and read (and compared with the model), the
+data opened and planned (the past from the checkpoint's record), the Hugging Face model and the
+validation sets checked. Every mistake is one ``error:`` line, printed once, before a process
+group could turn it into a traceback on every rank. The trainer starts from the result.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from nanoset.errors import ConfigError
+from runtime.checkpoint.layout import LATEST, check_same_model, checkpoints_folder, last_step, read_metadata, resolve_resume
+from runtime.checkpoint.run_folder import check_writable, existing_run, run_lock
+from runtime.config import Config
+from runtime.config.load import load_config
+from runtime.data.heldout import HeldOutSet, open_heldout, training_tokenizers
+from runtime.data.hf_cache import resolve_stage_folders
+from runtime.data.order.plan import DataPlan
+from runtime.hf.preflight import check_init_from_hf
+
+
+@dataclass
+class RunStart:
+    """Where a run starts: a checkpoint to resume from, or step 0 (moving an old run aside first)."""
+
+    checkpoint: Path | None  # the checkpoint to resume from; None: step 0
+    metadata: dict | None  # what it records (checkpoint.layout.read_metadata)
+    replace_old_run: bool = False  # a fresh start where a run exists: global rank 0 moves the old one aside
+    lock: IO | None = field(default=None, repr=False)  # global rank 0: held while the run lives (see run_lock)
+
+
+@dataclass
+class Startup:
+    """What the checks found: the trainer is built from it."""
+
+    config: Config
+    plan: DataPlan  # the data order, the past taken from the checkpoint's record
+    start: RunStart
+    heldout: list[HeldOutSet]  # validation sets, opened and checked
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def start_up(config: Config | str | Path) -> Startup:
+    """Load (a path) and check the config, its data, the checkpoint it resumes and the run folder."""
+    if not isinstance(config, Config):
+        path = config
+        config = load_config(path)
+        try:
+            config.parallelism.check_world(world_size())
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+    else:
+        config.parallelism.check_world(world_size())
+    start = plan_start(config)
+    plan = DataPlan(config, resolve_stage_folders(config)).resumed_from(start.checkpoint, start.metadata)
+    check_init_from_hf(config, plan, fresh_start=start.checkpoint is None)
+    heldout = open_heldout(config, training_tokenizers(plan))
+    return Startup(config, plan, start, heldout)
+
+
+def plan_start(config: Config) -> RunStart:
+    """Resolve the checkpoint, check it fits the model, and refuse to mix two runs in one folder."""
+    lock = run_lock(config) if int(os.environ.get("RANK", "0")) == 0 else None
+    folder = checkpoints_folder(config)
+    path = resolve_resume(folder, config.checkpoints.resume)
+    metadata = read_metadata(path) if path is not None else None
+    if path is not None:
+        check_same_model(config, metadata, path)
+        last = last_step(metadata)
+        if last > config.tokens.train_steps:  # it would train nothing and report "done: step 12/10"
+            raise ConfigError(f"checkpoint {path} is at step {last}, past tokens.train_steps "
+                              f"{config.tokens.train_steps}; raise tokens.train_steps or resume from an earlier "
+                              f"checkpoint")
+    continues = config.checkpoints.resume == LATEST or (
+        path is not None and path.resolve().parent == folder.resolve())
+    found = [] if continues else existing_run(config)
+    if found and not config.checkpoints.replace_run:
+        how = "starts fresh" if path is None else f"starts from {path}"
+        raise ConfigError(f"{config.general.run_path}: holds a run ({', '.join(found)}) and this config {how}; "
+                          f"set checkpoints.resume: latest to continue it, checkpoints.replace_run: true to move it "
+                          f"aside, or another general.run_dir")
+    check_writable(config.general.run_path, "general.run_dir", moving=bool(found))
+    check_writable(folder, "checkpoints.checkpoints_path", moving=bool(found))
+    return RunStart(path, metadata, replace_old_run=bool(found), lock=lock)
