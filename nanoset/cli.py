@@ -61,7 +61,8 @@ def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: s
              task_bytes: int | None, skip_bad_lines: bool, overwrite: bool, quiet: bool, chat: bool,
              chat_template: str | None, messages_column: str, prompt_column: str, completion_column: str) -> None:
     """Tokenize INPUTS (files, folders, globs) into a Nanoset dataset folder."""
-    from nanoset.tokenize.job import TokenizeOptions, tokenize as run
+    from nanoset.tokenize.job import TokenizeOptions
+    from nanoset.tokenize.job import tokenize as run
 
     summary = run(TokenizeOptions(
         inputs=list(inputs), output=output, tokenizer=tokenizer, eos_token=eos_token, text_column=text_column,

@@ -20,6 +20,8 @@ import numpy as np
 
 from nanoset.atomic import fresh_folder_beside
 from nanoset.errors import NanosetError
+from nanoset.format.open import open_dataset
+from nanoset.format.reader import NanosetReader, ShardReader
 from nanoset.format.spec import (
     INDEX_DTYPE,
     MANIFEST_NAME,
@@ -31,8 +33,6 @@ from nanoset.format.spec import (
     metadata_text,
     shard_files,
 )
-from nanoset.format.open import open_dataset
-from nanoset.format.reader import NanosetReader, ShardReader
 from nanoset.format.writer import write_manifest
 
 CHUNK = 1 << 22  # tokens (or document ends) per copy step: bounded memory whatever the shard size

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import errno
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 
 class NanosetError(ValueError):

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 
 from nanoset.errors import NanosetError
-from nanoset.format.spec import TokenizerInfo
 from nanoset.format.open import open_dataset
 from nanoset.format.reader import NanosetReader
+from nanoset.format.spec import TokenizerInfo
 
 SAMPLE_CHARS = 400
 OPEN, CLOSE = "[[", "]]"

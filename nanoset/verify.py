@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.errors import NanosetError
-from nanoset.format.spec import ShardInfo
 from nanoset.format.megatron import MegatronShardReader, verify_megatron_shard
 from nanoset.format.open import open_dataset
 from nanoset.format.reader import NanosetReader, ShardReader
+from nanoset.format.spec import ShardInfo
 
 CHUNK_TOKENS = 1 << 24
 
@@ -47,7 +47,8 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | No
         if len(bad):
             raise _fail(shard.index_path, f"document ends not strictly increasing at document {int(bad[0])}")
         if int(ends[-1]) != shard.num_tokens:
-            raise _fail(shard.index_path, f"last document ends at {int(ends[-1])}, but the shard has {shard.num_tokens} tokens")
+            raise _fail(shard.index_path, f"last document ends at {int(ends[-1])}, but the shard has "
+                                          f"{shard.num_tokens} tokens")
     elif shard.num_tokens:
         raise _fail(shard.index_path, "empty index for a shard with tokens")
     tok = ds.tokenizer
@@ -64,7 +65,8 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | No
             raise _fail(shard.tokens_path, f"token id {top} at position {pos} is ≥ the vocab size {tok.vocab_size}")
         largest = max(largest, top)
     if expected is not None and expected.max_token_id is not None and expected.max_token_id != largest:
-        raise _fail(shard.tokens_path, f"largest token id {largest} differs from the manifest's {expected.max_token_id}")
+        raise _fail(shard.tokens_path, f"largest token id {largest} differs from the manifest's "
+                                       f"{expected.max_token_id}")
     if shard.has_loss:
         _verify_loss(shard, expected)
     if _checks_eos(ds) and len(ends):

@@ -91,7 +91,8 @@ class Engine:
         no_decay = [p for p in self.parameters() if p.ndim < 2]
         groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         extra = {"fused": True} if self.device.type == "cuda" else {"foreach": True}
-        return torch.optim.AdamW(groups, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps, **extra)
+        return torch.optim.AdamW(groups, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,
+                                 **extra)
 
     def _schedule(self, key: tuple):
         """One schedule per micro-batch shape: a stage change of sequence length gets its own. Only the

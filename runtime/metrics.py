@@ -76,7 +76,8 @@ class MetricsLogger:
                     self.tb.add_scalar(key, value, record["step"])
         if record["step"] % self.log_interval == 0:
             mfu = f" | mfu {100 * record['mfu']:.1f}%" if record.get("mfu") is not None else ""
-            self.info(f"step {record['step']:>6} | {record['stage']} | loss {record['loss']:.4f} | lr {record['lr']:.3e} "
+            self.info(f"step {record['step']:>6} | {record['stage']} | loss {record['loss']:.4f} "
+                      f"| lr {record['lr']:.3e} "
                       f"| grad_norm {record['grad_norm']:.3f} | tokens/s {record['tokens_per_s']:,.0f} "
                       f"| data_wait {record['data_wait_ms']:.1f} ms{mfu}")
 

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import IO
 
 from nanoset.errors import ConfigError
-from runtime.checkpoint.layout import LATEST, check_same_model, checkpoints_folder, last_step, read_metadata, resolve_resume
+from runtime.checkpoint.layout import (
+    LATEST,
+    check_same_model,
+    checkpoints_folder,
+    last_step,
+    read_metadata,
+    resolve_resume,
+)
 from runtime.checkpoint.run_folder import check_writable, existing_run, run_lock
 from runtime.config import Config
 from runtime.config.load import load_config

@@ -1,6 +1,6 @@
 """The Trainer: multi-stage training loop, stage switching, checkpoint/resume and metrics.
 
-Both call styles of the seeds work: ``trainer.train(dataloader_or_dls=...)`` with a loader, or a
+Both of Nanotron's call styles work: ``trainer.train(dataloader_or_dls=...)`` with a loader, or a
 dict of stage name → loader or zero-argument callable returning one (``None`` builds the loaders
 from the config's stages), and ``trainer.train_dataloader = loader; trainer.fit()``.
 """
@@ -11,9 +11,10 @@ import gc
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -72,7 +73,8 @@ class Trainer:
                              initialize=self.start.checkpoint is None and config.model.init_from_hf is None)
         self.lr_schedule = LRSchedule(config.lr_scheduler, config.optimizer.learning_rate, config.tokens.train_steps)
         self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main)
-        self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard, config.logging.log_interval)
+        self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
+                                     config.logging.log_interval)
         self.train_dataloader: Any = None
         self.last_step = 0
         self._source: DataSource | None = None
@@ -234,7 +236,8 @@ class Trainer:
                 failed = e
         torch.distributed.barrier()
         if failed is not None:
-            raise NanosetError(f"checkpoints.export_hf: {failed}; the run and its checkpoint {checkpoint} are complete: "
+            raise NanosetError(f"checkpoints.export_hf: {failed}; the run and its checkpoint {checkpoint} are "
+                               f"complete: "
                               f"export it with python -m runtime.export") from failed
 
     # ------------------------------------------------------------------ reporting ---------------

@@ -1,58 +1,17 @@
-"""Shared fixtures: the committed corpus and tokenizer, a CLI runner, reference encodings."""
+"""Shared fixtures: the committed corpus and tokenizer, reference encodings, tokenized shards."""
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "data_fixtures"
-CORPUS = FIXTURES / "corpus"
-TOKENIZER = FIXTURES / "tokenizer"
-sys.path.insert(0, str(ROOT / "tools"))
+from tests.support import CORPUS, TOKENIZER, read_texts_in_corpus_order, run_cli
 
-
-def run_cli(*args: str | Path, check: bool = True, cwd: Path | None = None, env: dict | None = None):
-    """Run ``nanoset ARGS`` as a user would (a subprocess); returns the CompletedProcess."""
-    proc = subprocess.run([sys.executable, "-m", "nanoset.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env={**os.environ, **(env or {})})
-    if check and proc.returncode != 0:
-        raise AssertionError(f"nanoset {args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def one_line_error(proc, *fragments: str) -> str:
-    """Assert ``proc`` failed as a user mistake should: exit 1, one ``error:`` line holding every fragment."""
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
-    return lines[0]
-
-
-def read_texts_in_corpus_order() -> list[str]:
-    """The fixture corpus read independently of nanoset.tokenize.rows, in the documented order."""
-    import pyarrow.parquet as pq
-    import zstandard
-
-    texts = [p.read_text() for p in sorted((CORPUS / "code" / "files").glob("*.txt"))]
-    raw = zstandard.ZstdDecompressor().stream_reader(open(CORPUS / "code" / "snippets-000.jsonl.zst", "rb")).read()
-    texts += [json.loads(line)["text"] for line in raw.decode().splitlines()]
-    texts += [row["text"] for row in json.loads((CORPUS / "sft" / "sft-000.json").read_text())]
-    texts += pq.read_table(CORPUS / "sft" / "sft-001.parquet").column("text").to_pylist()
-    texts += [json.loads(line)["text"] for line in (CORPUS / "web" / "web-000.jsonl").read_text().splitlines()]
-    with gzip.open(CORPUS / "web" / "web-001.jsonl.gz", "rt") as f:
-        texts += [json.loads(line)["text"] for line in f]
-    texts += pq.read_table(CORPUS / "web" / "web-002.parquet").column("text").to_pylist()
-    return texts
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))  # tools/make_fixtures.py
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -86,8 +45,6 @@ def fixture_dataset(tmp_path_factory) -> Path:
     run_cli("tokenize", CORPUS, "-o", out, "--tokenizer", TOKENIZER, "--task-bytes", 200_000, "--quiet")
     return out
 
-
-CONFIGS = FIXTURES / "configs"
 
 
 @pytest.fixture(scope="session")

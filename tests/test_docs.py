@@ -6,11 +6,9 @@ import dataclasses
 import json
 import re
 import typing
-from pathlib import Path
-
-from conftest import ROOT
 
 from runtime.config import Config
+from tests.support import ROOT
 
 MISSING = dataclasses.MISSING
 

@@ -26,7 +26,8 @@ def test_runtime_needs_neither_datasets_nor_zstandard():
 
 def test_runtime_trains_without_datasets_or_zstandard(shards, tmp_path):
     """Not only imports: a whole run (data plan, loader, checkpoint) with both modules blocked."""
-    from trainhelpers import metrics, small_config
+    from tests.support.configs import small_config
+    from tests.support.harness import metrics
 
     cfg = small_config(tmp_path, tmp_path / "run", dp=1, steps=2, interval=2, single_stage=True)
     code = ("import sys\nsys.modules['datasets'] = None\nsys.modules['zstandard'] = None\n"

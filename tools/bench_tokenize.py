@@ -9,8 +9,9 @@ documentation), trains a 16k BPE tokenizer on a slice of it, then measures in th
   Rust threads on all cores) in batches, no I/O and nothing written;
 * nanoset: the real CLI as a subprocess, reading files, writing shards, manifest and all.
 
-Each side runs ``--repeat`` times, interleaved; the best time of each counts. It prints both tokens/s, their ratio (target ≥ 0.9) and the peak RSS of the job's processes for
-a quarter of the corpus and for all of it (target: it does not grow with corpus size).
+Each side runs ``--repeat`` times, interleaved; the best time of each counts. It prints both tokens/s, their ratio
+(target ≥ 0.9) and the peak RSS of the job's processes for a quarter of the corpus and for all of it (target: it
+does not grow with corpus size).
 """
 
 from __future__ import annotations

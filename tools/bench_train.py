@@ -57,7 +57,8 @@ def make_config(work: Path, steps: int, workers: int, prefetch: int = 0) -> Conf
         "data_stages": [
             {"name": "pretrain", "start_training_step": 1, "data": {
              "num_loading_workers": workers, "prefetch": prefetch, "use_position_ids": True,
-             "dataset": {"dataset_folder": [str(shards / "web"), str(shards / "code")], "dataset_weights": [0.7, 0.3]}}},
+             "dataset": {"dataset_folder": [str(shards / "web"), str(shards / "code")],
+                         "dataset_weights": [0.7, 0.3]}}},
             {"name": "anneal", "start_training_step": steps * 2 // 3, "sequence_length": 128,
              "data": {"num_loading_workers": workers, "prefetch": prefetch,
                       "dataset": {"dataset_folder": str(shards / "sft")}}},

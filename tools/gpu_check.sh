@@ -38,7 +38,7 @@ echo "== tests marked cuda"
 tests_rc=0
 if "$PY" -c "import pytest, hypothesis" 2>/dev/null; then
   # only the files that hold cuda tests: collecting the others would import their extra dependencies
-  mapfile -t files < <(grep -l "mark.cuda" tests/test_*.py)
+  mapfile -t files < <(grep -rl --include="test_*.py" "mark.cuda" tests)
   timeout 150 "$PY" -m pytest -q -m cuda "${files[@]}" -p no:cacheprovider || tests_rc=$?
   if [[ $tests_rc -eq 5 ]]; then tests_rc=0; fi  # 5: no test collected
 else

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from nanoset.errors import NanosetError
 from nanoset.atomic import atomic_write_text
+from nanoset.errors import NanosetError
 
 SCAN_CHUNK = 1 << 24  # tokens per max() call: bounded memory whatever the shard size
 

@@ -21,9 +21,9 @@ import hashlib
 import os
 import struct
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 

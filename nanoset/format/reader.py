@@ -117,7 +117,7 @@ class NanosetReader:
 
     @property
     def format(self) -> str:
-        """Where the data comes from: 'nanoset' (a manifest), 'datatrove' or 'megatron' (``nanoset.format.megatron``)."""
+        """Where the data comes from: 'nanoset' (a manifest), 'datatrove' or 'megatron'."""
         return "nanoset" if self.manifest is not None else self.shards[0].format
 
     @property

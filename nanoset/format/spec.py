@@ -69,7 +69,8 @@ def parse_metadata(path: Path) -> tuple[str, int, int]:
         name, _, size = lines[0].rpartition("|") if "|" in lines[0] else (lines[0], "", "2")
         return name, int(size), int(lines[1])
     except (IndexError, ValueError, UnicodeDecodeError) as e:
-        raise NanosetError(f"{path}: malformed metadata file ({e}); expected 'TOKENIZER|TOKEN_SIZE', token count") from e
+        raise NanosetError(f"{path}: malformed metadata file ({e}); expected 'TOKENIZER|TOKEN_SIZE', "
+                           f"token count") from e
 
 
 @dataclass

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO, Sequence
+from typing import BinaryIO
 
 import numpy as np
 

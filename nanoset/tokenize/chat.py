@@ -10,14 +10,14 @@ A row holds a ``messages`` list of ``{role, content}`` (roles system, user, assi
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import numpy as np
 
+from nanoset.errors import MissingColumnError, NanosetError
 from nanoset.tokenize.chat_template import ChatRenderer, ChatRenderError
 from nanoset.tokenize.rows import TextReader
-from nanoset.errors import MissingColumnError, NanosetError
 
 ROLES = ("system", "user", "assistant")
 _SURROGATE = re.compile("[\ud800-\udfff]")

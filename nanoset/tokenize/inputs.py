@@ -11,12 +11,11 @@ import codecs
 import glob
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from nanoset.errors import NanosetError
-
 
 KINDS = {".jsonl": "jsonl", ".jsonl.gz": "jsonl.gz", ".jsonl.zst": "jsonl.zst", ".json": "json",
          ".parquet": "parquet", ".txt": "txt"}

@@ -19,16 +19,16 @@ from typing import Any
 
 import numpy as np
 
-from nanoset.tokenize.chat import ChatColumns, ChatReader, encode_chats
-from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate, load_chat_template, special_token_strings
-from nanoset.tokenize.rows import TextReader
-from nanoset.tokenize.inputs import Piece, discover
 from nanoset.errors import NanosetError
 from nanoset.format.spec import Manifest, dtype_for_vocab, dtype_name
-from nanoset.tokenize.tasks import OutputFolder, Plan, Task, TaskResult, make_plan
-from nanoset.tokenize.taskpool import TaskPool, WorkerDied
-from nanoset.tokenize.tokenizer import ResolvedTokenizer, load_tokenizer, resolve_tokenizer
 from nanoset.format.writer import ShardWriter, write_manifest
+from nanoset.tokenize.chat import ChatColumns, ChatReader, encode_chats
+from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate, load_chat_template, special_token_strings
+from nanoset.tokenize.inputs import Piece, discover
+from nanoset.tokenize.rows import TextReader
+from nanoset.tokenize.taskpool import TaskPool, WorkerDied
+from nanoset.tokenize.tasks import OutputFolder, Plan, Task, TaskResult, make_plan
+from nanoset.tokenize.tokenizer import ResolvedTokenizer, load_tokenizer, resolve_tokenizer
 
 
 @dataclass

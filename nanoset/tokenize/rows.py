@@ -7,8 +7,9 @@ import gzip
 import json
 import re
 import zlib
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TypeVar
 
 from nanoset.errors import MissingColumnError, NanosetError
 from nanoset.tokenize.inputs import Piece, first_byte, load_hf, one_line, parquet_file

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import signal
 import traceback
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 

@@ -17,7 +17,6 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanoset.tokenize.inputs import Piece, Source, split_source
 from nanoset.atomic import atomic_write_text
 from nanoset.errors import NanosetError
 from nanoset.format.spec import (
@@ -28,10 +27,11 @@ from nanoset.format.spec import (
     TOKENS_SUFFIX,
     WORK_DIR,
     WORK_PLAN,
-    task_marker_name,
     Manifest,
     ShardInfo,
+    task_marker_name,
 )
+from nanoset.tokenize.inputs import Piece, Source, split_source
 
 MAX_TASKS = 2000  # tasks (so shard files, markers) of any corpus with the default task size
 SMALL_CORPUS_TASKS = 64  # a small corpus is still cut this fine, so that many workers all get work ...

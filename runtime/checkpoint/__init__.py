@@ -1,1 +1,2 @@
-"""Checkpoints: their layout (step-N names, latest, the metadata file), the store (DCP, RNG, pruning) and the run folder."""
+"""Checkpoints: their layout (step-N names, latest, the metadata file), the store (DCP, RNG, pruning)
+and the run folder."""

@@ -81,5 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the metrics row as JSON")
     args = ap.parse_args(argv)
     # every rank finds a mistake (a damaged checkpoint too): the first rank of each node says it
+    first_of_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
     return report_user_errors(lambda: evaluate(args.config, args.checkpoint, args.json),
-                              report=lambda message: int(os.environ.get("LOCAL_RANK", "0")) == 0 and print_error(message))
+                              report=lambda message: first_of_node and print_error(message))

@@ -68,7 +68,8 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         key_tp, value_tp = typing.get_args(tp)
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: expected a mapping, got {value!r}")
-        return {_convert(k, key_tp, f"{path} key {k!r}"): _convert(v, value_tp, f"{path}.{k}") for k, v in value.items()}
+        return {_convert(k, key_tp, f"{path} key {k!r}"): _convert(v, value_tp, f"{path}.{k}")
+                for k, v in value.items()}
     if origin is typing.Literal:
         if value not in typing.get_args(tp):
             raise ConfigError(f"{path}: {value!r} is not one of {list(typing.get_args(tp))}")
@@ -126,10 +127,15 @@ def load_config(path: str | Path) -> Config:
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({e})") from None
     try:
-        config = from_dict(Config, data, "config")
-        if config.model.init_from_hf is not None:
-            apply_hf_config(config.model, given=set(data["model"]))
-        validate_config(config)
+        return config_from_data(data)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+
+
+def config_from_data(data: Any) -> Config:
+    """A config from plain data (a YAML document), built strictly and checked by every rule that needs no data."""
+    config = from_dict(Config, data, "config")
+    if config.model.init_from_hf is not None:
+        apply_hf_config(config.model, given=set(data["model"]))
+    validate_config(config)
     return config

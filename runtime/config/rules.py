@@ -117,7 +117,8 @@ def _validate_stages(c: Config) -> None:
     for i, s in enumerate(stages):
         where = f"data_stages[{i}] ({s.name})"
         if names.count(s.name) > 1:
-            raise ConfigError(f"{where}.name: stage names must be unique; {s.name!r} appears {names.count(s.name)} times")
+            raise ConfigError(f"{where}.name: stage names must be unique; {s.name!r} appears "
+                              f"{names.count(s.name)} times")
         if starts.count(s.start_training_step) > 1:
             raise ConfigError(f"{where}.start_training_step: {s.start_training_step} is used by several stages; "
                               f"each stage needs its own start step")

@@ -11,7 +11,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union, get_args
+from typing import Any, Literal, get_args
 
 from nanoset.errors import ConfigError
 
@@ -184,7 +184,7 @@ class TokenizerArgs:
 
 @dataclass
 class NanosetDatasetsArgs:
-    dataset_folder: Union[str, list[str]]  # dataset folders (Nanoset, datatrove or Megatron) blended in the stage
+    dataset_folder: str | list[str]  # dataset folders (Nanoset, datatrove or Megatron) blended in the stage
     dataset_weights: list[float] | None = None  # one per folder; default: equal
 
     @property
@@ -200,7 +200,7 @@ class NanosetDatasetsArgs:
 class HFDatasetArgs:
     hf_dataset_or_datasets: str  # a local dataset file or save_to_disk folder, tokenized once into cache_dir
     text_column_name: str = "text"
-    hf_dataset_splits: Union[str, list[str], None] = None  # splits of a saved DatasetDict; default: all
+    hf_dataset_splits: str | list[str] | None = None  # splits of a saved DatasetDict; default: all
     # rows are conversations (a messages column, or prompt + completion): rendered with the chat template,
     # tokenized with loss masks (trained only on the assistant turns), as `nanoset tokenize --chat` does
     sft: bool = False
@@ -212,7 +212,7 @@ class HFDatasetArgs:
 
 @dataclass
 class DataArgs:
-    dataset: Union[NanosetDatasetsArgs, HFDatasetArgs]  # Nanoset folders, or a Hugging Face dataset
+    dataset: NanosetDatasetsArgs | HFDatasetArgs  # Nanoset folders, or a Hugging Face dataset
     seed: int | None = None  # the data order's seed; default: general.seed
     # default: read in a thread of the training process, 2 micro-batches ahead (README: Speed)
     num_loading_workers: int = 0
@@ -234,7 +234,7 @@ class DatasetStageArgs:
 class ValidationArgs:
     """Held-out loss during training: a fixed sample set per named dataset, never drawn from the training order."""
 
-    datasets: dict[str, Union[str, list[str]]] = field(default_factory=dict)  # name → folder or folders
+    datasets: dict[str, str | list[str]] = field(default_factory=dict)  # name → folder or folders
     interval: int = 0  # evaluate every N steps; 0: only at stage ends (at_stage_end)
     samples: int = 64  # windows per dataset: the first `samples` of the dataset's seeded permutation
     at_stage_end: bool = True  # also evaluate at the last step of every stage

@@ -22,9 +22,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from nanoset.errors import MissingColumnError
 from runtime.config import Config, ConfigError, HFDatasetArgs
@@ -67,8 +67,8 @@ def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset")
 
 def _chat_template_sha256(tok_file: Path, ds: HFDatasetArgs, where: str) -> str:
     """The template a conversation stage renders with (its own file, else the tokenizer's), by content."""
-    from nanoset.tokenize.chat_template import load_chat_template
     from nanoset.errors import NanosetError
+    from nanoset.tokenize.chat_template import load_chat_template
 
     try:
         return load_chat_template(tok_file, ds.chat_template).sha256

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runtime.config import ModelArgs
 from nanoset.errors import ConfigError, MissingPath
+from runtime.config import ModelArgs
 from runtime.parallel.shards import local_slices, local_tensor
 
 SINGLE = "model.safetensors"

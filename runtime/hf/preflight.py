@@ -7,8 +7,8 @@ import hashlib
 from pathlib import Path
 
 from nanoset import TokenizerInfo
-from runtime.config import Config
 from nanoset.errors import ConfigError
+from runtime.config import Config
 
 
 def data_tokenizer(plan) -> TokenizerInfo | None:

@@ -25,7 +25,8 @@ checkpointing, compile, then FSDP2. Each step changes the chunk in place and kee
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

@@ -5,7 +5,7 @@ forward-only step for evaluation."""
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -1,4 +1,4 @@
-"""Collators: windows of ``L + 1`` tokens → the batch dict of the seeds' contract.
+"""Collators: windows of ``L + 1`` tokens → the batch dict of the batch contract (docs/parallelism.md).
 
 On the pipeline rank that owns the inputs the input keys are tensors; on the rank that owns the
 loss the label keys are; every other value is a ``TensorPointer`` to its owner. Ids are int64,

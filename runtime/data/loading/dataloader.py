@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,7 +60,7 @@ def get_train_dataloader(train_dataset: Any, sequence_length: int, parallel_cont
                          use_position_ids: bool = False, seed: int = 0, shuffle: bool = False,
                          prefetch: int = 0) -> Any:
     """The canonical loader: DP-sharded sampler, CLM collator, workers, pinned memory on CUDA;
-    with 0 workers and ``prefetch`` > 0, a thread keeps that many micro-batches ready (``runtime.data.loading.prefetch``).
+    with 0 workers and ``prefetch`` > 0, a thread keeps that many micro-batches ready (``loading.prefetch``).
 
     ``parallel_context`` needs ``dp_rank``, ``dp_size`` and ``pp_rank``. Pipeline ranks that own
     neither inputs nor labels get a ``TensorPointerLoader`` of the same length and read nothing.

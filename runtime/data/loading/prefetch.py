@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 _END = object()  # the wrapped iterator is exhausted
 

@@ -8,7 +8,7 @@ over all ranks) therefore continues exactly, with any number of ranks that divid
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -62,7 +62,7 @@ class DataParallelSampler(Sampler[int]):
 def get_sampler(train_dataset, dl_rank: int, dl_ranks_size: int, seed: int = 0, drop_last: bool = True,
                 shuffle: bool = False, micro_batch_size: int = 1, consumed_train_samples: int = 0,
                 loop: bool = False) -> DataParallelSampler:
-    """The seeds' sampler: this DP rank's share of ``train_dataset``, resumable from a sample count."""
+    """Nanotron's ``get_sampler``: this DP rank's share of ``train_dataset``, resumable from a sample count."""
     return DataParallelSampler(len(train_dataset), dl_rank, dl_ranks_size, micro_batch_size, seed=seed,
                                shuffle=shuffle, drop_last=drop_last, consumed_train_samples=consumed_train_samples,
                                loop=loop)

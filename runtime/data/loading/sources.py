@@ -20,7 +20,8 @@ consumed. The protocol, in order:
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from nanoset.errors import ConfigError
 from runtime.data.loading.dataloader import get_train_dataloader

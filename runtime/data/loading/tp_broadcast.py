@@ -1,5 +1,5 @@
 """Tensor-parallel ranks of a replica need identical batches: only tp rank 0 reads them from disk
-and broadcasts them over the tp group (the reference has every tp rank read the same data)."""
+and broadcasts them over the tp group (Nanotron has every tp rank read the same data)."""
 
 from __future__ import annotations
 

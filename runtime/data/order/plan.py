@@ -331,7 +331,8 @@ class DataPlan:
             top = w.reader.max_token_id
             if top >= vocab:
                 raise ConfigError(f"{w.folder}: holds token id {top}, ≥ model.vocab_size {vocab}; raise "
-                                  f"model.vocab_size to at least {top + 1}, or use data made with the model's tokenizer")
+                                  f"model.vocab_size to at least {top + 1}, or use data made with the model's "
+                                  f"tokenizer")
 
 
 def _draws_key(folder: str, dataset: TokenWindows | PackedDocuments) -> str:

@@ -1,0 +1,253 @@
+"""Cluster launches with real torchrun processes: two agents as two nodes on localhost, and
+preemption by a real signal (SIGTERM to torchrun, SIGUSR1 to a single worker)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import ROOT
+from tests.support.configs import small_config
+from tests.support.harness import free_port, metrics, torchrun, worker_stderr
+
+# the real runtime.train main, each step slowed down so that a signal reliably arrives mid-run
+SLOW_TRAIN = f'''
+import sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from runtime.engine import Engine
+step = Engine.train_step
+Engine.train_step = lambda self, *a, **k: time.sleep(0.4) or step(self, *a, **k)
+from runtime.train import main
+sys.exit(main())
+'''
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def reference(shards, tmp_path_factory):
+    """One agent, two processes (dp=2), two stages, 12 steps, checkpoints every 3."""
+    run = tmp_path_factory.mktemp("ref") / "run"
+    torchrun(small_config(run.parent, run), 2, cwd=shards)
+    return run, metrics(run)
+
+
+def losses(rows):
+    return [r["loss"] for r in rows]
+
+
+def test_two_nodes_train_like_one(reference, shards, tmp_path):
+    """Two torchrun agents on localhost, one process each, rendezvous over c10d: the same losses as one
+    agent with two processes, and the shared run folder written once (by global rank 0)."""
+    ref_run, ref_rows = reference
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run)
+    port = free_port()
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=1",
+         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-nodes",
+         str(ROOT / "runtime" / "train.py"), "--config", str(cfg)],
+        cwd=shards, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    outs = [a.communicate(timeout=600) for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], outs
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert losses(rows) == losses(ref_rows)
+    assert [r["data_hash"] for r in rows] == [r["data_hash"] for r in ref_rows]
+    assert sum("done: step 12/12" in out for out, _ in outs) == 1  # one report, from global rank 0
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == sorted(p.name for p in (ref_run / "checkpoints").iterdir())
+    assert sorted(p.name for p in (run / "checkpoints" / "step-000012").iterdir()) == sorted(
+        p.name for p in (ref_run / "checkpoints" / "step-000012").iterdir())
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl"]
+
+
+def start_slow(cfg: Path, tmp_path: Path, shards: Path, new_session: bool = False) -> subprocess.Popen:
+    script = tmp_path / "slow_train.py"
+    script.write_text(SLOW_TRAIN)
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(script), "--config", str(cfg)], cwd=shards, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=new_session)
+
+
+def wait_for_step(run: Path, step: int, proc: subprocess.Popen) -> None:
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if (run / "metrics.jsonl").is_file() and len((run / "metrics.jsonl").read_text().splitlines()) >= step:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the run never reached step {step}: {proc.communicate()}")
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return sorted(out)
+
+
+def stopped_at(stdout: str, signal_name: str) -> int:
+    (line,) = [line for line in stdout.splitlines() if line.startswith("stopped by ")]
+    step = int(line.split(" after step ")[1].split(":")[0])
+    assert line.startswith(f"stopped by {signal_name} after step {step}: checkpoint ") and line.endswith(
+        f"step-{step:06d}; rerun the same command to resume"), line
+    return step
+
+
+def test_sigterm_to_torchrun_saves_once_and_resumes_bit_identically(reference, shards, tmp_path):
+    _, ref_rows = reference
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run)
+    proc = start_slow(cfg, tmp_path, shards)
+    wait_for_step(run, 4, proc)
+    proc.send_signal(signal.SIGTERM)  # torchrun forwards it to both workers
+    out, err = proc.communicate(timeout=120)
+    step = stopped_at(out, "SIGTERM")
+    assert 4 <= step < 12, (out, err)
+    # torchrun itself re-raises the signal after its workers exit (its own traceback); none from the workers
+    assert "Traceback" not in worker_stderr(err) and "/runtime/" not in err
+    ckpts = run / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == f"step-{step:06d}"
+    assert [r["step"] for r in metrics(run)] == list(range(1, step + 1))
+    rerun = start_slow(cfg, tmp_path, shards)  # the same command
+    out, err = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, err
+    assert f"resumed from {ckpts / f'step-{step:06d}'} at step {step}" in out
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert losses(rows) == losses(ref_rows)  # bit-identical to the uninterrupted run
+
+
+def test_sigusr1_to_one_worker_stops_every_rank(shards, tmp_path):
+    """Only one rank gets the signal: the ranks agree (MAX of a flag each step), both stop after the
+    same step, save one checkpoint together and exit 0 (so torchrun exits 0)."""
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run)
+    proc = start_slow(cfg, tmp_path, shards)
+    wait_for_step(run, 2, proc)
+    workers = children(proc.pid)
+    assert len(workers) == 2
+    os.kill(workers[-1], signal.SIGUSR1)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    step = int(out.split("stopped by ")[1].split(" after step ")[1].split(":")[0])
+    assert 2 <= step < 12
+    saved = run / "checkpoints" / f"step-{step:06d}"
+    assert (run / "checkpoints" / "latest").read_text().strip() == saved.name
+    assert {"rng-rank0.pt", "rng-rank1.pt", "metadata.json"} <= {p.name for p in saved.iterdir()}
+    assert [r["step"] for r in metrics(run)] == list(range(1, step + 1))
+
+
+def hold_like_a_loader_worker(ready) -> None:
+    from runtime.preemption import ignore_in_loader_worker
+
+    ignore_in_loader_worker()
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_loader_worker_outlives_outside_signals_but_not_its_parents_terminate():
+    """SIGTERM/SIGUSR1 from elsewhere (Slurm) are ignored; SIGTERM from the parent (the DataLoader ending a
+    worker that would not stop: ``Process.terminate``) still ends it, so a stuck worker never hangs the exit."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    worker = ctx.Process(target=hold_like_a_loader_worker, args=(ready,), daemon=True)
+    worker.start()
+    assert ready.wait(30)
+    for sig in ("-TERM", "-USR1"):
+        subprocess.run(["kill", sig, str(worker.pid)], check=True)  # another process sends it
+    time.sleep(0.5)
+    assert worker.is_alive()
+    worker.terminate()
+    worker.join(10)
+    assert worker.exitcode == 128 + signal.SIGTERM
+
+
+def test_sigterm_to_every_process_of_the_job_step(shards, tmp_path):
+    """Slurm signals every process of the step: torchrun (which forwards it, so the ranks get it twice),
+    the ranks and their loader workers. The workers ignore it; the ranks stop after one step with one
+    checkpoint (was: "DataLoader worker (pid N) is killed by signal: Terminated" in the middle of the save)."""
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, single_stage=True)
+    config = yaml.safe_load(cfg.read_text())
+    config["data_stages"][0]["data"]["num_loading_workers"] = 1
+    cfg.write_text(yaml.safe_dump(config))
+    proc = start_slow(cfg, tmp_path, shards, new_session=True)
+    wait_for_step(run, 3, proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    step = stopped_at(out, "SIGTERM")
+    assert 3 <= step < 12 and "DataLoader worker" not in err and "Traceback" not in worker_stderr(err), err
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"step-{step:06d}"
+    assert [r["step"] for r in metrics(run)] == list(range(1, step + 1))
+
+
+SIGNAL_DURING_SAVE = f'''
+import os, signal, sys
+sys.path.insert(0, {str(ROOT)!r})
+import torch.distributed as dist
+from runtime.checkpoint.store import CheckpointManager
+save = CheckpointManager.save
+
+def save_and_get_a_signal(self, engine, step, metadata):
+    if step == 3 and dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGUSR1)  # arrives while the checkpoint of step 3 is written
+    return save(self, engine, step, metadata)
+
+CheckpointManager.save = save_and_get_a_signal
+from runtime.train import main
+sys.exit(main())
+'''
+
+
+def test_a_signal_during_a_checkpoint_save_stops_on_that_checkpoint(shards, tmp_path):
+    """The checkpoint being written when the signal comes is the one: no further step and no second save
+    (was: one more step and another checkpoint, both inside the scheduler's grace time)."""
+    script = tmp_path / "signal_in_save.py"
+    script.write_text(SIGNAL_DURING_SAVE)
+    run = tmp_path / "run"
+    out = torchrun(small_config(tmp_path, run, single_stage=True), 2, cwd=shards, script=script).stdout
+    assert stopped_at(out, "a signal to another rank") == 3
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000003"]
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3]
+
+
+def test_a_node_that_sees_other_data_is_refused(shards, tmp_path):
+    """Two nodes started in different directories: the relative folder shards/web is another dataset on
+    node 1. Each rank would read its rows of every batch from what it sees; instead both stop after
+    start-up with one error (from global rank 0) naming the folders each sees."""
+    import shutil
+
+    other = tmp_path / "node1"
+    shutil.copytree(shards / "shards" / "code", other / "shards" / "code")
+    shutil.copytree(shards / "shards" / "sft", other / "shards" / "web")  # the same name, other content
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, single_stage=True)
+    port = free_port()
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=1",
+         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-views",
+         str(ROOT / "runtime" / "train.py"), "--config", str(cfg)],
+        cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node, cwd in ((0, shards), (1, other))]
+    outs = [a.communicate(timeout=600) for a in agents]
+    assert all(a.returncode != 0 for a in agents)
+    errors = [line for _, err in outs for line in err.splitlines() if line.startswith("error:")]
+    mine = [str(shards / "shards" / name) for name in ("web", "code")]
+    theirs = [str(other / "shards" / name) for name in ("web", "code")]
+    assert errors == [f"error: rank 1 sees other data than rank 0 (datasets {theirs} against {mine}); every node must "
+                      f"see the same dataset folders: use absolute paths, or start every node in the same directory"]
+    assert not (run / "metrics.jsonl").exists() or metrics(run) == []

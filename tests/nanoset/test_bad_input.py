@@ -1,0 +1,125 @@
+"""Every bad input gets one clear error line (file, line or offset, what to do) and exit 1."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nanoset import open_dataset
+from tests.support import TOKENIZER, one_line_error, run_cli
+
+
+def tokenize(tmp_path: Path, *inputs, extra=(), out="out"):
+    return run_cli("tokenize", *inputs, "-o", tmp_path / out, "--tokenizer", TOKENIZER, "--quiet", *extra,
+                   check=False)
+
+
+def write_lines(path: Path, lines: list[bytes]) -> Path:
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def test_malformed_json_line_names_file_and_line(tmp_path):
+    f = write_lines(tmp_path / "a.jsonl",
+                    [b'{"text": "ok"}', b'{"text": "also ok"}', b'{"text": broken', b'{"text": "x"}'])
+    one_line_error(tokenize(tmp_path, f), f"{f}:3: malformed JSON", "--skip-bad-lines")
+
+
+def test_skip_bad_lines_skips_and_counts(tmp_path, tokenizer, eos_id):
+    f = write_lines(tmp_path / "a.jsonl", [b'{"text": "ok"}', b'{"text": broken', b'[1, 2]', b'{"text": null}',
+                                           b'{"text": "x \xff"}', b'{"text": "last"}'])
+    proc = tokenize(tmp_path, f, extra=["--skip-bad-lines"])
+    assert proc.returncode == 0 and "skipped 4 bad lines" in proc.stdout
+    ds = open_dataset(tmp_path / "out")
+    assert [ds.document(i).tolist() for i in range(ds.num_documents)] == [
+        tokenizer.encode("ok").ids + [eos_id], tokenizer.encode("last").ids + [eos_id]]
+    assert ds.manifest.skipped_lines == 4
+
+
+def test_missing_text_column_lists_columns(tmp_path):
+    f = write_lines(tmp_path / "a.jsonl", [json.dumps({"content": "x", "id": 1}).encode()])
+    one_line_error(tokenize(tmp_path, f), f"{f}:1: no column 'text'", "content, id", "--text-column")
+
+
+def test_missing_column_in_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["a", "b"]}), tmp_path / "a.parquet")
+    one_line_error(tokenize(tmp_path, tmp_path / "a.parquet"), "no column 'text'", "body")
+
+
+def test_non_utf8_names_file_and_offset(tmp_path):
+    f = write_lines(tmp_path / "a.jsonl", [b'{"text": "fine"}', b'{"text": "caf\xe9"}'])
+    one_line_error(tokenize(tmp_path, f), f"{f}: invalid UTF-8 at byte offset 30 (line 2)")
+    t = tmp_path / "doc.txt"
+    t.write_bytes(b"hello \xc3\x28 world")
+    one_line_error(tokenize(tmp_path, t, out="o2"), f"{t}: invalid UTF-8 at byte offset 6")
+
+
+def test_empty_inputs(tmp_path):
+    (tmp_path / "empty").mkdir()
+    one_line_error(tokenize(tmp_path, tmp_path / "empty"), "holds no input files")
+    one_line_error(tokenize(tmp_path, tmp_path / "nope*.jsonl"), "no such file or folder")
+    f = tmp_path / "blank.jsonl"
+    f.write_text("\n\n")
+    one_line_error(tokenize(tmp_path, f), "no documents found")
+    bad = tmp_path / "notes.csv"
+    bad.write_text("a,b")
+    one_line_error(tokenize(tmp_path, bad, out="o3"), "unsupported input type")
+
+
+def test_output_holding_another_dataset_needs_overwrite(tmp_path):
+    a = write_lines(tmp_path / "a.jsonl", [b'{"text": "one"}'])
+    b = write_lines(tmp_path / "b.jsonl", [b'{"text": "two"}'])
+    assert tokenize(tmp_path, a).returncode == 0
+    one_line_error(tokenize(tmp_path, b), "holds a different dataset", "--overwrite")
+    assert tokenize(tmp_path, b, extra=["--overwrite"]).returncode == 0
+    assert open_dataset(tmp_path / "out").manifest.build["inputs"][0]["path"] == str(b)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.md").write_text("mine")
+    one_line_error(tokenize(tmp_path, a, out="other"), "holds other files")
+
+
+def test_tokenizer_errors(tmp_path):
+    f = write_lines(tmp_path / "a.jsonl", [b'{"text": "one"}'])
+    proc = run_cli("tokenize", f, "-o", tmp_path / "o", "--tokenizer", "some-org/not-cached", check=False)
+    one_line_error(proc, "not in the local Hugging Face cache", "nothing is downloaded")
+    # a tokenizer without a declared EOS: copy the JSON alone, without tokenizer_config.json, and drop specials
+    spec = json.loads((TOKENIZER / "tokenizer.json").read_text())
+    spec["added_tokens"] = []
+    (tmp_path / "tok.json").write_text(json.dumps(spec))
+    proc = run_cli("tokenize", f, "-o", tmp_path / "o", "--tokenizer", tmp_path / "tok.json", check=False)
+    one_line_error(proc, "declares no EOS token; pass --eos-token")
+    proc = run_cli("tokenize", f, "-o", tmp_path / "o", "--tokenizer", TOKENIZER, "--eos-token", "<nope>", check=False)
+    one_line_error(proc, "--eos-token '<nope>' is not in tokenizer")
+
+
+def test_bad_option_values(tmp_path):
+    f = write_lines(tmp_path / "a.jsonl", [b'{"text": "one"}'])
+    one_line_error(tokenize(tmp_path, f, extra=["--workers", "0"]), "--workers must be ≥ 1")
+    one_line_error(tokenize(tmp_path, f, extra=["--num-tasks", "2", "--task-index", "2"]),
+                   "--task-index must be in [0, 2)")
+
+
+@pytest.mark.parametrize("config, error", [
+    ("{bad", "tokenizer_config.json: not valid JSON (Expecting property name"),
+    ('["x"]', "tokenizer_config.json: a JSON list, not an object; fix or remove it"),
+    ('{"eos_token": "<nope>"}', "tokenizer_config.json: eos_token '<nope>' is not in the tokenizer"),
+])
+def test_broken_tokenizer_config_is_an_error_not_another_eos(tmp_path, config, error):
+    """A tokenizer_config.json that could not be read (or named an EOS the tokenizer lacks) was ignored: the
+    EOS was then guessed from the special tokens, possibly another one than the model was trained with."""
+    from nanoset.errors import NanosetError
+    from nanoset.tokenize.tokenizer import resolve_tokenizer
+
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "tokenizer.json").write_text((TOKENIZER / "tokenizer.json").read_text())
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(config)
+    with pytest.raises(NanosetError, match=f"^{tmp_path / 'tok'}/" + error.replace("(", "\\(").replace("[", "\\[")):
+        resolve_tokenizer(str(tmp_path / "tok"))
+    (tmp_path / "tok" / "tokenizer_config.json").write_text('{"eos_token": {"content": "<|endoftext|>"}}')
+    assert resolve_tokenizer(str(tmp_path / "tok")).info.eos_token == "<|endoftext|>"

@@ -1,0 +1,119 @@
+"""Custom loaders on resume are advanced or refused, never replayed from sample 0."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.config import ConfigError
+from runtime.data.loading.sources import loader_from_source
+from tests.support import ROOT
+from tests.support.configs import small_config
+from tests.support.harness import metrics, torchrun
+
+
+class Countdown:
+    """A loader object that starts at ``consumed_train_samples`` (the protocol's attribute)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.consumed_train_samples = 0
+
+    def __iter__(self):
+        return iter(range(self.consumed_train_samples, self.n))
+
+
+def test_loader_objects_and_factories_start_where_the_run_is():
+    assert list(loader_from_source(Countdown(6), 4, "stage 's'", 3)) == [4, 5]  # advanced through the attribute
+    assert list(loader_from_source(lambda consumed_train_samples: range(consumed_train_samples, 6), 2, "x", 2)) == [
+        2, 3, 4, 5]
+    assert list(loader_from_source(lambda: Countdown(3), 1, "x", 2)) == [1, 2]
+    assert loader_from_source([7, 8], 0, "x", 1) == [7, 8]  # nothing consumed: any object, as is
+    assert list(loader_from_source(lambda: [7, 8], 0, "x", 1)) == [7, 8]
+    for source in ([7, 8], lambda: [7, 8]):
+        with pytest.raises(ConfigError) as e:
+            loader_from_source(source, 8, "stage 'pretrain'", 5)
+        assert str(e.value) == (
+            "stage 'pretrain': resuming at step 5 with 8 of its samples already consumed, but its loader (list) cannot "
+            "be advanced and would replay them from sample 0; pass a callable taking consumed_train_samples that "
+            "builds the loader from there, or give the loader a consumed_train_samples attribute")
+
+
+SCRIPT = '''
+import sys
+sys.path.insert(0, {root!r})
+from torch.utils.data import DataLoader
+from runtime.data import StageDataset, get_sampler
+from runtime.data.loading.collator import DataCollatorForCLM
+from runtime.trainer import Trainer
+
+trainer = Trainer(sys.argv[sys.argv.index("--config") + 1])
+ctx, cfg = trainer.parallel_context, trainer.config
+stage = trainer.plan.stages[0]
+ds = StageDataset(trainer.plan, stage)
+sampler = get_sampler(ds, dl_rank=0, dl_ranks_size=1, micro_batch_size=cfg.tokens.micro_batch_size)
+collator = DataCollatorForCLM(stage.sequence_length, 0, 0, ctx)
+trainer.train_dataloader = DataLoader(ds, batch_size=cfg.tokens.micro_batch_size, sampler=sampler,
+                                      collate_fn=collator)
+try:
+    trainer.fit()
+except Exception as e:
+    print(f"error: {{e}}", file=sys.stderr)
+    sys.exit(1)
+finally:
+    trainer.close()
+'''
+
+
+def test_a_loader_object_is_refused_on_resume(shards, tmp_path):
+    """Nanotron's `trainer.train_dataloader = loader` style, resumed after a kill: one clear error, no replay."""
+    script = tmp_path / "custom.py"
+    script.write_text(SCRIPT.format(root=str(ROOT)))
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, dp=1, steps=6, interval=2, single_stage=True, positions=False)
+    killed = torchrun(cfg, 1, cwd=shards, script=script, env={"NANOSET_FAULT_KILL_AT_STEP": "3"}, check=False)
+    assert killed.returncode != 0 and [r["step"] for r in metrics(run)] == [1, 2, 3]
+    again = torchrun(cfg, 1, cwd=shards, script=script, check=False)
+    assert again.returncode != 0
+    assert ("error: the run's data loader: resuming at step 3 with 4 of its samples already consumed, but its loader "
+            "(DataLoader) cannot be advanced") in again.stderr
+    assert [r["step"] for r in metrics(run)] == [1, 2]  # nothing trained on replayed samples
+
+
+FACTORIES = '''
+import sys
+sys.path.insert(0, {root!r})
+from runtime.data import StageDataset, get_train_dataloader
+from runtime.trainer import Trainer
+
+trainer = Trainer(sys.argv[sys.argv.index("--config") + 1])
+ctx, cfg = trainer.parallel_context, trainer.config
+
+def factory(consumed_train_samples):
+    print(f"factory called with {{consumed_train_samples}}", flush=True)
+    stage = trainer.plan.stages[-1]
+    return get_train_dataloader(StageDataset(trainer.plan, stage), stage.sequence_length, ctx, 0, 0,
+                                cfg.tokens.micro_batch_size, consumed_train_samples=0)
+
+try:
+    trainer.train(dataloader_or_dls={{"pretrain": factory}})
+finally:
+    trainer.close()
+'''
+
+
+def test_a_stage_split_by_a_new_batch_size_tells_its_factory_every_sample_consumed(shards, tmp_path):
+    """A resume with another global batch size mid-stage (allow_data_change) splits the stage in two parts;
+    the stage's factory is told the samples of both (4 at G=2, then 2 steps at G=4), not the new part's 0."""
+    script = tmp_path / "factories.py"
+    script.write_text(FACTORIES.format(root=str(ROOT)))
+    run = tmp_path / "run"
+    first = small_config(tmp_path, run, dp=1, steps=2, interval=2, single_stage=True, positions=False)
+    assert "factory called with 0" in torchrun(first, 1, cwd=shards, script=script).stdout
+    bigger = dict(checkpoints={"allow_data_change": True})
+    second = small_config(tmp_path, run, dp=1, accum=2, steps=4, interval=2, single_stage=True, positions=False,
+                          **bigger)
+    assert "factory called with 4\n" in torchrun(second, 1, cwd=shards, script=script).stdout
+    third = small_config(tmp_path, run, dp=1, accum=2, steps=6, interval=2, single_stage=True, positions=False,
+                         **bigger)
+    assert "factory called with 12\n" in torchrun(third, 1, cwd=shards, script=script).stdout
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]

@@ -1,0 +1,241 @@
+"""Resuming with another config: the past comes from the checkpoint's record, never recomputed.
+
+Plan-level tests with exact window identities; the end-to-end test runs the trainer twice (one process
+each) and matches its metrics' data_hash with ``runtime.explain --checkpoint``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from runtime.config import ConfigError
+from runtime.config.load import load_config
+from runtime.data import DataPlan, training_metadata
+from tests.support.configs import make_config, small_config
+from tests.support.harness import metrics, torchrun
+
+
+@pytest.fixture(autouse=True)
+def in_shards(shards, monkeypatch):
+    monkeypatch.chdir(shards)
+
+
+def stages(first_weights=(0.7, 0.3), seed=None, second="shards/web"):
+    """pretrain (web+code, steps 1-10), then web alone (steps 11-20): web's draws must continue."""
+    data = {"dataset": {"dataset_folder": ["shards/web", "shards/code"], "dataset_weights": list(first_weights)}}
+    if seed is not None:
+        data["seed"] = seed
+    return [{"name": "pretrain", "start_training_step": 1, "data": data},
+            {"name": "more", "start_training_step": 11, "data": {"dataset": {"dataset_folder": second}}}]
+
+
+def config(g, allow=False, **kw):
+    c = make_config(dp=1, accum=1, mbs=g, train_steps=20, seq=128, stages=kw.pop("stages", stages()), **kw)
+    c.checkpoints.allow_data_change = allow
+    return c
+
+
+def record(plan, step):
+    """What a checkpoint after ``step`` holds, through JSON as on disk."""
+    return {"training": json.loads(json.dumps(training_metadata(plan, step).to_json()))}
+
+
+def windows(plan, steps):
+    """(dataset folder, window) of every sample of ``steps``, in order."""
+    out = []
+    for t in steps:
+        _, loc = plan.global_batch(t)
+        out += [(plan.folders[d], s) for d, s in zip(loc.dataset.tolist(), loc.sample.tolist())]
+    return out
+
+
+def test_new_batch_size_at_a_stage_boundary_continues_every_dataset(tmp_path):
+    before = DataPlan(config(8))
+    ckpt = record(before, 10)
+    seen = windows(before, range(1, 11))
+    web = before.permutation(before.stages[1].dataset_ids[0], 0)
+    assert sum(f.endswith("web") for f, _ in seen) == 56  # 80 samples at 0.7
+    naive = DataPlan(config(4))  # recomputing stage 1 with the new G: web's draws restart at 28
+    assert len(set(windows(naive, range(11, 21))) & set(seen)) == 28
+    resumed = naive.resumed_from(tmp_path / "step-10", ckpt)
+    after = windows(resumed, range(11, 21))
+    assert not set(after) & set(seen) and len(set(after)) == 40
+    assert [s for _, s in after] == web(np.arange(56, 96)).tolist()  # draws 56.. of web's epoch-0 order
+    assert windows(resumed, range(1, 11)) == seen  # the past as trained (G = 8)
+    assert resumed.stages[0].global_batch_size == 8 and resumed.stages[1].global_batch_size == 4
+    again = record(resumed, 14)["training"]  # the next checkpoint keeps the record of the past
+    assert [p["global_batch_size"] for s in again["data_stages"] for p in s["parts"]] == [8, 4]
+    assert again["consumed_train_samples"] == 80 + 16
+
+
+def test_explain_with_checkpoint_shows_the_resumed_data(tmp_path):
+    before = DataPlan(config(8))
+    ckpt = tmp_path / "step-000010"
+    ckpt.mkdir()
+    (ckpt / "metadata.json").write_text(json.dumps(record(before, 10)))
+    new = tmp_path / "new.yaml"
+    import yaml
+    new.write_text(yaml.safe_dump(config(4).to_dict()))
+    resumed = DataPlan(config(4)).resumed_from(ckpt, record(before, 10))
+    out = subprocess.run([sys.executable, "-m", "runtime.explain", "--config", str(new), "--checkpoint", str(ckpt),
+                          "--step", "12", "--json"], capture_output=True, text=True, check=True)
+    rows = json.loads(out.stdout)
+    _, loc = resumed.global_batch(12)
+    assert [r["sample"] for r in rows] == loc.sample.tolist() and {r["data_hash"] for r in rows} == {
+        resumed.data_hash(12)}
+    plain = json.loads(subprocess.run([sys.executable, "-m", "runtime.explain", "--config", str(new), "--step", "12",
+                                       "--json"], capture_output=True, text=True, check=True).stdout)
+    assert plain[0]["data_hash"] == DataPlan(config(4)).data_hash(12) != rows[0]["data_hash"]
+    bad = subprocess.run([sys.executable, "-m", "runtime.explain", "--config", str(new), "--checkpoint",
+                          str(tmp_path), "--step", "12"], capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.strip() == (
+        f"error: checkpoint {tmp_path}: no metadata.json; it is not a complete checkpoint (give a step-N folder)")
+
+
+def test_changed_weights_of_a_finished_stage_are_refused_or_follow_the_record(tmp_path):
+    ckpt = record(DataPlan(config(8)), 10)
+    with pytest.raises(ConfigError) as e:
+        DataPlan(config(8, stages=stages((0.5, 0.5)))).resumed_from("ckpt", ckpt)
+    assert str(e.value) == (
+        "ckpt: the data changed since this checkpoint: data_stages[0] (pretrain).data.dataset.dataset_weights is "
+        "[0.5, 0.5], the checkpoint's [0.7, 0.3] (it trained steps 1-10); restore it, or set "
+        "checkpoints.allow_data_change: true to keep the checkpoint's record for this finished stage")
+    with pytest.raises(ConfigError, match=r"data_stages\[0\] \(pretrain\).data.seed is 7, the checkpoint's 42"):
+        DataPlan(config(8, stages=stages(seed=7))).resumed_from("ckpt", ckpt)
+    other_seed = config(8)
+    other_seed.general.seed = 7  # the stage has no data.seed: the key the user changed is general.seed
+    with pytest.raises(ConfigError, match=r"ckpt: the data changed since this checkpoint: general.seed \(the seed "
+                                          r"of data_stages\[0\] \(pretrain\)\) is 7, the checkpoint's 42"):
+        DataPlan(other_seed).resumed_from("ckpt", ckpt)
+    followed = DataPlan(config(8, allow=True, stages=stages((0.5, 0.5)))).resumed_from("ckpt", ckpt)
+    unchanged = DataPlan(config(8))
+    assert followed.stages[0].weights == [0.7, 0.3]
+    assert windows(followed, range(1, 21)) == windows(unchanged, range(1, 21))
+
+
+def test_a_stage_that_has_begun_cannot_move_or_vanish():
+    ckpt = record(DataPlan(config(8)), 12)
+    moved = stages()
+    moved[1]["start_training_step"] = 13
+    with pytest.raises(ConfigError) as e:
+        DataPlan(config(8, stages=moved)).resumed_from("ckpt", ckpt)
+    assert str(e.value) == ("ckpt: data_stages[1] (more).start_training_step: 13 differs from step 11 where the "
+                            "checkpoint began this stage; a stage that has begun cannot move")
+    early = stages()
+    early[1]["start_training_step"] = 6
+    with pytest.raises(ConfigError, match=r"data_stages\[1\] \(more\).start_training_step: 6 differs from step 11"):
+        DataPlan(config(8, stages=early)).resumed_from("ckpt", ckpt)
+    renamed = stages()
+    renamed[1]["name"] = "other"
+    with pytest.raises(ConfigError, match="it trained stage 'more' from step 11, but data_stages has no stage of"):
+        DataPlan(config(8, stages=renamed)).resumed_from("ckpt", ckpt)
+    inserted = stages() + [{"name": "late", "start_training_step": 15,
+                            "data": {"dataset": {"dataset_folder": "shards/sft"}}}]
+    inserted[2]["start_training_step"] = 12
+    with pytest.raises(ConfigError, match=r"data_stages\[2\] \(late\).start_training_step: 12 is not after the "
+                                          r"checkpoint's step 12.*start it at step 13 or later"):
+        DataPlan(config(8, stages=inserted)).resumed_from("ckpt", ckpt)
+    later = stages() + [{"name": "late", "start_training_step": 15,
+                         "data": {"dataset": {"dataset_folder": "shards/sft"}}}]
+    assert [s.name for s in DataPlan(config(8, stages=later)).resumed_from("ckpt", ckpt).stages] == [
+        "pretrain", "more", "late"]  # a stage that has not begun may be added
+
+
+def test_batch_size_changed_mid_stage_is_refused_or_continues_without_repeats():
+    before = DataPlan(config(8))
+    ckpt = record(before, 5)
+    with pytest.raises(ConfigError) as e:
+        DataPlan(config(4)).resumed_from("ckpt", ckpt)
+    assert str(e.value) == (
+        "ckpt: global batch size changed mid-stage (8 → 4) in stage 'pretrain'; keep dp · micro_batch_size · "
+        "batch_accumulation_per_replica = 8; restore it, or set checkpoints.allow_data_change: true to continue "
+        "the stage from step 6 with the new values")
+    resumed = DataPlan(config(4, allow=True)).resumed_from("ckpt", ckpt)
+    assert [(p.name, p.start_step, p.end_step, p.global_batch_size) for p in resumed.stages] == [
+        ("pretrain", 1, 6, 8), ("pretrain", 6, 11, 4), ("more", 11, 21, 4)]
+    seen = windows(before, range(1, 6))
+    rest = windows(resumed, range(6, 21))
+    assert len(set(seen + rest)) == len(seen + rest) == 40 + 20 + 40  # nothing repeats
+    web = before.stages[0].dataset_ids[0]
+    assert resumed.stages[1].draw_offsets.tolist() == [28, 12]  # what steps 1-5 drew (40 samples at 0.7/0.3)
+    assert resumed.stages[2].draw_offsets.tolist() == [28 + 14]  # then 20 samples: 14 of web
+    assert resumed.stages[2].dataset_ids == [web]
+    naive = DataPlan(config(4, allow=True))  # recounting 5 steps × the new G would repeat 14 web and 6 code windows
+    assert len(set(windows(naive, range(6, 11))) & set(seen)) == 20
+
+
+def test_changed_dataset_content_of_a_stage_that_has_begun(tmp_path, shards):
+    import shutil
+    copy = tmp_path / "web"
+    shutil.copytree(shards / "shards" / "web", copy)
+    c = config(8, stages=stages(second=str(copy)))
+    ckpt = record(DataPlan(c), 12)
+    manifest = json.loads((copy / "nanoset.json").read_text())
+    manifest["shards"][0]["sha256"]["ds"] = "0" * 64
+    (copy / "nanoset.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match=f"ckpt: the data changed since this checkpoint: {copy} has other content "
+                                          r"\(fingerprint \w+ → \w+\) \(it trained steps 11-12\)"):
+        DataPlan(c).resumed_from("ckpt", ckpt)
+    c.checkpoints.allow_data_change = True
+    assert DataPlan(c).resumed_from("ckpt", ckpt).stages[1].draw_offsets.tolist() == [0]
+
+
+def test_trainer_resumed_with_a_new_batch_size_matches_explain(shards, tmp_path):
+    """Run G=4 to the end of stage 1 (checkpoint at step 4), resume with G=2: metrics' data_hash of the
+    resumed steps equals `explain --checkpoint`, and stage 2 never repeats a stage-1 window."""
+    import yaml
+
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, dp=1, accum=2, steps=8, boundary=5, interval=4)
+    d = yaml.safe_load(cfg.read_text())
+    d["data_stages"][1]["data"]["dataset"] = {"dataset_folder": "./shards/web"}  # the same folder, spelled otherwise
+    d["data_stages"][1]["sequence_length"] = 32
+    cfg.write_text(yaml.safe_dump(d))
+    killed = torchrun(cfg, 1, cwd=shards, env={"NANOSET_FAULT_KILL_AT_STEP": "5"}, check=False)
+    assert killed.returncode != 0
+    d["tokens"]["batch_accumulation_per_replica"] = 1
+    new = tmp_path / "new.yaml"
+    new.write_text(yaml.safe_dump(d))
+    torchrun(new, 1, cwd=shards)
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    ckpt = run / "checkpoints" / "step-000004"
+    for step in range(5, 9):
+        out = subprocess.run([sys.executable, "-m", "runtime.explain", "--config", str(new), "--checkpoint",
+                              str(ckpt), "--step", str(step), "--json"], capture_output=True, text=True, cwd=shards,
+                             check=True)
+        assert {r["data_hash"] for r in json.loads(out.stdout)} == {rows[step - 1]["data_hash"]}
+    first = DataPlan(load_config(cfg))
+    resumed = DataPlan(load_config(new)).resumed_from(ckpt, json.loads((ckpt / "metadata.json").read_text()))
+    stage1, stage2 = windows(first, range(1, 5)), windows(resumed, range(5, 9))
+    web = str(shards / "shards" / "web")
+    assert len(stage2) == 8 and {f for f, _ in stage2} == {web} and not set(stage1) & set(stage2)
+    web_drawn = sum(f == web for f, _ in stage1)
+    assert resumed.stages[1].draw_offsets.tolist() == [web_drawn]
+    assert [r["data_hash"] for r in rows[:4]] == [first.data_hash(t) for t in range(1, 5)]
+
+
+def test_a_dataset_moved_elsewhere_resumes_where_its_content_is(shards, tmp_path, monkeypatch):
+    """The same relative paths from another cwd, over a copy of the data (a node-local disk, another
+    mount): the record's folders are matched by content fingerprint, the order is unchanged, and the old
+    location is not needed (was: refused as changed data; with allow_data_change, the old folder reopened)."""
+    import shutil
+
+    first, second = tmp_path / "job1", tmp_path / "job2"
+    shutil.copytree(shards / "shards", first / "shards")
+    monkeypatch.chdir(first)
+    before = DataPlan(config(8))
+    ckpt = record(before, 14)
+    shutil.move(first, second)
+    monkeypatch.chdir(second)
+    resumed = DataPlan(config(8)).resumed_from(tmp_path / "step-14", ckpt)
+    assert [resumed.data_hash(t) for t in range(1, 21)] == [before.data_hash(t) for t in range(1, 21)]
+    web, code = str(second / "shards" / "web"), str(second / "shards" / "code")
+    assert sorted(resumed.folders) == [code, web]
+    again = record(resumed, 16)["training"]["data_stages"]
+    assert [p["datasets"] for s in again for p in s["parts"]] == [[web, code], [web]]

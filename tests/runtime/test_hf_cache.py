@@ -1,0 +1,173 @@
+"""The Hugging Face stage cache: prepared once per cache however many processes ask, keyed by what the
+inputs are (not only their size), and errors that name the config keys."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nanoset import open_dataset
+from runtime.config import ConfigError
+from runtime.data.hf_cache import resolve_stage_folders
+from tests.support import ROOT, TOKENIZER
+from tests.support.configs import make_config
+
+TEXTS = [f"document number {i}: the quick brown fox jumps over {i} lazy dogs." for i in range(200)]
+
+
+def hf_config(tmp_path, source, column="text", splits=None):
+    ds = {"hf_dataset_or_datasets": str(source), "text_column_name": column}
+    if splits is not None:
+        ds["hf_dataset_splits"] = splits
+    c = make_config(train_steps=4, seq=32, tokenizer={"tokenizer_name_or_path": str(TOKENIZER)},
+                    stages=[{"name": "sft", "start_training_step": 1, "data": {"dataset": ds}}])
+    c.general.cache_dir = str(tmp_path / "cache")
+    return c
+
+
+def write_jsonl(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+PREPARE = '''
+import sys, time
+sys.path.insert(0, {root!r})
+import nanoset.tokenize.job
+real = nanoset.tokenize.job.tokenize
+def slow(opts):
+    print("tokenizing", flush=True)
+    time.sleep(2)  # both processes are surely inside prepare at once
+    return real(opts)
+nanoset.tokenize.job.tokenize = slow
+from runtime.config.load import load_config
+from runtime.data.hf_cache import resolve_stage_folders
+print(resolve_stage_folders(load_config(sys.argv[1]))[0][0], flush=True)
+'''
+
+
+def test_two_processes_prepare_one_cache_once(tmp_path, tokenizer, eos_id):
+    source = write_jsonl(tmp_path / "docs.jsonl", TEXTS)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(hf_config(tmp_path, source).to_dict()))
+    script = tmp_path / "prepare.py"
+    script.write_text(PREPARE.format(root=str(ROOT)))
+    env = {**os.environ, "LOCAL_RANK": "0"}  # as on two nodes: each is its node's first rank
+    procs = [subprocess.Popen([sys.executable, str(script), str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    lines = [o.split() for o, _ in outs]
+    assert sum(line.count("tokenizing") for line in lines) == 1  # one prepares, the other waits and reuses
+    folders = {line[-1] for line in lines}
+    assert len(folders) == 1
+    reader = open_dataset(folders.pop())
+    assert reader.num_documents == 200
+    assert [reader.document(i).tolist() for i in (0, 199)] == [tokenizer.encode(TEXTS[i]).ids + [eos_id]
+                                                                for i in (0, 199)]
+
+
+def test_an_input_rewritten_in_place_is_tokenized_again(tmp_path, tokenizer, eos_id):
+    source = write_jsonl(tmp_path / "docs.jsonl", TEXTS)
+    c = hf_config(tmp_path, source)
+    first = resolve_stage_folders(c)[0][0]
+    st = source.stat()
+    edited = ["DOCUMENT" + TEXTS[0][8:]] + TEXTS[1:]  # same size
+    write_jsonl(source, edited)
+    os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the same mtime, as `cp -p`/`rsync -t` leave it
+    assert source.stat().st_size == st.st_size and source.stat().st_mtime_ns == st.st_mtime_ns
+    second = resolve_stage_folders(c)[0][0]
+    assert second != first
+    assert open_dataset(second).document(0).tolist() == tokenizer.encode(edited[0]).ids + [eos_id]
+    assert resolve_stage_folders(c)[0][0] == second  # and reused while the input stays as it is
+
+
+def test_hf_stage_errors_name_the_config_keys(tmp_path):
+    source = write_jsonl(tmp_path / "docs.jsonl", TEXTS)
+    with pytest.raises(ConfigError) as e:
+        resolve_stage_folders(hf_config(tmp_path, source, column="body"))
+    assert str(e.value) == (f"data_stages[0] (sft).data.dataset.text_column_name: 'body' is not a column of "
+                            f"{source}:1; the columns there are: text")
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "validation"]}))
+    with pytest.raises(ConfigError) as e:
+        resolve_stage_folders(hf_config(tmp_path, saved, splits=["train", "test"]))
+    assert str(e.value) == (f"data_stages[0] (sft).data.dataset.hf_dataset_splits: no split 'test' in {saved}; the "
+                            f"splits there are: train, validation")
+    with pytest.raises(ConfigError, match=r"hf_dataset_splits: .*docs.jsonl has no splits"):
+        resolve_stage_folders(hf_config(tmp_path, source, splits="train"))
+    with pytest.raises(ConfigError, match=r"^data_stages\[0\] \(sft\).data.dataset.hf_dataset_or_datasets: "):
+        resolve_stage_folders(hf_config(tmp_path, tmp_path / "nope"))
+
+
+HOLD = '''
+import sys, time
+sys.path.insert(0, {root!r})
+from pathlib import Path
+import runtime.data.hf_cache as hf_cache
+hf_cache.HEARTBEAT_SECONDS = 0.2
+with hf_cache._exclusive(Path(sys.argv[1]), Path("out")):
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[2]))
+'''
+
+
+def test_the_cache_lock_waits_for_a_live_holder_however_long(tmp_path, monkeypatch):
+    """Waiting for the rank that tokenizes is bounded by its silence, not by its time: a holder that
+    beats its heart is waited for past the limit (a fixed hour failed the other ranks of a run whose
+    dataset takes longer to tokenize); one that stopped (here: SIGSTOP) is given up on."""
+    import signal
+    import time
+
+    import runtime.data.hf_cache as hf_cache
+
+    monkeypatch.setattr(hf_cache, "STALE_SECONDS", 1.0)
+    script, lock = tmp_path / "hold.py", tmp_path / ".cache.lock"
+    script.write_text(HOLD.format(root=str(ROOT)))
+
+    def holder(seconds):
+        proc = subprocess.Popen([sys.executable, str(script), str(lock), str(seconds)], stdout=subprocess.PIPE,
+                                text=True)
+        assert proc.stdout.readline() == "locked\n"
+        return proc
+
+    proc = holder(3)
+    start = time.monotonic()
+    with hf_cache._exclusive(lock, tmp_path / "out"):
+        assert time.monotonic() - start > 2  # waited three times the limit, then got the lock
+    proc.wait(timeout=30)
+    proc = holder(60)
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(TimeoutError) as e, hf_cache._exclusive(lock, tmp_path / "out"):
+            pass
+        assert str(e.value).startswith(f"{tmp_path / 'out'}: {os.uname().nodename} pid {proc.pid} holds {lock} but "
+                                       f"has shown no sign of life for ")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_cache_dir_without_file_locks_is_one_clear_error(tmp_path, monkeypatch):
+    """ENOSYS (e.g. Lustre mounted without flock) is not "held by another process": no 15-minute wait."""
+    import errno
+    import fcntl
+
+    import runtime.data.hf_cache as hf_cache
+
+    def no_locks(*args):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "lockf", no_locks)
+    with pytest.raises(ConfigError) as e, hf_cache._exclusive(tmp_path / ".x.lock", tmp_path / "x"):
+        pass
+    assert str(e.value) == (f"general.cache_dir: {tmp_path} does not support file locks (Function not implemented), "
+                            f"which keep two processes from tokenizing into one cache; set cache_dir on a filesystem "
+                            f"that does (a node-local disk: each node then prepares its own copy)")
