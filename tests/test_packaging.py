@@ -19,6 +19,20 @@ def test_nanoset_never_imports_torch():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_the_data_order_imports_without_torch():
+    """The data order is numpy alone: the plan of a config (and explain's answers) need no torch; the batch
+    contract's names are still importable from runtime.data, where they load torch on first use."""
+    order = tuple(f"runtime.data.order.{m}" for m in ("permutation", "blend", "windows", "packing", "plan", "record"))
+    proc = imports_without(("torch",), order + ("runtime.config.load", "runtime.checkpoint.layout", "runtime.compat"))
+    assert proc.returncode == 0, proc.stderr
+    code = ("import sys\nsys.modules['torch'] = None\nfrom runtime.data import DataPlan, get_stage_for_step\n"
+            "assert 'torch' not in {m.split('.')[0] for m in sys.modules if sys.modules[m] is not None}\n"
+            "from runtime.data import get_sampler\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith("ModuleNotFoundError: No module named 'torch.utils'"), last
+
+
 def test_runtime_needs_neither_datasets_nor_zstandard():
     proc = imports_without(("datasets", "zstandard"), ("runtime.train", "runtime.trainer", "runtime.explain"))
     assert proc.returncode == 0, proc.stderr

@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from runtime.config import ParallelismArgs
+
 
 def default_device() -> torch.device:
     if torch.cuda.is_available():
@@ -33,11 +35,7 @@ class ParallelContext:
                 os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
                 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
             dist.init_process_group(backend or ("nccl" if self.device.type == "cuda" else "gloo"))
-        world = dist.get_world_size()
-        if tp * pp * dp != world:
-            raise ValueError(f"parallelism tp {tp} × pp {pp} × dp {dp} = {tp * pp * dp} processes, but WORLD_SIZE is "
-                             f"{world}; launch with torchrun --nproc_per_node={tp * pp * dp} (× nodes) or change "
-                             f"parallelism")
+        ParallelismArgs(dp=dp, tp=tp, pp=pp).check_world(dist.get_world_size(), launched=False)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.tp_size, self.pp_size, self.dp_size = tp, pp, dp
