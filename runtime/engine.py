@@ -10,6 +10,7 @@ ranks, so the value (and the gradient) is the same whatever the layout.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ class StepResult:
     loss: float  # global mean over unmasked label tokens, identical on every rank
     grad_norm: float  # before clipping
     num_label_tokens: int  # unmasked labels of the global batch, identical on every rank
+    skipped: bool = False  # the loss or gradient norm was not finite: no update (every rank decides the same)
 
 
 def compute_dtype(config: Config, device: torch.device) -> torch.dtype:
@@ -150,6 +152,10 @@ class Engine:
     def train_step(self, batches: list[dict], sequence_length: int | None = None) -> StepResult:
         """Forward, backward, clip and update on one global step's micro-batches (this rank's rows).
 
+        A step whose loss or gradient norm is not finite updates nothing (its gradients are dropped): NaN
+        would otherwise reach every weight. Both values are global (the same on every rank, with pp too:
+        the last stage's loss is sent to all), so every rank skips the same steps.
+
         ``sequence_length`` tells middle pipeline ranks (whose batches hold only TensorPointers) the
         shape of this step, so that a stage with another sequence length gets its own schedule."""
         n_tokens = self._count_label_tokens(batches) if self.owns_loss else 0
@@ -163,12 +169,14 @@ class Engine:
                 self._run_pipeline(batches, losses, sequence_length)
         if self.tied_sync is not None:
             self.tied_sync.sum_gradients()
+        loss, n_tokens = self._global_loss(losses, n_tokens)
         grad_norm = clip_grad_norm_(self.parameters(), self.config.optimizer.clip_grad, self.ctx,
                                     counted=self._norm_parameters)
-        self.optimizer.step()
+        skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
+        if not skipped:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        loss, n_tokens = self._global_loss(losses, n_tokens)
-        return StepResult(loss, grad_norm, n_tokens)
+        return StepResult(loss, grad_norm, n_tokens, skipped)
 
     def _run_accumulation(self, batches: list[dict], losses: list[torch.Tensor]) -> None:
         chunk = self.chunks[0]
@@ -278,7 +286,7 @@ def clip_grad_norm_(params: list[nn.Parameter], max_norm: float | None, ctx: Par
     if ctx.pp_size > 1:
         dist.all_reduce(total_sq, group=ctx.pp_pg)
     total = float(total_sq.sqrt())
-    if max_norm is not None and max_norm > 0 and total > max_norm:
+    if max_norm is not None and math.isfinite(total) and total > max_norm:  # a non-finite step is skipped
         coef = max_norm / (total + 1e-6)
         for p in params:
             if p.grad is not None:

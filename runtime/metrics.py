@@ -4,6 +4,7 @@ TensorBoard events when the package is installed. Global rank 0 writes; others s
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -66,19 +67,24 @@ class MetricsLogger:
         atomic_write_text(self.path, "".join(rows[k] + "\n" for k in sorted(rows)))
 
     def log(self, record: dict) -> None:
+        """A training row: a non-finite loss or gradient norm (a skipped step) is written as null, so the file
+        stays JSON, and is left out of TensorBoard."""
         if not self.enabled:
             return
+        shown = dict(record)
+        record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self.tb is not None:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key != "step":
                     self.tb.add_scalar(key, value, record["step"])
-        if record["step"] % self.log_interval == 0:
+        if record["step"] % self.log_interval == 0 or record.get("skipped"):
             mfu = f" | mfu {100 * record['mfu']:.1f}%" if record.get("mfu") is not None else ""
-            self.info(f"step {record['step']:>6} | {record['stage']} | loss {record['loss']:.4f} "
+            skipped = " (skipped: not finite, no update)" if record.get("skipped") else ""
+            self.info(f"step {record['step']:>6} | {record['stage']} | loss {shown['loss']:.4f}{skipped} "
                       f"| lr {record['lr']:.3e} "
-                      f"| grad_norm {record['grad_norm']:.3f} | tokens/s {record['tokens_per_s']:,.0f} "
+                      f"| grad_norm {shown['grad_norm']:.3f} | tokens/s {record['tokens_per_s']:,.0f} "
                       f"| data_wait {record['data_wait_ms']:.1f} ms{mfu}")
 
     def log_validation(self, step: int, stage: str, results: dict[str, dict], lines: list[str]) -> None:

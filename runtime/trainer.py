@@ -21,14 +21,15 @@ import torch
 from nanoset.errors import NanosetError
 from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
 from runtime.checkpoint.run_folder import move_aside
-from runtime.checkpoint.store import CheckpointManager
+from runtime.checkpoint.store import SKIPPED, CheckpointManager
 from runtime.config import Config
+from runtime.data.loading.collator import check_micro_batch
 from runtime.data.loading.prefetch import PrefetchIterator
 from runtime.data.loading.same_plan import check_same_plan
 from runtime.data.loading.sources import DataSource, data_source
 from runtime.data.loading.tp_broadcast import broadcast_batches
 from runtime.data.order.plan import StagePlan, training_metadata
-from runtime.engine import Engine
+from runtime.engine import Engine, StepResult
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
 from runtime.hf.preflight import data_tokenizer
@@ -80,6 +81,8 @@ class Trainer:
         self._source: DataSource | None = None
         self._stage: StagePlan | None = None
         self._iterator: Iterator | None = None
+        self._step_end = 0.0  # when the previous step ended (tokens/s)
+        self._skipped_in_a_row = 0  # non-finite steps since the last finite one
         self._peak = peak_flops(self.parallel_context.device)
         if moved:
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
@@ -98,8 +101,8 @@ class Trainer:
             raise
 
     def _train(self, dataloader_or_dls: Any) -> TrainSummary:
-        source = self._source = data_source(dataloader_or_dls, self.plan, self.parallel_context,
-                                            self.config.tokens.micro_batch_size)
+        self._source = data_source(dataloader_or_dls, self.plan, self.parallel_context,
+                                   self.config.tokens.micro_batch_size)
         self.checkpoints.clean_stale()
         self.last_step = self._resume()
         check_same_plan(self.plan)  # no rank silently reads another dataset (e.g. another node's cwd)
@@ -107,7 +110,7 @@ class Trainer:
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config
         last_save = self.last_step
-        prev_end = time.perf_counter()
+        self._step_end = time.perf_counter()
         with StopOnSignal(self.parallel_context.device) as stop:
             for step in range(self.last_step + 1, c.tokens.train_steps + 1):
                 stage = self.plan.stage_for_step(step)
@@ -118,35 +121,26 @@ class Trainer:
                 data_wait = time.perf_counter() - t0
                 lr = self.lr_schedule.apply(self.engine.optimizer, step)
                 result = self.engine.train_step(batches, stage.sequence_length)
-                now = time.perf_counter()
-                tokens_per_s = c.global_batch_size * stage.sequence_length / (now - prev_end)
-                prev_end = now
                 self.last_step = step
-                summary.final_loss_per_stage[stage.name] = result.loss
-                self.metrics.log({
-                    "step": step, "stage": stage.name, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
-                    "tokens_per_s": tokens_per_s, "data_wait_ms": 1000 * data_wait,
-                    "label_tokens": result.num_label_tokens,
-                    "data_hash": self.plan.data_hash(step) if source.from_config and self.is_main else None,
-                    "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
-                })
+                self._log_step(step, stage, result, lr, data_wait, summary)
                 if self.validator.should_validate(step, stage.index):  # before this step's checkpoint: never repeated
-                    results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
-                    self.metrics.log_validation(step, stage.name, results, describe(results))
-                    prev_end = time.perf_counter()  # the next step's tokens/s leaves the evaluation out
+                    self._validate(step, stage)
+                self._count_skips(step, result)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
                 # every rank stops after the same step; a signal during the last one changes nothing
                 summary.stopped_by_signal = stop.agreed() and step < c.tokens.train_steps
                 interval = c.checkpoints.checkpoint_interval
                 if summary.stopped_by_signal or interval and step % interval == 0 and step < c.tokens.train_steps:
-                    self._save(step)
+                    self._save(step, result.skipped)
                     last_save = step
                     summary.stopped_by_signal = stop.agreed()  # a signal during the save: this checkpoint is it
                 if summary.stopped_by_signal:
                     break
-            if self.last_step > last_save and c.checkpoints.save_final:  # the final checkpoint
-                self._save(self.last_step)
+            # the final checkpoint; with train_steps 0, of the weights loaded (an exact HF → checkpoint → HF trip)
+            loaded_only = c.tokens.train_steps == 0 and self.start.checkpoint is None
+            if c.checkpoints.save_final and (self.last_step > last_save or loaded_only):
+                self._save(self.last_step, self._skipped_in_a_row > 0)
         summary.checkpoint = self.checkpoints.resolve(LATEST)
         summary.last_step = self.last_step
         if c.checkpoints.export_hf and not summary.stopped_by_signal and summary.checkpoint is not None:
@@ -154,6 +148,39 @@ class Trainer:
         self._release_loader()
         self._print_summary(summary, stop.received)
         return summary
+
+    def _log_step(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,
+                  summary: TrainSummary) -> None:
+        now = time.perf_counter()
+        tokens_per_s = self.config.global_batch_size * stage.sequence_length / (now - self._step_end)
+        self._step_end = now
+        if not result.skipped:
+            summary.final_loss_per_stage[stage.name] = result.loss
+        self.metrics.log({
+            "step": step, "stage": stage.name, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
+            "skipped": result.skipped, "tokens_per_s": tokens_per_s, "data_wait_ms": 1000 * data_wait,
+            "label_tokens": result.num_label_tokens,
+            "data_hash": self.plan.data_hash(step) if self._source.from_config and self.is_main else None,
+            "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
+        })
+
+    def _validate(self, step: int, stage: StagePlan) -> None:
+        results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
+        self.metrics.log_validation(step, stage.name, results, describe(results))
+        self._step_end = time.perf_counter()  # the next step's tokens/s leaves the evaluation out
+
+    def _count_skips(self, step: int, result: StepResult) -> None:
+        """A run whose steps keep being non-finite (skipped) has diverged: stop it, naming where to resume."""
+        self._skipped_in_a_row = self._skipped_in_a_row + 1 if result.skipped else 0
+        limit = self.config.optimizer.max_skipped_steps
+        if self._skipped_in_a_row > limit:
+            first = step - self._skipped_in_a_row + 1
+            good = self.checkpoints.newest_of_a_finite_step()
+            where = (f"the newest checkpoint of a finite step is {good}: resume from it (checkpoints.resume: {good})"
+                     if good is not None else "no checkpoint of a finite step was saved: start over")
+            raise NanosetError(f"steps {first}-{step}: {self._skipped_in_a_row} steps in a row had a non-finite loss "
+                               f"or gradient norm and were skipped (optimizer.max_skipped_steps {limit}); the run has "
+                               f"diverged: {where} with a lower optimizer.learning_rate")
 
     def close(self) -> None:
         self._release_loader()
@@ -188,9 +215,13 @@ class Trainer:
             raise NanosetError(f"the data loader of stage {stage.name!r} ran out at step {step}, but the stage runs "
                                f"steps {stage.start_step}-{stage.end_step - 1}; give it more micro-batches (a larger "
                                f"dataset or a looping sampler)") from None
+        mbs = self.config.tokens.micro_batch_size
+        if batches is not None and (ctx.is_first_pp_rank or ctx.is_last_pp_rank):
+            for i, batch in enumerate(batches):
+                check_micro_batch(batch, ctx.is_first_pp_rank, ctx.is_last_pp_rank, mbs, stage.sequence_length,
+                                  f"stage {stage.name!r} step {step} micro-batch {i}")
         if self._source.from_config and ctx.tp_size > 1 and (ctx.is_first_pp_rank or ctx.is_last_pp_rank):
-            batches = broadcast_batches(batches, accum, self.config.tokens.micro_batch_size, stage.sequence_length,
-                                        stage.use_position_ids, ctx)
+            batches = broadcast_batches(batches, accum, mbs, stage.sequence_length, stage.use_position_ids, ctx)
         return batches
 
     def _release_loader(self) -> None:
@@ -206,11 +237,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints -------------
 
-    def _save(self, step: int) -> Path:
+    def _save(self, step: int, skipped: bool = False) -> Path:
+        """``skipped``: the step was not trained (non-finite), so this checkpoint is not one to return to."""
         tokenizer = data_tokenizer(self.plan)  # for runtime.export: bos/eos ids and the tokenizer files
         meta = {"training": training_metadata(self.plan, step).to_json(),
                 "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict(),
-                "tokenizer": asdict(tokenizer) if tokenizer is not None else None}
+                "tokenizer": asdict(tokenizer) if tokenizer is not None else None, SKIPPED: skipped}
         return self.checkpoints.save(self.engine, step, meta)
 
     def _resume(self) -> int:

@@ -34,6 +34,7 @@ from runtime.checkpoint.layout import (
     latest_name,
     read_metadata,
     resolve_resume,
+    saved_checkpoints,
     step_folders,
     write_latest,
     write_metadata,
@@ -41,6 +42,7 @@ from runtime.checkpoint.layout import (
 from runtime.engine import Engine
 
 FAULT_ENV = "NANOSET_FAULT_KILL_IN_CHECKPOINT"  # fault injection for tests: SIGKILL before the rename
+SKIPPED = "step_skipped"  # metadata key: the checkpoint's step was skipped (non-finite), not a state to return to
 
 
 def _optimizer_state(engine: Engine) -> dict[str, torch.Tensor]:
@@ -111,17 +113,27 @@ class CheckpointManager:
             dist.barrier()
 
     def save(self, engine: Engine, step: int, metadata: dict) -> Path:
+        """Write the checkpoint of ``step`` under a temporary name, then rename it and point ``latest`` at it.
+        A failed write (a full disk) on any rank removes the temporary folder and raises the same
+        ``CheckpointError`` on every rank; the earlier checkpoints and ``latest`` stay as they were."""
         final = self.folder / checkpoint_name(step)
         tmp = self.folder / f"{TMP_PREFIX}{checkpoint_name(step)}"
         if self.is_writer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        dcp.save(_app_state(engine), checkpoint_id=str(tmp))
-        torch.save(_rng_state(), tmp / f"rng-rank{dist.get_rank()}.pt")
-        if self.is_writer:
-            write_metadata(tmp, dict(metadata, world_size=dist.get_world_size()))
-        dist.barrier()
+        failure = ""
+        try:
+            dcp.save(_app_state(engine), checkpoint_id=str(tmp))
+            torch.save(_rng_state(), tmp / f"rng-rank{dist.get_rank()}.pt")
+            if self.is_writer:
+                write_metadata(tmp, dict(metadata, world_size=dist.get_world_size()))
+        except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
+            failure = _cause(e)
+        failures = [""] * dist.get_world_size()
+        dist.all_gather_object(failures, failure)  # every rank learns of a failure: none waits alone
+        if any(failures):
+            self._failed(tmp, step, next(f for f in failures if f))
         if self.is_writer:
             if os.environ.get(FAULT_ENV) == str(step):
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -134,13 +146,35 @@ class CheckpointManager:
         dist.barrier()
         return final
 
+    def _failed(self, tmp: Path, step: int, cause: str) -> None:
+        if self.is_writer:
+            shutil.rmtree(tmp, ignore_errors=True)
+        dist.barrier()
+        free = shutil.disk_usage(self.folder).free
+        space = "the disk is full" if free < 64 << 20 else f"{free / 2**30:.1f} GiB free there"
+        latest = latest_name(self.folder)
+        kept = f"the checkpoints before it are intact (latest: {latest})" if latest else "none was saved before"
+        raise CheckpointError(f"{self.folder}: saving the checkpoint of step {step} failed ({cause}; {space}); its "
+                              f"partial folder was removed and {kept}; free space and rerun to resume")
+
     def _prune(self, keep: str) -> None:
-        """Keep the ``keep_last`` newest by step number (not by name: step-1000000 > step-998000),
-        and never ``keep`` (just written) or the checkpoint ``latest`` names."""
+        """Keep the ``keep_last`` newest by step number (not by name: step-1000000 > step-998000), and never
+        ``keep`` (just written), the checkpoint ``latest`` names, or the newest of a step that trained
+        (skipped steps of a diverging run must not push the last good checkpoint out)."""
         protected = {keep, latest_name(self.folder) or keep}
+        good = self.newest_of_a_finite_step()
+        if good is not None:
+            protected.add(good.name)
         for _, old in step_folders(self.folder)[: -self.keep_last]:
             if old.name not in protected:
                 self._discard(old)
+
+    def newest_of_a_finite_step(self) -> Path | None:
+        """The newest complete checkpoint whose step was trained, not skipped as non-finite."""
+        for path in reversed(saved_checkpoints(self.folder)):
+            if not read_metadata(path, record=False, model=False).get(SKIPPED, False):
+                return path
+        return None
 
     def _discard(self, checkpoint: Path) -> None:
         """Delete a checkpoint folder; renamed first, so a kill midway never leaves a ``step-N`` folder
@@ -197,3 +231,14 @@ def stored_tensors(checkpoint: Path) -> dict:
         return FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
     except Exception as e:  # a missing or torn .metadata file
         raise CheckpointError(f"{checkpoint}: the DCP files are unreadable ({e}); choose another checkpoint") from None
+
+
+def _cause(error: BaseException) -> str:
+    """The first line of what went wrong (DCP wraps each rank's failure; torch's zip writer says 'unexpected
+    pos' where the disk filled up)."""
+    if isinstance(error, CheckpointException) and error.failures:
+        error = next(iter(error.failures.values()))[0]
+    text = (str(error).strip().splitlines() or [""])[0]
+    if "unexpected pos" in text:  # torch.save's zip writer when a write falls short; it loses the OS error
+        return "a write was cut short: no space left on the device, or a file size limit"
+    return f"{type(error).__name__}: {text}"

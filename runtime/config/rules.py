@@ -3,38 +3,47 @@ validation sets); each error names the key to change. ``load_config`` applies th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import fields
+from typing import Any
 
 from nanoset.errors import ConfigError
 from runtime.config.schema import SIZE_KEYS, Config, HFDatasetArgs, NanosetDatasetsArgs, RopeScalingArgs
 
 
 def validate_config(c: Config) -> None:
+    for name in SIZE_KEYS:
+        if getattr(c.model, name) is None:
+            raise ConfigError(f"config.model.{name}: required key is missing (give it, or model.init_from_hf: PATH "
+                              f"of a Hugging Face model whose config.json has it)")
+    _check_ranges(c, "")
     _validate_sizes(c)
     _validate_parallelism(c)
     _validate_stages(c)
     _validate_validation(c)
 
 
-def _positive(value: int | float, path: str, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{path}: must be {'≥ 0' if allow_zero else '> 0'}, got {value}")
+def _check_ranges(section: Any, path: str) -> None:
+    """Every numeric key within the range its schema gives it (a NaN or infinity is never within one)."""
+    for f in fields(section):
+        value = getattr(section, f.name)
+        where = f"{path}.{f.name}" if path else f.name
+        valid = f.metadata.get("range")
+        if valid is not None and value is not None and not valid.allows(value):
+            raise ConfigError(f"{where}: must be {valid}, got {value}")
+        if dataclasses.is_dataclass(value):
+            _check_ranges(value, where)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    label = f" ({item.name})" if isinstance(getattr(item, "name", None), str) else ""
+                    _check_ranges(item, f"{where}[{i}]{label}")
 
 
 def _validate_sizes(c: Config) -> None:
     m, t = c.model, c.tokens
-    for name in SIZE_KEYS:
-        if getattr(m, name) is None:
-            raise ConfigError(f"config.model.{name}: required key is missing (give it, or model.init_from_hf: PATH "
-                              f"of a Hugging Face model whose config.json has it)")
-        _positive(getattr(m, name), f"model.{name}")
-    for name in ("sequence_length", "micro_batch_size", "train_steps", "batch_accumulation_per_replica"):
-        _positive(getattr(t, name), f"tokens.{name}")
-    _positive(m.activation_checkpointing_every, "model.activation_checkpointing_every")
-    if m.head_dim is not None:
-        _positive(m.head_dim, "model.head_dim")
-    elif m.hidden_size % m.num_attention_heads:
+    if m.head_dim is None and m.hidden_size % m.num_attention_heads:
         raise ConfigError(f"model.hidden_size {m.hidden_size} is not divisible by num_attention_heads "
                           f"{m.num_attention_heads}; give model.head_dim")
     if m.num_attention_heads % m.kv_heads:
@@ -46,26 +55,20 @@ def _validate_sizes(c: Config) -> None:
     if t.sequence_length > m.max_position_embeddings:
         raise ConfigError(f"tokens.sequence_length {t.sequence_length} > model.max_position_embeddings "
                           f"{m.max_position_embeddings}; lower one or raise the other")
-    _positive(c.optimizer.learning_rate, "optimizer.learning_rate")
-    _positive(c.optimizer.weight_decay, "optimizer.weight_decay", allow_zero=True)
     s = c.lr_scheduler
-    _positive(s.warmup_steps, "lr_scheduler.warmup_steps", allow_zero=True)
     if s.min_lr > c.optimizer.learning_rate:
         raise ConfigError(f"lr_scheduler.min_lr {s.min_lr} > optimizer.learning_rate {c.optimizer.learning_rate}")
-    if not 0 < s.wsd_decay_fraction <= 1:
-        raise ConfigError(f"lr_scheduler.wsd_decay_fraction must be in (0, 1], got {s.wsd_decay_fraction}")
-    _positive(c.checkpoints.checkpoint_interval, "checkpoints.checkpoint_interval", allow_zero=True)
-    _positive(c.checkpoints.keep_last, "checkpoints.keep_last")
+    if s.warmup_steps > t.train_steps:
+        raise ConfigError(f"lr_scheduler.warmup_steps {s.warmup_steps} > tokens.train_steps {t.train_steps}: the "
+                          f"learning rate would never reach its peak; lower warmup_steps")
     if c.checkpoints.export_hf and not c.checkpoints.save_final:
         raise ConfigError("checkpoints.export_hf: exports the final checkpoint, but checkpoints.save_final is false; "
                           "set save_final: true or export a checkpoint with python -m runtime.export")
-    _positive(c.logging.log_interval, "logging.log_interval")
 
 
 def _validate_rope_scaling(r: RopeScalingArgs | None) -> None:
     if r is None:
         return
-    _positive(r.factor, "model.rope_scaling.factor")
     llama3 = ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
     for name in llama3:
         value = getattr(r, name)
@@ -73,8 +76,6 @@ def _validate_rope_scaling(r: RopeScalingArgs | None) -> None:
             raise ConfigError(f"model.rope_scaling.{name}: required with rope_type llama3")
         if r.rope_type == "linear" and value is not None:
             raise ConfigError(f"model.rope_scaling.{name}: only applies to rope_type llama3; remove it")
-        if value is not None:
-            _positive(value, f"model.rope_scaling.{name}")
     if r.rope_type == "llama3" and r.high_freq_factor <= r.low_freq_factor:
         raise ConfigError(f"model.rope_scaling: high_freq_factor {r.high_freq_factor} must be > low_freq_factor "
                           f"{r.low_freq_factor}")
@@ -82,8 +83,6 @@ def _validate_rope_scaling(r: RopeScalingArgs | None) -> None:
 
 def _validate_parallelism(c: Config) -> None:
     p, m = c.parallelism, c.model
-    for name in ("dp", "tp", "pp", "pp_virtual_stages"):
-        _positive(getattr(p, name), f"parallelism.{name}")
     if m.num_attention_heads % p.tp or m.kv_heads % p.tp:
         raise ConfigError(f"parallelism.tp {p.tp} must divide model.num_attention_heads {m.num_attention_heads} "
                           f"and num_key_value_heads {m.kv_heads}")
@@ -122,16 +121,13 @@ def _validate_stages(c: Config) -> None:
         if starts.count(s.start_training_step) > 1:
             raise ConfigError(f"{where}.start_training_step: {s.start_training_step} is used by several stages; "
                               f"each stage needs its own start step")
-        if s.start_training_step < 1 or s.start_training_step > c.tokens.train_steps:
+        if s.start_training_step > max(c.tokens.train_steps, 1):  # with 0 steps, the first stage still starts at 1
             raise ConfigError(f"{where}.start_training_step: {s.start_training_step} is outside [1, "
                               f"tokens.train_steps={c.tokens.train_steps}]")
         seq = c.stage_sequence_length(s)
-        _positive(seq, f"{where}.sequence_length")
         if seq > c.model.max_position_embeddings:
             raise ConfigError(f"{where}.sequence_length {seq} > model.max_position_embeddings "
                               f"{c.model.max_position_embeddings}")
-        _positive(s.data.num_loading_workers, f"{where}.data.num_loading_workers", allow_zero=True)
-        _positive(s.data.prefetch, f"{where}.data.prefetch", allow_zero=True)
         if c.model.attention == "document" and not s.data.use_position_ids:
             raise ConfigError(f"{where}.data.use_position_ids: model.attention: document finds document boundaries "
                               f"where position ids restart; set use_position_ids: true in every stage")
@@ -181,13 +177,11 @@ def _check_column_keys(ds: HFDatasetArgs, where: str) -> None:
 
 def _validate_validation(c: Config) -> None:
     v = c.validation
-    _positive(v.interval, "validation.interval", allow_zero=True)
     if not v.datasets:
         if v.interval > 0:
             raise ConfigError(f"validation.interval is {v.interval} but validation.datasets is empty; name at least "
                               f"one dataset (name: folder) or set interval: 0")
         return
-    _positive(v.samples, "validation.samples")
     for name in v.datasets:
         folders = v.folders(name)
         if not name or not folders or any(not f for f in folders):

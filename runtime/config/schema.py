@@ -8,12 +8,44 @@ every key with its default (a test keeps the two equal).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from nanoset.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric key may take (``rules`` checks every key that has one, before start-up)."""
+
+    low: float
+    high: float | None = None
+    low_open: bool = False  # low itself excluded
+    high_open: bool = False
+
+    def allows(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '≥'} {self.low:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+POSITIVE = Range(0, low_open=True)
+NON_NEGATIVE = Range(0)
+
+
+def key(default: Any = dataclasses.MISSING, valid: Range = POSITIVE) -> Any:
+    """A numeric config key with its valid range."""
+    return field(default=default, metadata={"range": valid})
 
 PipelineEngine = Literal["afab", "1f1b", "interleaved-1f1b"]
 PP_ENGINES: tuple[str, ...] = get_args(PipelineEngine)
@@ -23,7 +55,7 @@ PP_ENGINES: tuple[str, ...] = get_args(PipelineEngine)
 class GeneralArgs:
     project: str  # the project's name (for the log)
     run: str  # the run's name: its folder is runs/<run> unless run_dir is given
-    seed: int = 42  # model initialisation, and the data order of stages without data.seed
+    seed: int = key(42, NON_NEGATIVE)  # model initialisation, and the data order of stages without data.seed
     run_dir: str | None = None  # default: runs/<run>
     cache_dir: str = ".nanoset_cache"  # where Hugging Face datasets are tokenized once, and packings cached
 
@@ -38,11 +70,11 @@ class GeneralArgs:
 
 @dataclass
 class ParallelismArgs:
-    dp: int = 1  # data-parallel replicas (FSDP2 shards parameters over them)
-    tp: int = 1  # tensor-parallel ranks per replica
-    pp: int = 1  # pipeline stages
+    dp: int = key(1)  # data-parallel replicas (FSDP2 shards parameters over them)
+    tp: int = key(1)  # tensor-parallel ranks per replica
+    pp: int = key(1)  # pipeline stages
     pp_engine: PipelineEngine = "1f1b"  # the pipeline schedule: afab (GPipe), 1f1b or interleaved-1f1b
-    pp_virtual_stages: int = 2  # model chunks per pipeline rank with interleaved-1f1b
+    pp_virtual_stages: int = key(2)  # model chunks per pipeline rank with interleaved-1f1b
 
     @property
     def world_size(self) -> int:
@@ -70,10 +102,10 @@ class RopeScalingArgs:
     (Llama 3.1: long wavelengths / factor, short ones kept, a smooth ramp between)."""
 
     rope_type: Literal["linear", "llama3"]
-    factor: float
-    low_freq_factor: float | None = None  # llama3 only
-    high_freq_factor: float | None = None  # llama3 only
-    original_max_position_embeddings: int | None = None  # llama3 only
+    factor: float = key()
+    low_freq_factor: float | None = key(None)  # llama3 only
+    high_freq_factor: float | None = key(None)  # llama3 only
+    original_max_position_embeddings: int | None = key(None)  # llama3 only
 
 
 # the model sizes; with model.init_from_hf they may be omitted (taken from its config.json)
@@ -86,28 +118,28 @@ SHAPE_KEYS = SIZE_KEYS[:5] + ("num_key_value_heads", "head_dim", "tie_word_embed
 
 @dataclass
 class ModelArgs:
-    hidden_size: int | None = None  # width of the residual stream
-    num_hidden_layers: int | None = None  # decoder layers
-    num_attention_heads: int | None = None  # query heads
-    intermediate_size: int | None = None  # SwiGLU hidden width
-    vocab_size: int | None = None  # ids the embedding holds: at least the tokenizer's
-    max_position_embeddings: int | None = None  # the longest sequence length any stage may use
-    num_key_value_heads: int | None = None  # default: num_attention_heads (no grouping)
-    head_dim: int | None = None  # default: hidden_size // num_attention_heads
+    hidden_size: int | None = key(None)  # width of the residual stream
+    num_hidden_layers: int | None = key(None)  # decoder layers
+    num_attention_heads: int | None = key(None)  # query heads
+    intermediate_size: int | None = key(None)  # SwiGLU hidden width
+    vocab_size: int | None = key(None)  # ids the embedding holds: at least the tokenizer's
+    max_position_embeddings: int | None = key(None)  # the longest sequence length any stage may use
+    num_key_value_heads: int | None = key(None)  # default: num_attention_heads (no grouping)
+    head_dim: int | None = key(None)  # default: hidden_size // num_attention_heads
     rope_scaling: RopeScalingArgs | None = None
     # a local Hugging Face Llama folder: its config.json gives the sizes, its weights start a fresh run
     init_from_hf: str | None = None
     tie_word_embeddings: bool = False  # the output head is the embedding
-    rope_theta: float = 10000.0  # RoPE base
-    rms_norm_eps: float = 1e-5  # RMSNorm epsilon
-    init_std: float = 0.02  # standard deviation of the seeded initialisation
+    rope_theta: float = key(10000.0)  # RoPE base
+    rms_norm_eps: float = key(1e-5)  # RMSNorm epsilon
+    init_std: float = key(0.02, NON_NEGATIVE)  # standard deviation of the seeded initialisation
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # auto: bf16 on CUDA, fp32 on CPU
     # document: a token attends only to earlier tokens of its own document (where position_ids restart)
     attention: Literal["causal", "document"] = "causal"
     compile: bool = False  # torch.compile each decoder layer (the loss stays eager)
     # recompute layers' activations in the backward pass: every layer (full) or every Nth (selective)
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
-    activation_checkpointing_every: int = 2  # selective: layers 0, N, 2N, ... (global indices)
+    activation_checkpointing_every: int = key(2)  # selective: layers 0, N, 2N, ... (global indices)
 
     def __post_init__(self) -> None:
         self.init_from_hf = _home(self.init_from_hf)
@@ -123,36 +155,40 @@ class ModelArgs:
 
 @dataclass
 class TokensArgs:
-    sequence_length: int  # tokens per sample (a stage may set its own)
-    micro_batch_size: int  # samples per rank and forward pass
-    train_steps: int  # optimizer steps of the whole run
-    batch_accumulation_per_replica: int = 1  # micro-batches per step and replica (the pipeline's micro-batches)
+    sequence_length: int = key()  # tokens per sample (a stage may set its own)
+    micro_batch_size: int = key()  # samples per rank and forward pass
+    train_steps: int = key(valid=NON_NEGATIVE)  # optimizer steps of the whole run (0: load, save, export)
+    # micro-batches per step and replica (the pipeline's micro-batches)
+    batch_accumulation_per_replica: int = key(1)
 
 
 @dataclass
 class OptimizerArgs:
-    learning_rate: float  # the peak learning rate of AdamW
-    weight_decay: float = 0.0  # decoupled weight decay of matrices (norms and biases: none)
-    clip_grad: float | None = 1.0  # clip the global gradient norm to this; null: no clipping
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_eps: float = 1e-8
+    learning_rate: float = key()  # the peak learning rate of AdamW
+    weight_decay: float = key(0.0, NON_NEGATIVE)  # decoupled weight decay of matrices (norms and biases: none)
+    clip_grad: float | None = key(1.0)  # clip the global gradient norm to this; null: no clipping
+    adam_beta1: float = key(0.9, Range(0, 1, high_open=True))
+    adam_beta2: float = key(0.95, Range(0, 1, high_open=True))
+    adam_eps: float = key(1e-8, NON_NEGATIVE)
+    # consecutive steps skipped (no update: their loss or gradient norm is not finite) before the run stops
+    max_skipped_steps: int = key(10, NON_NEGATIVE)
 
 
 @dataclass
 class LRSchedulerArgs:
-    warmup_steps: int = 0  # linear warm-up from 0 to the peak
+    warmup_steps: int = key(0, NON_NEGATIVE)  # linear warm-up from 0 to the peak
     decay_style: Literal["cosine", "linear", "constant", "wsd"] = "cosine"  # decay to min_lr at the last step
-    min_lr: float = 0.0  # the learning rate at the last step
-    wsd_decay_fraction: float = 0.2  # wsd: share of the steps after warm-up spent decaying
+    min_lr: float = key(0.0, NON_NEGATIVE)  # the learning rate at the last step
+    # wsd: share of the steps after warm-up spent decaying
+    wsd_decay_fraction: float = key(0.2, Range(0, 1, low_open=True))
 
 
 @dataclass
 class CheckpointsArgs:
-    checkpoint_interval: int = 0  # 0: only at the end
+    checkpoint_interval: int = key(0, NON_NEGATIVE)  # 0: only at the end
     save_final: bool = True  # a checkpoint after the last step
     resume: str | None = "latest"  # latest | PATH | null
-    keep_last: int = 3  # checkpoints kept (the newest by step number)
+    keep_last: int = key(3)  # checkpoints kept (the newest by step number)
     checkpoints_path: str | None = None  # default: <run_dir>/checkpoints
     # resume although the data of a stage that has begun (datasets, content, weights, seed) or the global batch
     # size mid-stage changed: finished stages keep the checkpoint's record, the current one changes from the resume
@@ -172,7 +208,7 @@ def _home(path: str | None) -> str | None:
 
 @dataclass
 class LoggingArgs:
-    log_interval: int = 1  # a console line every N steps (metrics.jsonl gets every step)
+    log_interval: int = key(1)  # a console line every N steps (metrics.jsonl gets every step)
     tensorboard: bool = True  # write TensorBoard events when the package is installed
 
 
@@ -213,10 +249,10 @@ class HFDatasetArgs:
 @dataclass
 class DataArgs:
     dataset: NanosetDatasetsArgs | HFDatasetArgs  # Nanoset folders, or a Hugging Face dataset
-    seed: int | None = None  # the data order's seed; default: general.seed
+    seed: int | None = key(None, NON_NEGATIVE)  # the data order's seed; default: general.seed
     # default: read in a thread of the training process, 2 micro-batches ahead (README: Speed)
-    num_loading_workers: int = 0
-    prefetch: int = 2  # micro-batches read ahead by a thread of the training process (0: none)
+    num_loading_workers: int = key(0, NON_NEGATIVE)
+    prefetch: int = key(2, NON_NEGATIVE)  # micro-batches read ahead by a thread of the training process (0: none)
     use_position_ids: bool = False  # position ids restart at each document; no label across a document start
     packing: Literal["window", "documents"] = "window"  # documents: whole documents per sample, padded
     drop_long_documents: bool = False  # documents packing: drop (not truncate) documents longer than L + 1
@@ -225,9 +261,9 @@ class DataArgs:
 @dataclass
 class DatasetStageArgs:
     name: str  # unique; a checkpoint's record names its stages
-    start_training_step: int  # the stage's first global step (one stage starts at 1)
+    start_training_step: int = key()  # the stage's first global step (one stage starts at 1)
     data: DataArgs
-    sequence_length: int | None = None  # default: tokens.sequence_length
+    sequence_length: int | None = key(None)  # default: tokens.sequence_length
 
 
 @dataclass
@@ -235,10 +271,10 @@ class ValidationArgs:
     """Held-out loss during training: a fixed sample set per named dataset, never drawn from the training order."""
 
     datasets: dict[str, str | list[str]] = field(default_factory=dict)  # name → folder or folders
-    interval: int = 0  # evaluate every N steps; 0: only at stage ends (at_stage_end)
-    samples: int = 64  # windows per dataset: the first `samples` of the dataset's seeded permutation
+    interval: int = key(0, NON_NEGATIVE)  # evaluate every N steps; 0: only at stage ends (at_stage_end)
+    samples: int = key(64)  # windows per dataset: the first `samples` of the dataset's seeded permutation
     at_stage_end: bool = True  # also evaluate at the last step of every stage
-    seed: int | None = None  # default: general.seed
+    seed: int | None = key(None, NON_NEGATIVE)  # default: general.seed
 
     def folders(self, name: str) -> list[str]:
         value = self.datasets[name]

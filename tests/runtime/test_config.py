@@ -107,6 +107,44 @@ def test_validation_rules(tmp_path, edit, message):
     fails(tmp_path, edit, message)
 
 
+@pytest.mark.parametrize("section, key, value, line", [
+    ("lr_scheduler", "min_lr", -1e-4, "lr_scheduler.min_lr: must be ≥ 0, got -0.0001"),  # gradient ascent
+    ("optimizer", "clip_grad", -1.0, "optimizer.clip_grad: must be > 0, got -1.0"),  # silently no clipping
+    ("optimizer", "adam_beta1", 1.0, "optimizer.adam_beta1: must be in [0, 1), got 1.0"),
+    ("optimizer", "adam_beta2", -0.5, "optimizer.adam_beta2: must be in [0, 1), got -0.5"),
+    ("optimizer", "adam_eps", -1e-8, "optimizer.adam_eps: must be ≥ 0, got -1e-08"),
+    ("optimizer", "learning_rate", float("nan"), "optimizer.learning_rate: must be > 0, got nan"),
+    ("optimizer", "max_skipped_steps", -1, "optimizer.max_skipped_steps: must be ≥ 0, got -1"),
+    ("model", "init_std", -0.02, "model.init_std: must be ≥ 0, got -0.02"),
+    ("model", "rms_norm_eps", 0.0, "model.rms_norm_eps: must be > 0, got 0.0"),  # trained NaN
+    ("model", "rope_theta", float("inf"), "model.rope_theta: must be > 0, got inf"),
+    ("general", "seed", -3, "general.seed: must be ≥ 0, got -3"),
+    ("lr_scheduler", "wsd_decay_fraction", 0.0, "lr_scheduler.wsd_decay_fraction: must be in (0, 1], got 0.0"),
+    ("lr_scheduler", "warmup_steps", 41, "lr_scheduler.warmup_steps 41 > tokens.train_steps 40: the learning rate "
+                                         "would never reach its peak; lower warmup_steps"),
+])
+def test_out_of_range_values_are_one_line_naming_the_key(tmp_path, section, key, value, line):
+    """Each was accepted (and trained wrongly) or a traceback on every rank after start-up."""
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, lambda d: d[section].update({key: value}))
+    assert str(e.value) == f"{tmp_path / 'cfg.yaml'}: {line}"
+
+
+def test_a_stage_keys_range_names_the_stage(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, lambda d: stage(d, 1)["data"].update(seed=-1))
+    assert str(e.value).endswith(": data_stages[1] (anneal).data.seed: must be ≥ 0, got -1")
+
+
+def test_zero_train_steps_load_save_and_export(tmp_path):
+    """0 steps: a run that only loads (a Hugging Face model) and saves; the first stage still starts at step 1."""
+    c = load(tmp_path, lambda d: (d["tokens"].update(train_steps=0), d["lr_scheduler"].update(warmup_steps=0),
+                                  d["data_stages"].pop(1)))
+    assert c.tokens.train_steps == 0 and c.data_stages[0].start_training_step == 1
+    fails(tmp_path, lambda d: (d["tokens"].update(train_steps=0), d["lr_scheduler"].update(warmup_steps=0)),
+          "data_stages[1] (anneal).start_training_step: 31 is outside [1, tokens.train_steps=0]")
+
+
 def data_fails(tmp_path, shards, monkeypatch, edit, *fragments):
     monkeypatch.chdir(shards)
     c = load(tmp_path, edit)

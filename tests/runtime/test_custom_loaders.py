@@ -117,3 +117,43 @@ def test_a_stage_split_by_a_new_batch_size_tells_its_factory_every_sample_consum
                          **bigger)
     assert "factory called with 12\n" in torchrun(third, 1, cwd=shards, script=script).stdout
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]
+
+
+WRONG_BATCHES = '''
+import sys, torch
+sys.path.insert(0, {root!r})
+from nanoset.errors import report_user_errors
+from runtime.trainer import Trainer
+
+shape, dtype = {shape!r}, getattr(torch, {dtype!r})
+def batches():
+    while True:
+        yield {{"input_ids": torch.zeros(shape, dtype=dtype), "label_ids": torch.zeros(shape, dtype=dtype),
+               "label_mask": torch.ones(shape, dtype=torch.bool)}}
+
+trainer = Trainer(sys.argv[sys.argv.index("--config") + 1])
+try:
+    sys.exit(report_user_errors(lambda: trainer.train(dataloader_or_dls=batches()) and 0))
+finally:
+    trainer.close()
+'''
+
+
+@pytest.mark.parametrize("shape, dtype, line", [
+    ((4, 32), "int64", "input_ids has shape [4, 32], expected [micro_batch_size, sequence_length] = [2, 32]"),
+    ((2, 16), "int64", "input_ids has shape [2, 16], expected [micro_batch_size, sequence_length] = [2, 32]"),
+    ((2, 32), "int32", "input_ids is torch.int32, expected torch.int64"),
+])
+def test_a_custom_loaders_batches_of_another_shape_are_refused(shards, tmp_path, shape, dtype, line):
+    """A loader yielding [4, 128] for micro_batch_size 2 trained silently (label_tokens doubled, the checkpoint
+    recorded half the samples read): every micro-batch is checked against the contract."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "wrong.py"
+    script.write_text(WRONG_BATCHES.format(root=str(ROOT), shape=shape, dtype=dtype))
+    cfg = small_config(tmp_path, tmp_path / "run", dp=1, steps=2, single_stage=True, positions=False)
+    proc = subprocess.run([sys.executable, str(script), "--config", str(cfg)], capture_output=True, text=True,
+                          cwd=shards)
+    assert proc.returncode == 1
+    assert proc.stderr == f"error: stage 'pretrain' step 1 micro-batch 0: the data loader's {line}\n"

@@ -168,6 +168,27 @@ def run_config(tmp: Path, hf: Path, data: Path, run: str) -> Path:
     return path
 
 
+def test_zero_train_steps_are_an_exact_hf_checkpoint_hf_round_trip(tmp_path):
+    """train_steps 0 was refused: a round trip needed a step at a learning rate of 1e-30. Now the run loads the
+    Hugging Face weights, saves them as checkpoint step 0 and exports them: bit-identical tensors."""
+    from tests.support import CORPUS, run_cli
+    from tests.support.harness import train_one
+
+    data = tmp_path / "web"
+    run_cli("tokenize", CORPUS / "web", "-o", data, "--tokenizer", TOKENIZER, "--quiet")
+    hf = save_hf(tmp_path / "hf", vocab=1536)
+    cfg = run_config(tmp_path, hf, data, "zero")
+    d = yaml.safe_load(cfg.read_text())
+    d["tokens"]["train_steps"] = 0
+    cfg.write_text(yaml.safe_dump(d))
+    proc = train_one(cfg, cwd=tmp_path)
+    assert "done: step 0/0" in proc.stdout
+    assert (tmp_path / "zero" / "checkpoints" / "latest").read_text() == "step-000000\n"
+    exported, original = tensors(tmp_path / "zero" / "hf"), tensors(hf)
+    assert sorted(exported) == sorted(original) and all(torch.equal(exported[k], t) for k, t in original.items())
+    assert not (tmp_path / "zero" / "metrics.jsonl").exists()  # no step, no row
+
+
 def test_training_starts_from_hf_and_exports_at_the_end(tmp_path, tokenizer):
     """A run from an HF folder (with the data's tokenizer.json) ends with run_dir/hf; lr 1e-12 leaves the
     weights as they were loaded, so the export equals the original; a wrong tokenizer or tensor is one line."""

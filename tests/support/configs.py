@@ -56,6 +56,7 @@ def make_config(dp=1, accum=1, mbs=2, train_steps=40, stages=None, seq=128, pp=1
                        sequence_length=seq)
     if stages is not None:
         d["data_stages"] = stages
+    d["lr_scheduler"]["warmup_steps"] = min(d["lr_scheduler"]["warmup_steps"], train_steps)  # within the run
     return build(d)
 
 

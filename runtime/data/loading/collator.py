@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nanoset.errors import ConfigError
 from runtime.parallel.tensor_pointer import TensorPointer
 
 INPUT_KEYS = ("input_ids", "input_mask")
@@ -97,3 +98,28 @@ class DataCollatorForCLMWithPositionIds(DataCollatorForCLM):
         if "position_ids" not in examples[0]:
             raise ValueError("examples have no 'position_ids'; build the dataset with use_position_ids: true")
         np.stack([np.asarray(ex["position_ids"]) for ex in examples], out=out[0], casting="unsafe")
+
+
+def check_micro_batch(batch: Any, owns_inputs: bool, owns_labels: bool, rows: int, length: int, where: str) -> None:
+    """Refuse a micro-batch that breaks the contract for this pipeline rank: a missing key, another shape than
+    ``[rows, length]`` (``[micro_batch_size, sequence_length]``) or dtype. A loader's batch of another size would
+    train silently on other rows and record other consumed samples, so a resume would replay or skip data."""
+    if not isinstance(batch, dict):
+        raise ConfigError(f"{where}: the data loader yielded a {type(batch).__name__}, not a batch dict of "
+                          f"{', '.join(INPUT_KEYS + LABEL_KEYS)} (see docs/parallelism.md)")
+    expected = {"input_ids": torch.int64, "position_ids": torch.int64} if owns_inputs else {}
+    if owns_labels:
+        expected.update(label_ids=torch.int64, label_mask=torch.bool)
+    for key_name, dtype in expected.items():
+        value = batch.get(key_name)
+        if value is None and key_name == "position_ids":
+            continue  # optional: positions count from 0 in every row without it
+        if not isinstance(value, torch.Tensor):
+            got = "no such key" if value is None else type(value).__name__
+            raise ConfigError(f"{where}: the data loader's batch has no tensor {key_name!r} ({got}) on this pipeline "
+                              f"rank; a batch holds {', '.join(sorted(expected))} (see docs/parallelism.md)")
+        if tuple(value.shape) != (rows, length):
+            raise ConfigError(f"{where}: the data loader's {key_name} has shape {list(value.shape)}, expected "
+                              f"[micro_batch_size, sequence_length] = [{rows}, {length}]")
+        if value.dtype != dtype:
+            raise ConfigError(f"{where}: the data loader's {key_name} is {value.dtype}, expected {dtype}")

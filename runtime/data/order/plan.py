@@ -391,7 +391,7 @@ def _open(folder: str, i: int, stage: DatasetStageArgs):
 def training_metadata(plan: DataPlan, last_step: int) -> TrainingMetadata:
     """The metadata of a run whose steps ``1..last_step`` are done, with the record of what they trained."""
     config = plan.config
-    current = plan.stage_for_step(min(max(last_step, 1), config.tokens.train_steps))
+    current = plan.stage_for_step(last_step) if last_step >= 1 else plan.stages[0]
     return TrainingMetadata(
         last_train_step=last_step, consumed_train_samples=plan.consumed_samples(last_step),
         last_stage_idx=current.index, global_batch_size=config.global_batch_size, data_stages=plan.record(last_step),
