@@ -18,7 +18,7 @@ from nanoset.errors import NanosetError, report_user_errors
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
-    """Nanoset: tokenize corpora into memory-mapped shards, inspect, verify and convert them."""
+    """Nanoset: tokenize corpora into memory-mapped shards, inspect, verify and convert them; train on them."""
 
 
 def _env_int(name: str, default: int) -> int:
@@ -115,6 +115,20 @@ def convert(src: Path, output: Path, tokenizer: str | None, eos_token: str | Non
     click.echo(run(src, output, tokenizer=tokenizer, eos_token=eos_token, overwrite=overwrite))
 
 
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@click.pass_context
+def train(ctx: click.Context) -> None:
+    """Train: nanoset train --config C [--nproc-per-node N] [--check] [torchrun options] (--help for more)."""
+    try:
+        from runtime.cli.launch import main as launch
+    except ImportError as e:
+        if e.name is not None and e.name.split(".")[0] == "torch":
+            raise NanosetError("nanoset train needs PyTorch, which is not installed: pip install torch (for the CPU "
+                               "build: pip install torch --index-url https://download.pytorch.org/whl/cpu)") from None
+        raise
+    ctx.exit(launch(ctx.args))
+
+
 class Terminated(Exception):
     """SIGTERM (``kill``, a batch system's time limit) arrived: unwind like Ctrl-C, so that the tokenize
     workers are stopped too (they went on writing, orphaned, for as long as their task took)."""
@@ -127,7 +141,7 @@ def _terminate(signum: int, frame) -> None:
 def _click_main() -> int:
     """The command's exit status; Ctrl-C, SIGTERM and click's own usage errors as one line."""
     try:
-        cli.main(standalone_mode=False)
+        status = cli.main(standalone_mode=False)  # a command's ctx.exit(code) comes back as its value
     except Terminated:
         click.echo("error: terminated; rerun the same command to resume", err=True)
         return 128 + signal.SIGTERM
@@ -140,7 +154,7 @@ def _click_main() -> int:
     except click.ClickException as e:
         click.echo(f"error: {e.format_message()}", err=True)
         return e.exit_code
-    return 0
+    return status if isinstance(status, int) else 0
 
 
 def main() -> None:

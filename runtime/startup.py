@@ -56,27 +56,31 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def start_up(config: Config | str | Path) -> Startup:
-    """Load (a path) and check the config, its data, the checkpoint it resumes and the run folder."""
-    if not isinstance(config, Config):
-        path = config
+def start_up(config: Config | str | Path, world: int | None = None, lock: bool = True) -> Startup:
+    """Load (a path) and check the config, its data, the checkpoint it resumes and the run folder.
+
+    ``world``: the processes the launcher starts (default: ``WORLD_SIZE``); ``lock``: hold the run folder's
+    lock (global rank 0 of the workers does; a launcher checking for them only tries it)."""
+    path = None if isinstance(config, Config) else config
+    if path is not None:
         config = load_config(path)
-        try:
-            config.parallelism.check_world(world_size())
-        except ConfigError as e:
-            raise ConfigError(f"{path}: {e}") from None
-    else:
-        config.parallelism.check_world(world_size())
-    start = plan_start(config)
+    try:
+        config.parallelism.check_world(world if world is not None else world_size())
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}" if path is not None else str(e)) from None
+    start = plan_start(config, lock)
     plan = DataPlan(config, resolve_stage_folders(config)).resumed_from(start.checkpoint, start.metadata)
     check_init_from_hf(config, plan, fresh_start=start.checkpoint is None)
     heldout = open_heldout(config, training_tokenizers(plan))
     return Startup(config, plan, start, heldout)
 
 
-def plan_start(config: Config) -> RunStart:
+def plan_start(config: Config, lock: bool = True) -> RunStart:
     """Resolve the checkpoint, check it fits the model, and refuse to mix two runs in one folder."""
-    lock = run_lock(config) if int(os.environ.get("RANK", "0")) == 0 else None
+    held = run_lock(config) if int(os.environ.get("RANK", "0")) == 0 else None  # refuses a run in progress
+    if not lock and held is not None:  # a launcher checking for its workers: they take it
+        held.close()
+        held = None
     folder = checkpoints_folder(config)
     path = resolve_resume(folder, config.checkpoints.resume)
     metadata = read_metadata(path) if path is not None else None
@@ -97,4 +101,4 @@ def plan_start(config: Config) -> RunStart:
                           f"aside, or another general.run_dir")
     check_writable(config.general.run_path, "general.run_dir", moving=bool(found))
     check_writable(folder, "checkpoints.checkpoints_path", moving=bool(found))
-    return RunStart(path, metadata, replace_old_run=bool(found), lock=lock)
+    return RunStart(path, metadata, replace_old_run=bool(found), lock=held)

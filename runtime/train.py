@@ -1,8 +1,10 @@
-"""Train: ``torchrun --nproc_per_node=N runtime/train.py --config cfg.yaml`` (or ``python -m runtime.train``).
+"""A training worker: what ``nanoset train`` starts on every rank (also ``torchrun --nproc_per_node=N
+runtime/train.py --config cfg.yaml``, or ``python -m runtime.train`` for one process).
 
 Every check (config, data, the checkpoint to resume and the run folder) runs before any process
 group, so a mistake is one line printed once; then the trainer trains. On SIGTERM or SIGUSR1 the
-run saves a checkpoint after the current step and exits 0; rerunning the same command resumes.
+run saves a checkpoint after the current step and exits 0, on Ctrl-C the same with status 130;
+rerunning the same command resumes.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def train(config_path: str) -> int:
 
     trainer = Trainer(startup.config, startup=startup)
     try:
-        return report_user_errors(lambda: trainer.train() and 0, report=lambda message: report_once(
+        return report_user_errors(lambda: trainer.train().exit_status, report=lambda message: report_once(
             message, reporter=trainer.is_main, reporters_node=os.environ.get("GROUP_RANK", "0") == "0"))
     finally:
         trainer.close()

@@ -50,6 +50,7 @@ class TrainSummary:
     checkpoint: Path | None = None
     metrics_file: Path | None = None
     stopped_by_signal: bool = False  # preempted: a checkpoint of last_step was saved; rerun to resume
+    exit_status: int = 0  # what the process should exit with: 130 after Ctrl-C
 
 
 class Trainer:
@@ -146,6 +147,7 @@ class Trainer:
         if c.checkpoints.export_hf and not summary.stopped_by_signal and summary.checkpoint is not None:
             self._export_hf(summary.checkpoint)
         self._release_loader()
+        summary.exit_status = stop.exit_status if summary.stopped_by_signal else 0
         self._print_summary(summary, stop.received)
         return summary
 

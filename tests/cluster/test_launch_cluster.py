@@ -251,3 +251,80 @@ def test_a_node_that_sees_other_data_is_refused(shards, tmp_path):
     assert errors == [f"error: rank 1 sees other data than rank 0 (datasets {theirs} against {mine}); every node must "
                       f"see the same dataset folders: use absolute paths, or start every node in the same directory"]
     assert not (run / "metrics.jsonl").exists() or metrics(run) == []
+
+
+def nanoset_train(*args, cwd: Path, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "nanoset.cli", "train", *map(str, args)], cwd=cwd, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def test_nanoset_train_checks_once_and_says_a_mistake_in_one_line(shards, tmp_path):
+    """torchrun runtime/train.py followed each worker's one line with ~40 lines of its own report (and argparse's
+    usage once per rank); the launcher checks before any worker exists and prints the plan with --check."""
+    cfg = small_config(tmp_path, tmp_path / "run")
+    check = nanoset_train("--config", cfg, "--check", cwd=shards)
+    out, err = check.communicate(timeout=120)
+    assert check.returncode == 0 and err == "", err
+    assert out.splitlines() == [
+        "stage 'pretrain': steps 1-7 (7 steps), sequence length 32, global batch 4: 28 samples, 896 tokens",
+        "  shards/web (weight 0.7): 20 of its 10,639 samples, 640 tokens, 0.00 epochs",
+        "  shards/code (weight 0.3): 8 of its 3,812 samples, 256 tokens, 0.00 epochs",
+        "stage 'anneal': steps 8-12 (5 steps), sequence length 16, global batch 4: 20 samples, 320 tokens",
+        "  shards/sft (weight 1): 20 of its 4,500 samples, 320 tokens, 0.00 epochs"]
+    assert not (tmp_path / "run").exists()  # nothing started
+    bad = small_config(tmp_path, tmp_path / "run", name="bad.yaml",
+                       model={"vocab_size": 1000})
+    proc = nanoset_train("--config", bad, cwd=shards)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and out == ""
+    assert err == ("error: model.vocab_size 1000 < vocab size 1494 of the tokenizer of shards/web; raise "
+                   "model.vocab_size to at least 1494\n")
+    wrong = nanoset_train("--config", cfg, "--nproc-per-node", 3, cwd=shards)
+    assert wrong.communicate(timeout=120)[1] == (
+        f"error: {cfg}: parallelism tp 1 × pp 1 × dp 2 = 2 processes, but 3 were launched; use torchrun "
+        f"--nproc_per_node=2\n")
+
+
+def test_ctrl_c_to_nanoset_train_saves_and_exits_130_then_resumes_bit_identically(reference, shards, tmp_path):
+    """Ctrl-C while training printed 277 lines of KeyboardInterrupt and gloo errors and saved nothing: the first
+    one stops every rank after the step with one checkpoint (exit status 130), the rerun continues exactly."""
+    _, ref_rows = reference
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run)
+    proc = nanoset_train("--config", cfg, cwd=shards)
+    wait_for_step(run, 2, proc)
+    os.kill(proc.pid, signal.SIGINT)  # what a terminal sends to its foreground process (the workers: own sessions)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    step = stopped_at(out, "SIGINT")
+    assert 2 <= step < 12 and (run / "checkpoints" / "latest").read_text().strip() == f"step-{step:06d}"
+    rerun = nanoset_train("--config", cfg, cwd=shards)
+    out, err = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, err
+    assert losses(metrics(run)) == losses(ref_rows)
+
+
+def test_workers_whose_torchrun_agent_is_killed_stop_with_a_checkpoint(reference, shards, tmp_path):
+    """torch starts each worker in its own session: kill -9 of the agent left them training unsupervised to the
+    end. They notice their parent is gone, stop within a step with one checkpoint, release the run lock, and the
+    rerun resumes bit-identically."""
+    _, ref_rows = reference
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run)
+    proc = start_slow(cfg, tmp_path, shards)
+    wait_for_step(run, 2, proc)
+    workers = children(proc.pid)
+    assert len(workers) == 2
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    deadline = time.time() + 120
+    while time.time() < deadline and any(Path(f"/proc/{w}").exists() for w in workers):
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{w}").exists() for w in workers), "the workers went on without their agent"
+    step = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("step-"))
+    assert 2 <= step < 12 and [r["step"] for r in metrics(run)] == list(range(1, step + 1))
+    rerun = start_slow(cfg, tmp_path, shards)  # the lock was released: not "another run is training"
+    out, err = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, err
+    assert losses(metrics(run)) == losses(ref_rows)
