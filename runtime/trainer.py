@@ -20,10 +20,11 @@ import torch
 
 from nanoset.errors import NanosetError
 from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
-from runtime.checkpoint.run_folder import move_aside
+from runtime.checkpoint.run_folder import move_aside, rewind
 from runtime.checkpoint.store import SKIPPED, CheckpointManager
 from runtime.config import Config
 from runtime.data.loading.collator import check_micro_batch
+from runtime.data.loading.dataloader import from_loader_worker
 from runtime.data.loading.prefetch import PrefetchIterator
 from runtime.data.loading.same_plan import check_same_plan
 from runtime.data.loading.sources import DataSource, data_source
@@ -67,6 +68,8 @@ class Trainer:
         self.is_main = self.parallel_context.world_rank == 0
         self.run_dir = config.general.run_path
         moved = move_aside(config) if self.is_main and self.start.replace_old_run else []
+        resumed = last_step(self.start.metadata) if self.start.checkpoint is not None else 0
+        rewound = rewind(config, resumed) if self.is_main and self.start.checkpoint is not None else None
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.general.seed)
@@ -87,6 +90,9 @@ class Trainer:
         self._peak = peak_flops(self.parallel_context.device)
         if moved:
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
+        if rewound is not None:
+            self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): the run's later checkpoints and "
+                              f"its metrics.jsonl were moved to {rewound}")
 
     # ------------------------------------------------------------------ public -----------------
 
@@ -213,6 +219,8 @@ class Trainer:
         ctx = self.parallel_context
         try:
             batches = [next(self._iterator) for _ in range(accum)] if self._iterator is not None else None
+        except NanosetError as e:  # e.g. a shard removed mid-run, found by a loader worker
+            raise from_loader_worker(e) from None
         except StopIteration:
             raise NanosetError(f"the data loader of stage {stage.name!r} ran out at step {step}, but the stage runs "
                                f"steps {stage.start_step}-{stage.end_step - 1}; give it more micro-batches (a larger "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from nanoset.errors import ConfigError, RunFolderError
-from runtime.checkpoint.layout import LATEST, checkpoint_step, checkpoints_folder
+from runtime.checkpoint.layout import LATEST, checkpoint_step, checkpoints_folder, step_folders
 from runtime.config import Config
 
 
@@ -78,18 +79,41 @@ def check_writable(folder: Path, key: str, moving: bool) -> None:
                               f"{key}") from None
 
 
+def _stamped(folder: Path, name: str) -> Path:
+    """``folder/NAME-<UTC time>``, numbered when that exists already."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dst, n = folder / f"{name}-{stamp}", 1
+    while dst.exists():
+        dst, n = folder / f"{name}-{stamp}-{n}", n + 1
+    return dst
+
+
 def move_aside(config: Config) -> list[Path]:
     """Rename the old run folder (and its checkpoints folder when that is elsewhere) to ``NAME.old-<UTC time>``."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     run = config.general.run_path.resolve()
     moved = []
     for src in (run, checkpoints_folder(config).resolve()):
         if src.exists() and (src == run or run not in src.parents):
-            dst = src.with_name(f"{src.name}.old-{stamp}")
-            n = 1
-            while dst.exists():
-                dst, n = src.with_name(f"{src.name}.old-{stamp}-{n}"), n + 1
+            dst = _stamped(src.parent, f"{src.name}.old")
             src.rename(dst)
             src.mkdir()  # a run folder given as a link keeps pointing at a folder
             moved.append(dst)
     return moved
+
+
+def rewind(config: Config, step: int) -> Path | None:
+    """Resuming step ``step`` of a run that went further (``checkpoints.resume: PATH`` of an earlier checkpoint):
+    its later checkpoints and its metrics (which the resumed run rewrites from ``step`` on) are moved into
+    ``<run_dir>/rewound-<UTC time>/``, never deleted; returns that folder, None when nothing came later."""
+    folder = checkpoints_folder(config)
+    later = [p for s, p in step_folders(folder) if s > step] if folder.is_dir() else []
+    if not later:
+        return None
+    aside = _stamped(config.general.run_path, "rewound")
+    (aside / "checkpoints").mkdir(parents=True)
+    for p in later:
+        p.rename(aside / "checkpoints" / p.name)
+    metrics = config.general.run_path / "metrics.jsonl"
+    if metrics.is_file():
+        shutil.copy2(metrics, aside / metrics.name)
+    return aside

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from nanoset.errors import NanosetError
 from runtime.data.loading.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
 from runtime.data.loading.prefetch import PrefetchLoader
 from runtime.data.loading.sampler import get_sampler
@@ -82,3 +83,14 @@ def get_train_dataloader(train_dataset: Any, sequence_length: int, parallel_cont
     )
     # worker processes read ahead already (prefetch_factor): the thread is for reading in-process
     return PrefetchLoader(loader, prefetch) if prefetch > 0 and dataloader_num_workers == 0 else loader
+
+
+def from_loader_worker(error: NanosetError) -> NanosetError:
+    """A user error raised in a DataLoader worker process, as its one line: the DataLoader re-raises it in the
+    training process with the worker's whole traceback in the message."""
+    text = str(error)
+    if "Original Traceback" not in text:
+        return error
+    last = text.rstrip().splitlines()[-1]
+    name = f"{type(error).__module__}.{type(error).__qualname__}: "
+    return type(error)(last.removeprefix(name)) if last.startswith(name) else error

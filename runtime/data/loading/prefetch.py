@@ -5,9 +5,10 @@ loader process taking a core from the training threads: numpy and torch release 
 their copies, so the reading overlaps the step. On CUDA the batches are pinned in the thread
 (the DataLoader's ``pin_memory``), so the step's host-to-device copies are asynchronous.
 
-An exception in the thread is raised again in the training thread, with the original (and its
-traceback) as ``__cause__``. ``close()`` (the trainer calls it at every stage switch and at the
-end) stops and joins the thread; the thread is a daemon, so an interpreter exit never waits on it.
+An exception in the thread is raised again in the training thread: a user error as it is (so it
+stays one line), anything else with the original (and its traceback) as ``__cause__``. ``close()``
+(the trainer calls it at every stage switch and at the end) stops and joins the thread; the thread
+is a daemon, so an interpreter exit never waits on it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import queue
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+from nanoset.errors import user_message
 
 _END = object()  # the wrapped iterator is exhausted
 
@@ -61,6 +64,8 @@ class PrefetchIterator:
         if isinstance(item, _Failure):
             self._done = True
             self._thread.join()
+            if user_message(item.error) is not None:  # a user error (a shard removed mid-run) stays one line
+                raise item.error
             raise RuntimeError(f"the data prefetch thread failed: {type(item.error).__name__}: {item.error}"
                                ) from item.error
         return item
