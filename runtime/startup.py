@@ -102,3 +102,51 @@ def plan_start(config: Config, lock: bool = True) -> RunStart:
     check_writable(config.general.run_path, "general.run_dir", moving=bool(found))
     check_writable(folder, "checkpoints.checkpoints_path", moving=bool(found))
     return RunStart(path, metadata, replace_old_run=bool(found), lock=held)
+
+
+LOST_TOKENS_NOTE = 0.02  # packing that loses more than this share of a dataset's tokens is worth a note
+
+
+def startup_notes(startup: Startup) -> list[str]:
+    """What a user would want to know before the run goes on, said once at start-up: a resume in another layout
+    or with another batch, a learning-rate schedule recomputed for another length, a stage that repeats samples
+    (more than one epoch of a dataset), packing that drops or truncates a share of a dataset's tokens."""
+    c, plan, metadata = startup.config, startup.plan, startup.start.metadata
+    notes = []
+    if metadata is not None:
+        saved = metadata.get("config") or {}
+        last = last_step(metadata)
+        was = {**(saved.get("parallelism") or {}), **(saved.get("tokens") or {})}
+        now = {**c.to_dict()["parallelism"], **c.to_dict()["tokens"]}
+        changed = [f"{k} {was.get(k, 1)} → {now[k]}" for k in ("dp", "tp", "pp", "micro_batch_size",
+                                                                  "batch_accumulation_per_replica")
+                   if was.get(k, 1) != now[k]]
+        old_batch = (metadata.get("training") or {}).get("global_batch_size")
+        if changed:
+            same = (f"global batch {c.global_batch_size} as before: the same samples in the same order, losses equal "
+                    f"to float rounding (not to the bit)" if old_batch == c.global_batch_size else
+                    f"global batch {old_batch} → {c.global_batch_size} from step {last + 1}")
+            notes.append(f"resuming {startup.start.checkpoint} in another layout ({', '.join(changed)}): {same}")
+        old_steps = (metadata.get("lr_schedule") or {}).get("train_steps")
+        if old_steps is not None and old_steps != c.tokens.train_steps:
+            notes.append(f"tokens.train_steps is {c.tokens.train_steps}, the checkpoint's learning-rate schedule was "
+                         f"for {old_steps}: it is recomputed for {c.tokens.train_steps} steps from step {last + 1}")
+    resumed = last_step(metadata) if metadata is not None else 0
+    for part in plan.stages:
+        if part.end_step <= resumed + 1:
+            continue  # finished before this start
+        draws = part.blend.draws(part.num_samples)
+        for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), draws.tolist()):
+            w = plan.datasets[d]
+            if offset + n > w.num_samples:
+                notes.append(f"stage {part.name!r} reads {w.folder} up to {(offset + n) / w.num_samples:.2f} epochs: "
+                             f"its samples repeat (add data, or fewer steps or a lower weight for it)")
+    for w in plan.datasets:
+        if w.packing == "documents" and w.reader.num_tokens:
+            lost = 1 - w.kept_tokens / w.reader.num_tokens
+            if lost > LOST_TOKENS_NOTE:
+                fate = "dropped" if w.drop_long_documents else "truncated"
+                notes.append(f"packing {w.folder} at sequence length {w.sequence_length}: {100 * lost:.1f}% of its "
+                             f"tokens are in documents longer than {w.sequence_length + 1} tokens and {fate}; raise "
+                             f"the stage's sequence_length to train on them")
+    return notes

@@ -38,7 +38,7 @@ from runtime.lr_schedule import LRSchedule
 from runtime.metrics import MetricsLogger, flops_per_token, peak_flops
 from runtime.parallel.context import ParallelContext
 from runtime.preemption import StopOnSignal
-from runtime.startup import Startup, start_up
+from runtime.startup import Startup, start_up, startup_notes
 from runtime.validation import Validator, describe
 
 KILL_AT_STEP_ENV = "NANOSET_FAULT_KILL_AT_STEP"  # fault injection for tests: SIGKILL rank 0 after this step
@@ -90,6 +90,8 @@ class Trainer:
         self._peak = peak_flops(self.parallel_context.device)
         if moved:
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
+        for note in startup_notes(startup):
+            self.metrics.info(f"note: {note}")
         if rewound is not None:
             self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): the run's later checkpoints and "
                               f"its metrics.jsonl were moved to {rewound}")

@@ -20,7 +20,7 @@ from pathlib import Path
 from nanoset.errors import ConfigError, print_error, report_user_errors
 from runtime.config.load import load_config
 from runtime.data.order.plan import DataPlan
-from runtime.startup import start_up
+from runtime.startup import start_up, startup_notes
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "train.py"
 # long enough for the workers to finish the step and save after Ctrl-C or SIGTERM (torchrun's default: 30 s)
@@ -59,7 +59,7 @@ def launch(config_path: str, nproc: int | None, check: bool, torchrun_args: list
         raise ConfigError(f"{config_path}: {e}") from None
     startup = start_up(config, world=nproc * nodes, lock=False)
     if check:
-        print("\n".join(plan_report(startup.plan)))
+        print("\n".join(plan_report(startup.plan) + [f"note: {note}" for note in startup_notes(startup)]))
         return 0
     torchrun = parser.parse_args([*torchrun_args, f"--nproc-per-node={nproc}", str(TRAIN_SCRIPT),
                                   "--config", config_path])

@@ -87,6 +87,11 @@ class PackedDocuments:
     def __len__(self) -> int:
         return self.num_samples
 
+    @property
+    def kept_tokens(self) -> int:
+        """Tokens of the dataset in some packed sample (not in a dropped document or a truncated tail)."""
+        return int((self.stops - self.starts).sum())
+
     def describe(self) -> str:
         """One line for the log: how many samples, and what happened to documents that were too long."""
         fate = "dropped" if self.drop_long_documents else "truncated"

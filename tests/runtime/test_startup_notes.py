@@ -1,0 +1,47 @@
+"""The notes a run prints once at start-up: a resume in another layout or batch, a recomputed learning-rate
+schedule, samples that repeat, packing that loses tokens; nothing when there is nothing to say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.data.order.plan import DataPlan
+from runtime.startup import RunStart, Startup, startup_notes
+from tests.support.configs import make_config
+
+STAGE = {"name": "sft", "start_training_step": 1, "data": {"dataset": {"dataset_folder": "shards/sft"}}}
+
+
+def notes(config, metadata=None):
+    start = RunStart(Path("ck/step-000010") if metadata else None, metadata)
+    return startup_notes(Startup(config, DataPlan(config), start, []))
+
+
+def test_nothing_to_say(shards, monkeypatch):
+    monkeypatch.chdir(shards)
+    assert notes(make_config(train_steps=40)) == []
+
+
+def test_a_resume_in_another_layout_and_a_recomputed_schedule(shards, monkeypatch):
+    monkeypatch.chdir(shards)
+    c = make_config(dp=2, accum=1, train_steps=40)  # global batch 4
+    saved = {"training": {"last_train_step": 10, "global_batch_size": 4},
+             "config": {"parallelism": {"dp": 1}, "tokens": {"micro_batch_size": 2, "batch_accumulation_per_replica": 2}},
+             "lr_schedule": {"train_steps": 10}}
+    assert notes(c, saved) == [
+        "resuming ck/step-000010 in another layout (dp 1 → 2, batch_accumulation_per_replica 2 → 1): global batch 4 "
+        "as before: the same samples in the same order, losses equal to float rounding (not to the bit)",
+        "tokens.train_steps is 40, the checkpoint's learning-rate schedule was for 10: it is recomputed for 40 steps "
+        "from step 11"]
+
+
+def test_samples_that_repeat_and_packing_that_drops_tokens(shards, monkeypatch):
+    monkeypatch.chdir(shards)
+    many = make_config(train_steps=600, seq=64, stages=[STAGE])  # 600 steps × 2 samples of the 1,125 windows
+    assert notes(many) == ["stage 'sft' reads shards/sft up to 1.07 epochs: its samples repeat (add data, or fewer "
+                           "steps or a lower weight for it)"]
+    packed = dict(STAGE, data={"packing": "documents", "drop_long_documents": True, "use_position_ids": True,
+                               "dataset": {"dataset_folder": "shards/sft"}})
+    (line,) = notes(make_config(train_steps=2, seq=24, stages=[packed]))
+    assert line == ("packing shards/sft at sequence length 24: 37.6% of its tokens are in documents longer than 25 "
+                    "tokens and dropped; raise the stage's sequence_length to train on them")
