@@ -22,7 +22,7 @@ from nanoset.errors import NanosetError
 from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
 from runtime.checkpoint.run_folder import move_aside, rewind
 from runtime.checkpoint.store import SKIPPED, CheckpointManager
-from runtime.config import Config
+from runtime.config import Config, HFDatasetArgs
 from runtime.data.loading.collator import check_micro_batch
 from runtime.data.loading.dataloader import from_loader_worker
 from runtime.data.loading.prefetch import PrefetchIterator
@@ -208,7 +208,11 @@ class Trainer:
                 self._iterator = iter(source.loader(stage, step))
         self._stage = stage
         consumed = stage.consumed_samples(step - 1)
-        folders = ", ".join(f"{self.plan.datasets[d].folder} ({w:g})" for d, w in zip(stage.dataset_ids, stage.weights))
+        source = self.config.data_stages[stage.index].data.dataset
+        named = (lambda folder: f"{source.hf_dataset_or_datasets} (tokenized in {folder})") if isinstance(
+            source, HFDatasetArgs) else (lambda folder: folder)
+        folders = ", ".join(f"{named(self.plan.datasets[d].folder)} ({w:g})"
+                            for d, w in zip(stage.dataset_ids, stage.weights))
         self.metrics.info(f"stage {stage.name!r} at step {step} (steps {stage.start_step}-{stage.end_step - 1}): "
                           f"datasets {folders}, sequence length {stage.sequence_length}, "
                           f"{consumed} of {stage.num_samples} samples already consumed")

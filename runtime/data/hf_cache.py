@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from nanoset.errors import MissingColumnError
+from nanoset.errors import MissingColumnError, NanosetError, WaitTimeout
 from runtime.config import Config, ConfigError, HFDatasetArgs
 
 HEARTBEAT_SECONDS = 30  # the lock holder touches the lock file this often while it tokenizes
@@ -108,7 +108,7 @@ def _exclusive(lock: Path, out: Path) -> Iterator[None]:
     time limit failed every other rank of a run whose dataset takes longer). Only a holder silent
     for ``STALE_SECONDS`` is given up on."""
     with open(lock, "a+") as f:
-        since = time.time()
+        since, waiting = time.time(), False
         while True:
             try:
                 fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -120,11 +120,14 @@ def _exclusive(lock: Path, out: Path) -> Iterator[None]:
                                       f"a filesystem that does (a node-local disk: each node then prepares its own "
                                       f"copy)") from None
                 silent = time.time() - max(os.fstat(f.fileno()).st_mtime, since)
+                f.seek(0)
+                holder = f.read().strip() or "another process"
                 if silent > STALE_SECONDS:
-                    f.seek(0)
-                    holder = f.read().strip() or "another process"
-                    raise TimeoutError(f"{out}: {holder} holds {lock} but has shown no sign of life for "
-                                       f"{silent:.0f}s; if it is gone, rerun") from None
+                    raise WaitTimeout(f"{out}: {holder} holds {lock} but has shown no sign of life for "
+                                      f"{silent:.0f}s; if it is gone, rerun") from None
+                if not waiting:
+                    print(f"waiting for {holder} to tokenize into {out}", flush=True)
+                    waiting = True
                 time.sleep(0.5)
         f.seek(0)
         f.truncate()
@@ -159,11 +162,13 @@ def prepare_hf_dataset(config: Config, ds: HFDatasetArgs, where: str = "data.dat
             return out
         from nanoset.tokenize.job import TokenizeOptions, tokenize
 
+        print(f"{where}: the Hugging Face dataset {ds.hf_dataset_or_datasets} is tokenized into {out}, once (other "
+              f"processes and later runs read it)", flush=True)
         try:
             tokenize(TokenizeOptions(inputs=[ds.hf_dataset_or_datasets], output=out,
                                      tokenizer=config.tokenizer.tokenizer_name_or_path,
                                      eos_token=config.tokenizer.eos_token, text_column=ds.text_column_name,
-                                     splits=_splits(ds), progress=False, chat=ds.sft, chat_template=ds.chat_template,
+                                     splits=_splits(ds), progress=True, chat=ds.sft, chat_template=ds.chat_template,
                                      messages_column=ds.messages_column_name, prompt_column=ds.prompt_column_name,
                                      completion_column=ds.completion_column_name))
         except MissingColumnError as e:
@@ -185,17 +190,20 @@ def resolve_stage_folders(config: Config) -> list[list[str]]:
                 out.append([str(prepare_hf_dataset(config, ds, where))])
             except ConfigError:
                 raise
-            except ValueError as e:
-                raise ConfigError(f"{where}: {_without_cli_hint(str(e))}") from None
+            except NanosetError as e:
+                raise ConfigError(f"{where}: {_in_config_terms(str(e))}") from None
         else:
             out.append(ds.folders)
     return out
 
 
-def _without_cli_hint(message: str) -> str:
-    """A bad row's error says what to do in a stage config instead of naming a flag the config lacks."""
+def _in_config_terms(message: str) -> str:
+    """A tokenize error says what to do in the config, not with a flag the config lacks (--eos-token is the
+    config's tokenizer.eos_token; --skip-bad-lines has no config key: tokenize the data by hand then)."""
     from nanoset.tokenize.rows import SKIP_HINT
 
+    message = message.replace("pass --eos-token TOKEN", "set tokenizer.eos_token: TOKEN in the config")
+    message = message.replace("--eos-token ", "tokenizer.eos_token ")
     if not message.endswith(SKIP_HINT):
         return message
     return (message.removesuffix(SKIP_HINT) + "; fix or remove that row, or tokenize the data with `nanoset tokenize "

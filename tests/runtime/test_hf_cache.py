@@ -171,3 +171,27 @@ def test_a_cache_dir_without_file_locks_is_one_clear_error(tmp_path, monkeypatch
     assert str(e.value) == (f"general.cache_dir: {tmp_path} does not support file locks (Function not implemented), "
                             f"which keep two processes from tokenizing into one cache; set cache_dir on a filesystem "
                             f"that does (a node-local disk: each node then prepares its own copy)")
+
+
+def test_a_stage_says_which_dataset_it_tokenizes_and_names_the_config_key_for_eos(tmp_path, capsys):
+    """Tokenized silently at start-up (a large dataset looked hung before step 1); a tokenizer without EOS was told
+    to `pass --eos-token TOKEN`, a flag a config does not have."""
+    src = write_jsonl(tmp_path / "texts.jsonl", TEXTS)
+    c = hf_config(tmp_path, src)
+    (folder,) = resolve_stage_folders(c)[0]
+    out = capsys.readouterr().out
+    assert (f"data_stages[0] (sft).data.dataset: the Hugging Face dataset {src} is tokenized into {folder}, once "
+            f"(other processes and later runs read it)\n") in out
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    plain = Tokenizer(models.BPE())
+    plain.pre_tokenizer = pre_tokenizers.ByteLevel()
+    plain.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=300, show_progress=False))
+    (tmp_path / "plain").mkdir()
+    plain.save(str(tmp_path / "plain" / "tokenizer.json"))
+    c.tokenizer.tokenizer_name_or_path = str(tmp_path / "plain")
+    with pytest.raises(ConfigError) as e:
+        resolve_stage_folders(c)
+    assert str(e.value) == (f"data_stages[0] (sft).data.dataset: tokenizer {tmp_path / 'plain' / 'tokenizer.json'} "
+                            f"declares no EOS token; set tokenizer.eos_token: TOKEN in the config (its special tokens "
+                            f"are: none)")

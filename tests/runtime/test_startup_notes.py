@@ -26,7 +26,8 @@ def test_a_resume_in_another_layout_and_a_recomputed_schedule(shards, monkeypatc
     monkeypatch.chdir(shards)
     c = make_config(dp=2, accum=1, train_steps=40)  # global batch 4
     saved = {"training": {"last_train_step": 10, "global_batch_size": 4},
-             "config": {"parallelism": {"dp": 1}, "tokens": {"micro_batch_size": 2, "batch_accumulation_per_replica": 2}},
+             "config": {"parallelism": {"dp": 1},
+                        "tokens": {"micro_batch_size": 2, "batch_accumulation_per_replica": 2}},
              "lr_schedule": {"train_steps": 10}}
     assert notes(c, saved) == [
         "resuming ck/step-000010 in another layout (dp 1 → 2, batch_accumulation_per_replica 2 → 1): global batch 4 "
