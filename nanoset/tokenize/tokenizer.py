@@ -132,3 +132,27 @@ def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokeni
         path=str(path),
     )
     return ResolvedTokenizer(spec=spec, path=path, info=info)
+
+
+# texts whose ids tell tokenizers apart: whitespace runs, digits, scripts, combining marks, emoji, CRLF, a long word
+ENCODING_PROBE = ("Hello, world! It's 2026.", "  two spaces,\ttab\n\nnewlines \r\n CRLF", "0123456789 3.14159 1e-5",
+                  "caf\u00e9 cafe\u0301 na\u00efve \u00fcber", "\u4e2d\u6587 \u65e5\u672c\u8a9e \ud55c\uad6d\uc5b4 "
+                  "\u0627\u0644\u0639\u0631\u0628\u064a\u0629", "\U0001f642\U0001f44d\U0001f3fd", "x" * 300)
+
+
+def encoding_difference(a: Path, b: Path) -> str | None:
+    """How the tokenizers at ``a`` and ``b`` encode differently, None when they encode alike: the same vocabulary
+    and added tokens, and the same ids (with and without special tokens) for a probe of texts and of their added
+    tokens. A tokenizer that ``transformers`` saved again (a no-op post-processor added) is another file but
+    encodes alike."""
+    ta, tb = load_tokenizer(a), load_tokenizer(b)
+    if ta.get_vocab(with_added_tokens=True) != tb.get_vocab(with_added_tokens=True):
+        return "their vocabularies (or added tokens) differ"
+    added = " ".join(sorted(ta.get_vocab(with_added_tokens=True).keys() - ta.get_vocab(with_added_tokens=False)))
+    for text in (*ENCODING_PROBE, added):
+        for special in (True, False):
+            ids_a = ta.encode(text, add_special_tokens=special).ids
+            ids_b = tb.encode(text, add_special_tokens=special).ids
+            if ids_a != ids_b:
+                return f"{text[:40]!r} encodes to {ids_a[:8]} with one and {ids_b[:8]} with the other"
+    return None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from nanoset import TokenizerInfo
 from nanoset.errors import ConfigError
+from nanoset.tokenize.tokenizer import encoding_difference
 from runtime.config import Config
 
 
@@ -17,14 +18,22 @@ def data_tokenizer(plan) -> TokenizerInfo | None:
 
 
 def check_tokenizer(folder: str | Path, data: TokenizerInfo | None) -> None:
-    """``folder/tokenizer.json``, when there is one, must be the file the data was tokenized with."""
+    """``folder/tokenizer.json``, when there is one, must encode as the tokenizer the data was made with: the same
+    file, or one that encodes alike (``transformers`` saving a tokenizer again changes its bytes, not its ids)."""
     path = Path(folder) / "tokenizer.json"
     if not path.is_file() or data is None or not data.sha256:
         return
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    if sha != data.sha256:
+    if sha == data.sha256:
+        return
+    recorded = Path(data.path) if data.path else None
+    if recorded is None or not recorded.is_file():  # nothing to compare the encodings with
         raise ConfigError(f"model.init_from_hf: {path} (sha256 {sha[:12]}) is not the tokenizer the data was made "
                           f"with ({data.describe()}); tokenize the data with the model's tokenizer")
+    difference = encoding_difference(path, recorded)
+    if difference is not None:
+        raise ConfigError(f"model.init_from_hf: {path} does not encode as the tokenizer the data was made with "
+                          f"({recorded}): {difference}; tokenize the data with the model's tokenizer")
 
 
 def check_init_from_hf(config: Config, plan, fresh_start: bool) -> None:

@@ -129,3 +129,24 @@ def test_tokenizer_must_be_the_datas(tmp_path):
     assert str(e.value) == (f"model.init_from_hf: {hf / 'tokenizer.json'} (sha256 {other[:12]}) is not the tokenizer "
                             f"the data was made with ('tokenizer' sha256 {data.sha256[:12]}); tokenize the data with "
                             f"the model's tokenizer")
+
+
+def test_a_tokenizer_transformers_saved_again_is_the_datas(tmp_path):
+    """transformers adds a no-op TemplateProcessing post-processor when it saves a tokenizer: another sha256,
+    the same ids; such a model folder was refused. A tokenizer that really encodes otherwise still is, saying how."""
+    from transformers import AutoTokenizer
+
+    data = TokenizerInfo(name="tokenizer", vocab_size=1494, path=str(TOKENIZER / "tokenizer.json"),
+                         sha256=hashlib.sha256((TOKENIZER / "tokenizer.json").read_bytes()).hexdigest())
+    hf = tmp_path / "hf"
+    AutoTokenizer.from_pretrained(str(TOKENIZER)).save_pretrained(str(hf))
+    assert (hf / "tokenizer.json").read_bytes() != (TOKENIZER / "tokenizer.json").read_bytes()
+    check_tokenizer(hf, data)
+    other = json.loads((hf / "tokenizer.json").read_text())
+    other["model"]["vocab"] = {t: (i + 1) % len(other["model"]["vocab"]) for t, i in other["model"]["vocab"].items()}
+    (hf / "tokenizer.json").write_text(json.dumps(other))
+    with pytest.raises(ConfigError) as e:
+        check_tokenizer(hf, data)
+    assert str(e.value) == (f"model.init_from_hf: {hf / 'tokenizer.json'} does not encode as the tokenizer the data "
+                            f"was made with ({TOKENIZER / 'tokenizer.json'}): their vocabularies (or added tokens) "
+                            f"differ; tokenize the data with the model's tokenizer")
