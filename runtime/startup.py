@@ -26,7 +26,7 @@ from runtime.checkpoint.layout import (
 from runtime.checkpoint.run_folder import check_writable, existing_run, run_lock
 from runtime.config import Config
 from runtime.config.load import load_config
-from runtime.data.heldout import HeldOutSet, open_heldout, training_tokenizers
+from runtime.data.heldout import HeldOutSet, open_heldout, training_readers
 from runtime.data.hf_cache import resolve_stage_folders
 from runtime.data.order.plan import DataPlan
 from runtime.hf.preflight import check_init_from_hf
@@ -71,7 +71,7 @@ def start_up(config: Config | str | Path, world: int | None = None, lock: bool =
     start = plan_start(config, lock)
     plan = DataPlan(config, resolve_stage_folders(config)).resumed_from(start.checkpoint, start.metadata)
     check_init_from_hf(config, plan, fresh_start=start.checkpoint is None)
-    heldout = open_heldout(config, training_tokenizers(plan))
+    heldout = open_heldout(config, training_readers(plan))
     return Startup(config, plan, start, heldout)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nanoset.errors import NanosetError
+from nanoset.errors import MissingPath, NanosetError
 
 DEFAULT_MAX_OPEN_SHARDS = 64
 ENV_MAX_OPEN_SHARDS = "NANOSET_MAX_OPEN_SHARDS"
@@ -50,8 +50,8 @@ def map_file(path: Path, dtype: np.dtype) -> np.ndarray:
                 raise NanosetError(f"{path}: {size} bytes is not a multiple of {dtype.itemsize}; the file changed "
                                    f"while in use (run `nanoset verify {path.parent}`)")
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ, **_MMAP_KWARGS)
-    except FileNotFoundError:
-        raise NanosetError(f"{path}: missing: the file was removed or moved after the dataset was opened; restore "
+    except FileNotFoundError:  # still a FileNotFoundError: a cache file (Megatron's ends) is rebuilt then
+        raise MissingPath(f"{path}: missing: the file was removed or moved after the dataset was opened; restore "
                            f"it (run `nanoset verify {path.parent}`) and rerun") from None
     except OSError as e:
         if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):

@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from nanoset import NanosetError, NanosetReader, TokenizerInfo, open_dataset
+from nanoset import NanosetError, NanosetReader, open_dataset
 from runtime.config import Config, ConfigError
 from runtime.data.loading.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
 from runtime.data.order.permutation import FeistelPermutation
+from runtime.data.order.vocab import Known, check_tokenizer, check_unknown_beside_known, check_vocab
 from runtime.data.order.windows import TokenWindows
 
 
@@ -108,17 +109,20 @@ class HeldOutSet:
             yield out
 
 
-def open_heldout(config: Config, training_tokenizers: list[tuple[TokenizerInfo | None, str]] | None = None
+def open_heldout(config: Config, training: list[tuple[NanosetReader, str]] | None = None
                  ) -> list[HeldOutSet]:
     """Open and check ``validation.datasets`` (before any process group): folders exist, one tokenizer -
-    the training data's when ``training_tokenizers`` (tokenizer, folder) are given - ids within
+    the training data's when its ``training`` (reader, folder) pairs are given - ids within
     ``model.vocab_size``, and at least one window at every stage's sequence length."""
     v = config.validation
     if not v.datasets:
         return []
     seed = v.seed if v.seed is not None else config.general.seed
     longest = max(config.stage_sequence_length(s) for s in config.data_stages)
-    known = [(t, f) for t, f in (training_tokenizers or []) if t is not None]
+    known: list[Known] = []
+    training = list(training or [])
+    for reader, folder in training:
+        known = check_tokenizer(reader, folder, known)
     sets = []
     for name in v.datasets:
         where = f"validation.datasets.{name}"
@@ -128,7 +132,9 @@ def open_heldout(config: Config, training_tokenizers: list[tuple[TokenizerInfo |
                 readers.append(open_dataset(folder))
             except NanosetError as e:
                 raise ConfigError(f"{where}: {e}") from None
-            known = _check_reader(readers[-1], folder, where, known, config.model.vocab_size)
+            known = check_tokenizer(readers[-1], folder, known, validation=where)
+            check_vocab(readers[-1], folder, config.model.vocab_size, validation=where)
+        check_unknown_beside_known(list(zip(readers, v.folders(name))) + training, known, where)
         held = HeldOutSet(name, v.folders(name), readers, v.samples, seed)
         if held.num_windows(longest) == 0:
             tokens = sum(r.num_tokens for r in readers)
@@ -138,25 +144,6 @@ def open_heldout(config: Config, training_tokenizers: list[tuple[TokenizerInfo |
     return sets
 
 
-def training_tokenizers(plan: Any) -> list[tuple[TokenizerInfo | None, str]]:
-    """(tokenizer, folder) of each training dataset of a ``DataPlan``: what validation data must match."""
-    return [(w.reader.tokenizer, w.folder) for w in plan.datasets]
-
-
-def _check_reader(reader: NanosetReader, folder: str, where: str, known: list[tuple[TokenizerInfo, str]],
-                  vocab: int) -> list[tuple[TokenizerInfo, str]]:
-    """The reader's tokenizer matches the ones seen so far (returned with it added), and its ids fit the model."""
-    tok = reader.tokenizer
-    if tok is not None:
-        for other, other_folder in known:
-            if not tok.same_as(other):
-                raise ConfigError(f"{where}: {folder} was tokenized with {tok.describe()}, but {other_folder} with "
-                                  f"{other.describe()}; validation data must be made with the training tokenizer")
-        known = known + [(tok, folder)]
-        if tok.vocab_size and tok.vocab_size > vocab:
-            raise ConfigError(f"{where}: the tokenizer of {folder} has {tok.vocab_size} ids > model.vocab_size {vocab}")
-    top = reader.max_token_id
-    if top >= vocab:
-        raise ConfigError(f"{where}: {folder} holds token id {top}, ≥ model.vocab_size {vocab}; use data made with "
-                          f"the model's tokenizer")
-    return known
+def training_readers(plan: Any) -> list[tuple[NanosetReader, str]]:
+    """(reader, folder) of each training dataset of a ``DataPlan``: what validation data must match."""
+    return [(w.reader, w.folder) for w in plan.datasets]

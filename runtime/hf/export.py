@@ -116,7 +116,10 @@ def _copy_tokenizer(info: TokenizerInfo | None, tmp: Path) -> str:
         return "no tokenizer recorded for the data: tokenizer files not written"
     src = Path(info.path)
     if not src.is_file():
-        return f"tokenizer {src} is gone: tokenizer files not written"
+        where = (f"recorded relative to the directory the data was tokenized in, and not found from {Path.cwd()}"
+                 if not src.is_absolute() else "no longer there")
+        return (f"the data's tokenizer {src} is {where}: tokenizer files not written; copy its tokenizer.json (and "
+                f"tokenizer_config.json) into the output folder")
     if info.sha256 and hashlib.sha256(src.read_bytes()).hexdigest() != info.sha256:
         return f"{src} changed since the data was made (sha256): tokenizer files not written"
     shutil.copyfile(src, tmp / "tokenizer.json")

@@ -187,3 +187,24 @@ def test_negative_ids_are_refused_before_training(tmp_path):
     with pytest.raises(NanosetError) as e:
         DataPlan(make_config(seq=2, stages=stages))
     assert str(e.value) == f"{tmp_path}/neg.bin: negative token id -1 at position 3; token ids must be ≥ 0"
+
+
+def test_data_of_an_unknown_tokenizer_beside_a_known_one_is_refused_raw_or_converted(tmp_path, shards, monkeypatch):
+    """Raw Megatron data (no tokenizer recorded) blended silently with another tokenizer's dataset, while the same
+    data converted without --tokenizer was refused: one rule now, saying how to record the tokenizer."""
+    monkeypatch.chdir(shards)
+    prefix = write_mmidx(tmp_path / "mg" / "corpus", DOCS)
+    run_cli("convert", prefix, "-o", tmp_path / "converted")
+    converted = tmp_path / "converted"
+    for data, why in ((prefix, "Megatron data records none"), (converted, "converted without --tokenizer")):
+        stages = [{"name": "s", "start_training_step": 1, "data": {"dataset": {
+            "dataset_folder": ["shards/web", str(data)], "dataset_weights": [0.5, 0.5]}}}]
+        with pytest.raises(NanosetError) as e:
+            DataPlan(make_config(seq=4, stages=stages))
+        assert str(e.value) == (
+            f"data_stages: the tokenizer that made {data} is unknown ({why}), but shards/web was tokenized with "
+            f"'tokenizer' sha256 {open_dataset('shards/web').tokenizer.sha256[:12]}: the ids may be another "
+            f"tokenizer's; if it was made with that tokenizer, record it with `nanoset convert {data} -o OUT "
+            f"--tokenizer TOKENIZER` and list OUT instead")
+    alone = [{"name": "s", "start_training_step": 1, "data": {"dataset": {"dataset_folder": str(prefix)}}}]
+    assert DataPlan(make_config(seq=4, stages=alone)).datasets[0].num_samples == 3  # nothing to compare it with

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -151,6 +152,27 @@ def test_export_reads_metadata_of_another_version_or_refuses_it_in_one_line(save
         export_checkpoint(copy, tmp_path / "out2")
     assert str(e.value) == (f"{copy / 'metadata.json'}: config.model records no hidden_size; is it a checkpoint of "
                             f"this runtime?")
+
+
+def test_an_export_without_the_datas_tokenizer_says_why(saved_from_hf, tmp_path):
+    """A dataset tokenized with a relative --tokenizer recorded that path as given: an export from another
+    directory said "is gone" (or wrote nothing). The note says what the path was relative to and what to do."""
+    import shutil
+
+    _, ckpt, _, _ = saved_from_hf
+    copy = tmp_path / "step-000000"
+    shutil.copytree(ckpt, copy)
+    meta = json.loads((copy / "metadata.json").read_text())
+    meta["tokenizer"]["path"] = "data_fixtures/tokenizer/tokenizer.json"
+    (copy / "metadata.json").write_text(json.dumps(meta))
+    proc = subprocess.run([sys.executable, "-m", "runtime.export", str(copy), str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (f"exported {copy} to {tmp_path / 'out'} (the data's tokenizer "
+                           f"data_fixtures/tokenizer/tokenizer.json is recorded relative to the directory the data was "
+                           f"tokenized in, and not found from {tmp_path}: tokenizer files not written; copy its "
+                           f"tokenizer.json (and tokenizer_config.json) into the output folder)\n")
+    assert not (tmp_path / "out" / "tokenizer.json").exists()
 
 
 def run_config(tmp: Path, hf: Path, data: Path, run: str) -> Path:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nanoset import NanosetError, TokenizerInfo, open_dataset
+from nanoset import NanosetError, open_dataset
 from runtime.config import Config, ConfigError, DatasetStageArgs, NanosetDatasetsArgs
 from runtime.data.order.blend import BlendSchedule
 from runtime.data.order.packing import PackedDocuments
@@ -38,6 +38,7 @@ from runtime.data.order.record import (
     refuse,
     started_stages,
 )
+from runtime.data.order.vocab import Known, check_tokenizer, check_unknown_beside_known, check_vocab
 from runtime.data.order.windows import TokenWindows
 
 
@@ -308,31 +309,12 @@ class DataPlan:
         return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
     def _check_tokenizers(self) -> None:
-        """All datasets share one tokenizer, and every token id fits the model's vocabulary.
-
-        Tokenizers are compared by sha256 when both folders record one, else by name (a datatrove
-        folder records only the name); the largest id comes from the manifest or a cached scan.
-        """
-        vocab = self.config.model.vocab_size
-        kinds: list[tuple[TokenizerInfo, str]] = []  # one (tokenizer, first folder) per distinct record
+        """All datasets share one tokenizer, and every token id fits the model's vocabulary."""
+        known: list[Known] = []
         for w in self.datasets:
-            tok = w.reader.tokenizer
-            if tok is not None:
-                for other, folder in kinds:
-                    if not tok.same_as(other):
-                        raise ConfigError(f"data_stages: datasets were tokenized with different tokenizers: "
-                                          f"{folder} ({other.describe()}) and {w.folder} ({tok.describe()}); "
-                                          f"re-tokenize them with one tokenizer")
-                if all((tok.name, tok.sha256) != (o.name, o.sha256) for o, _ in kinds):
-                    kinds.append((tok, w.folder))
-            if tok and tok.vocab_size and tok.vocab_size > vocab:
-                raise ConfigError(f"model.vocab_size {vocab} < vocab size {tok.vocab_size} of the tokenizer of "
-                                  f"{w.folder}; raise model.vocab_size to at least {tok.vocab_size}")
-            top = w.reader.max_token_id
-            if top >= vocab:
-                raise ConfigError(f"{w.folder}: holds token id {top}, ≥ model.vocab_size {vocab}; raise "
-                                  f"model.vocab_size to at least {top + 1}, or use data made with the model's "
-                                  f"tokenizer")
+            known = check_tokenizer(w.reader, w.folder, known)
+            check_vocab(w.reader, w.folder, self.config.model.vocab_size)
+        check_unknown_beside_known([(w.reader, w.folder) for w in self.datasets], known, "data_stages")
 
 
 def _draws_key(folder: str, dataset: TokenWindows | PackedDocuments) -> str:
