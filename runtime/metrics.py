@@ -24,12 +24,14 @@ def peak_flops(device: torch.device) -> float | None:
 
 
 def flops_per_token(model_args, sequence_length: int) -> float:
-    """Training FLOPs per token: 6 · parameters (matmuls) + attention scores, forward and backward."""
+    """Training FLOPs per token: 6 · parameters (matmuls) + attention scores and values, forward and backward,
+    over the query width (heads · head size, which need not be the hidden size) and the whole sequence (PaLM's
+    convention: the work a causal or document mask skips is counted too)."""
     h, n, v = model_args.hidden_size, model_args.num_hidden_layers, model_args.vocab_size
     q = model_args.num_attention_heads * model_args.head_size
     kv = model_args.kv_heads * model_args.head_size
     params = n * (2 * h * q + 2 * h * kv + 3 * h * model_args.intermediate_size) + h * v
-    return 6 * params + 12 * n * h * sequence_length
+    return 6 * params + 12 * n * q * sequence_length
 
 
 class MetricsLogger:
@@ -45,7 +47,7 @@ class MetricsLogger:
                 self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
             except ImportError:
                 self.info("note: TensorBoard events are off: the tensorboard package is not installed "
-                          "(pip install 'nanoset[tensorboard]', or set logging.tensorboard: false)")
+                          "(pip install -e '.[tensorboard]' in the checkout, or set logging.tensorboard: false)")
 
     def truncate_after(self, step: int) -> None:
         """On every start (``step`` = the resumed step, 0 when fresh): keep one training line and at

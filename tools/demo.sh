@@ -12,8 +12,8 @@ for name in web code sft; do
 done
 "$BIN/nanoset" tokenize data_fixtures/chat -o shards/chat --tokenizer data_fixtures/tokenizer --chat --quiet
 "$BIN/nanoset" inspect shards/chat --samples 1
-rm -rf runs/three-stage  # a fresh demo run every time (see README: resume)
-"$BIN/torchrun" --nproc_per_node=2 runtime/train.py --config data_fixtures/configs/three-stage.yaml
+rm -rf runs/three-stage  # a fresh demo run every time (see docs/checkpoints.md: resuming)
+"$BIN/nanoset" train --config data_fixtures/configs/three-stage.yaml
 # what the SFT stage trained on: label_tokens of its steps in metrics.jsonl (answers only, whole conversations)
 "$BIN/python" - runs/three-stage/metrics.jsonl <<'PY'
 import json, sys

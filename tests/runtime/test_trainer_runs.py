@@ -86,7 +86,7 @@ def test_tensorboard_missing_is_said_once(tmp_path, monkeypatch, capsys):
     assert logger.tb is None
     assert capsys.readouterr().out.splitlines() == [
         "note: TensorBoard events are off: the tensorboard package is not installed "
-        "(pip install 'nanoset[tensorboard]', or set logging.tensorboard: false)"]
+        "(pip install -e '.[tensorboard]' in the checkout, or set logging.tensorboard: false)"]
 
 
 def test_crash_before_the_first_checkpoint_then_rerun(reference, shards, tmp_path):
