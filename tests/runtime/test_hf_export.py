@@ -254,11 +254,14 @@ def test_training_starts_from_hf_and_exports_at_the_end(tmp_path, tokenizer):
         f"{tmp_path / 'dp2' / 'checkpoints' / 'step-000002'} are complete: export it with python -m runtime.export"]
     assert f"weights from {hf} (model.init_from_hf)" in proc.stdout and not (tmp_path / "dp2" / "hf").exists()
 
-    (hf / "tokenizer.json").write_bytes((TOKENIZER / "tokenizer.json").read_bytes() + b" ")
+    # another tokenizer (a byte-different file that encodes alike is the same one: see test_hf_errors)
+    other = json.loads((TOKENIZER / "tokenizer.json").read_text())
+    other["model"]["vocab"] = {t: (i + 1) % len(other["model"]["vocab"]) for t, i in other["model"]["vocab"].items()}
+    (hf / "tokenizer.json").write_text(json.dumps(other))
     bad = train_one(run_config(tmp_path, hf, data, "bad-tok"), cwd=tmp_path, check=False)
     lines = bad.stderr.strip().splitlines()
     assert bad.returncode == 1 and len(lines) == 1 and lines[0].startswith(
-        f"error: model.init_from_hf: {hf / 'tokenizer.json'} (sha256 ")
+        f"error: model.init_from_hf: {hf / 'tokenizer.json'} does not encode as the tokenizer the data was made with")
     (hf / "tokenizer.json").unlink()
     rewrite_weights(hf, lambda s: s.pop("model.norm.weight"))
     bad = train_one(run_config(tmp_path, hf, data, "bad-weights"), cwd=tmp_path, check=False)
