@@ -111,6 +111,21 @@ def test_counts_stay_within_the_bound_of_the_rule_at_every_step_boundary(k, rows
             assert draw[d == ds].tolist() == list(range(int(blend.cumulative[-1, ds])))
 
 
+@settings(max_examples=60, deadline=None)
+@given(first=st.lists(st.integers(0, 9), min_size=2, max_size=2).filter(any),
+       last=st.lists(st.integers(0, 9), min_size=2, max_size=2).filter(any), span=st.integers(1, 60),
+       batch=st.integers(1, 33), carried=st.floats(-0.5, 0.49))
+def test_two_datasets_round_the_cumulative_target_as_the_step_by_step_rule_does(first, last, span, batch, carried):
+    """The closed form for two datasets (⌊T_0 + ½⌋) is the water-filling rule, ties and carried deviation included."""
+    s = WeightSchedule.from_entries([{"step": 1, "weights": first}, {"step": 1 + span, "weights": last}])
+    shares = s.shares(np.arange(1, 2 * span + 2))
+    deviation = np.array([carried, -carried])
+    fast, slow = scheduled_blend._round_two(shares, batch, deviation), scheduled_blend._water_fill(
+        shares, batch, deviation)
+    np.testing.assert_array_equal(fast[0], slow[0])
+    np.testing.assert_allclose(fast[1], slow[1], atol=1e-9)
+
+
 def largest_remainder(targets: np.ndarray, total: int) -> np.ndarray:
     """Rounding one step boundary's targets on its own (largest remainder, ties to the lower index)."""
     floors = np.floor(targets).astype(np.int64)

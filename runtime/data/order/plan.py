@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoset import NanosetError, TokenizerInfo, open_dataset
-from runtime.config import Config, ConfigError, DatasetStageArgs, NanosetDatasetsArgs
+from runtime.config import Config, ConfigError, DatasetStageArgs, HFDatasetArgs, NanosetDatasetsArgs
 from runtime.data.order.blend import BlendSchedule
 from runtime.data.order.packing import PackedDocuments
 from runtime.data.order.permutation import FeistelPermutation
@@ -295,6 +295,15 @@ class DataPlan:
             w = self.datasets[d]
             h.update(f"{w.sample_key}:{s};".encode())
         return h.hexdigest()[:16]
+
+    def source_names(self) -> dict[str, str]:
+        """Each dataset's folder as ``explain`` prints it → what the config calls it: the folder, or for a stage
+        of a Hugging Face dataset its source (``hf_dataset_or_datasets``), whose tokenized copy the plan reads."""
+        hf = {}
+        for i, stage in enumerate(self.config.data_stages):
+            if isinstance(stage.data.dataset, HFDatasetArgs):
+                hf.update({resolved(f): stage.data.dataset.hf_dataset_or_datasets for f in self.stage_folders[i]})
+        return {w.folder: hf.get(f, w.folder) for f, w in zip(self.folders, self.datasets)}
 
     def consumed_samples(self, last_step: int) -> int:
         """Samples of all stages used once global steps ``1..last_step`` are done."""
