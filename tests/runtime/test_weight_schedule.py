@@ -146,6 +146,17 @@ def test_three_datasets_never_go_backwards_where_rounding_each_boundary_would():
     assert np.abs(b.cumulative[1:] - targets).max() <= 5 / 6 + 1e-12
 
 
+def test_the_bound_for_four_datasets_is_reached_and_not_passed():
+    """One sample a step, equal weight on the datasets not yet served: dataset 3 ends 1/4 + 1/3 + 1/2 behind,
+    the bound H_4 − 1, and no causal rule could keep all four within 1 (each step's pick is forced)."""
+    s = WeightSchedule.from_entries([{"step": 1, "weights": [1, 1, 1, 1]}, {"step": 2, "weights": [0, 1, 1, 1]},
+                                     {"step": 3, "weights": [0, 0, 1, 1]}, {"step": 4, "weights": [0, 0, 0, 1]}])
+    b = ScheduledBlend(s, 1, 4, 1)
+    assert b.cumulative[1:4].tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]]
+    behind = float(np.cumsum(s.shares(np.arange(1, 4)), axis=0)[-1, 3])
+    assert behind == pytest.approx(13 / 12) and behind <= deviation_bound(4) + 1e-12
+
+
 def test_long_parts_are_cached_atomically_and_a_damaged_cache_is_recomputed(tmp_path, monkeypatch):
     s = WeightSchedule.from_entries([{"step": 1, "weights": [0.9, 0.1]}, {"step": 3000, "weights": [0.2, 0.8]}])
     first = ScheduledBlend(s, 1, 5000, 8, cache_dir=tmp_path)

@@ -16,8 +16,9 @@ outside ``S`` got a sample, its last one going to the largest remaining deficit,
 
 The rule is causal (step ``s`` depends on the weights and batch sizes up to ``s`` only), so a
 resume that changes only the schedule's future, or the global batch, keeps every step trained so
-far; no causal rule does better for ``k ≥ 4`` in the worst case (giving equal weight to the datasets
-not yet served, one step at a time, forces ``H_k − 1``). Inside a step the datasets are interleaved:
+far. No causal rule can promise 1 for ``k ≥ 4``: with one sample a step and equal weight on the
+datasets not yet served, one of four ends 1/4 + 1/3 + 1/2 = 1.08 behind (and this rule reaches
+``H_k − 1`` so). Inside a step the datasets are interleaved:
 dataset ``d``'s ``m``-th sample of the step sits at ``(m + ½) / n_d`` of the step (ties to the lower
 index), so a sample's position and its (dataset, draw) map both ways in O(k).
 
