@@ -4,7 +4,10 @@ validation: the same inputs, targets and loss, forward only.
 
 The loss is the mean cross-entropy over the unmasked label tokens of the whole global batch:
 every micro-batch contributes ``sum / N`` with ``N`` counted over all micro-batches and dp
-ranks, so the value (and the gradient) is the same whatever the layout.
+ranks, so the value (and the gradient) is the same whatever the layout. When the batches carry
+``source_ids``, the last pipeline stage also sums its per-token losses, label tokens and rows per
+source; those few numbers ride in the step's one all-reduce of the loss, so they cost no extra
+collective and no extra host sync.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.config import Config
+from runtime.data.loading.collator import SOURCE_KEY
 from runtime.models.llama import LlamaChunk, init_weights
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.parallelize import parallelize
@@ -35,6 +39,9 @@ class StepResult:
     grad_norm: float  # before clipping
     num_label_tokens: int  # unmasked labels of the global batch, identical on every rank
     skipped: bool = False  # the loss or gradient norm was not finite: no update (every rank decides the same)
+    # per source of the stage: (samples, label tokens, sum of their token losses) over the global batch;
+    # None when a rank's batches carry no source_ids
+    sources: list[tuple[int, int, float]] | None = None
 
 
 def compute_dtype(config: Config, device: torch.device) -> torch.dtype:
@@ -77,6 +84,8 @@ class Engine:
         self._norm_parameters = [p for c in self.chunks for n, p in c.named_parameters() if c.stored_name(n) == n]
         self._schedules: dict[tuple, object] = {}
         self._loss_scale = 1.0
+        # while a step counts sources: per loss call, each row's source and (1, label tokens, Σ token loss)
+        self._tally: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     # ------------------------------------------------------------------ construction ------------
 
@@ -110,10 +119,24 @@ class Engine:
     # ------------------------------------------------------------------ the step ----------------
 
     def _loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Sum of token losses of one micro-batch, scaled to its share of the global mean."""
+        """Sum of token losses of one micro-batch, scaled to its share of the global mean (the per-token losses
+        summed, with or without sources: the same value either way). While sources are counted, the target's
+        last column is each row's source (so it travels with its rows through the pipeline schedule's
+        micro-batch split) and the token losses are also summed per source (``_tally``: one entry a call; the
+        pipeline's set-up calls it once more on its first step, so a step counts only its last calls)."""
+        sources = None
+        if self._tally is not None:
+            target, sources = target[:, :-1], target[:, -1]
         ce = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1), ignore_index=IGNORE_INDEX,
-                             reduction="sum")
-        return ce * self._loss_scale
+                             reduction="none")
+        if sources is not None:
+            tokens = ce.full_tensor() if hasattr(ce, "full_tensor") else ce  # tp: replicated per-token losses
+            rows = target.shape[0]
+            per_row = torch.stack([torch.ones(rows, dtype=torch.float64, device=target.device),
+                                   (target != IGNORE_INDEX).sum(1).double(),
+                                   tokens.detach().view(rows, -1).double().sum(1)], dim=1)
+            self._tally.append((sources, per_row))
+        return ce.sum() * self._loss_scale
 
     def _loss_context(self):
         if self.ctx.tp_size > 1 and self.owns_loss:
@@ -136,9 +159,23 @@ class Engine:
             pos = torch.arange(ids.shape[1], device=self.device).expand(ids.shape[0], -1)
         return ids.contiguous(), pos.contiguous()
 
-    def _targets(self, batches: list[dict]) -> torch.Tensor:
+    def _targets(self, batches: list[dict], sources: torch.Tensor | None = None) -> torch.Tensor:
+        """Label ids (masked ones ``IGNORE_INDEX``) of the micro-batches; with ``sources`` one more column."""
         dev = self._to_device
-        return torch.cat([torch.where(dev(b["label_mask"]), dev(b["label_ids"]), IGNORE_INDEX) for b in batches])
+        targets = torch.cat([torch.where(dev(b["label_mask"]), dev(b["label_ids"]), IGNORE_INDEX) for b in batches])
+        return targets if sources is None else torch.cat([targets, sources[:, None]], dim=1)
+
+    def _sources(self, batches: list[dict], num_sources: int) -> torch.Tensor | None:
+        """Each row's source, on the device, when every micro-batch carries ``source_ids`` (checked in
+        ``[0, num_sources)`` while still on the host; a tensor already on the device is not read back)."""
+        ids = [b.get(SOURCE_KEY) for b in batches]
+        if not num_sources or not all(isinstance(t, torch.Tensor) for t in ids):
+            return None
+        for t in ids:
+            if t.device.type == "cpu" and len(t) and not 0 <= int(t.min()) <= int(t.max()) < num_sources:
+                raise ValueError(f"batch key {SOURCE_KEY!r} holds {t.tolist()}; each row's source must index the "
+                                 f"stage's {num_sources} datasets")
+        return torch.cat([self._to_device(t).long() for t in ids])
 
     def _count_label_tokens(self, batches: list[dict]) -> int:
         """Unmasked label tokens of the whole global batch (all micro-batches, all dp ranks)."""
@@ -149,7 +186,7 @@ class Engine:
             dist.all_reduce(n, group=self.ctx.dp_pg)
         return int(n)
 
-    def train_step(self, batches: list[dict], sequence_length: int | None = None) -> StepResult:
+    def train_step(self, batches: list[dict], sequence_length: int | None = None, num_sources: int = 0) -> StepResult:
         """Forward, backward, clip and update on one global step's micro-batches (this rank's rows).
 
         A step whose loss or gradient norm is not finite updates nothing (its gradients are dropped): NaN
@@ -157,30 +194,34 @@ class Engine:
         the last stage's loss is sent to all), so every rank skips the same steps.
 
         ``sequence_length`` tells middle pipeline ranks (whose batches hold only TensorPointers) the
-        shape of this step, so that a stage with another sequence length gets its own schedule."""
+        shape of this step, so that a stage with another sequence length gets its own schedule.
+        ``num_sources``: the stage's datasets (the same on every rank); the batches' ``source_ids`` index them."""
         n_tokens = self._count_label_tokens(batches) if self.owns_loss else 0
         # FSDP averages gradients over dp; scaling by dp turns that into the sum we want
         self._loss_scale = self.ctx.dp_size / max(n_tokens, 1)
+        sources = self._sources(batches, num_sources) if self.owns_loss else None
+        self._tally = [] if sources is not None else None
         losses: list[torch.Tensor] = []
         with self._loss_context():
             if self.ctx.pp_size == 1:
-                self._run_accumulation(batches, losses)
+                self._run_accumulation(batches, losses, sources)
             else:
-                self._run_pipeline(batches, losses, sequence_length)
+                self._run_pipeline(batches, losses, sequence_length, sources)
         if self.tied_sync is not None:
             self.tied_sync.sum_gradients()
-        loss, n_tokens = self._global_loss(losses, n_tokens)
+        loss, n_tokens, per_source = self._global_loss(losses, n_tokens, num_sources, len(batches))
         grad_norm = clip_grad_norm_(self.parameters(), self.config.optimizer.clip_grad, self.ctx,
                                     counted=self._norm_parameters)
         skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
         if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss, grad_norm, n_tokens, skipped)
+        return StepResult(loss, grad_norm, n_tokens, skipped, per_source)
 
-    def _run_accumulation(self, batches: list[dict], losses: list[torch.Tensor]) -> None:
+    def _run_accumulation(self, batches: list[dict], losses: list[torch.Tensor],
+                          sources: torch.Tensor | None = None) -> None:
         chunk = self.chunks[0]
-        targets = self._targets(batches)
+        targets = self._targets(batches, sources)
         ids, pos = self._inputs(batches)
         rows = batches[0]["input_ids"].shape[0]
         for i in range(len(batches)):
@@ -191,30 +232,44 @@ class Engine:
             loss.backward()
             losses.append(loss.detach())
 
-    def _run_pipeline(self, batches: list[dict], losses: list[torch.Tensor], sequence_length: int | None) -> None:
+    def _run_pipeline(self, batches: list[dict], losses: list[torch.Tensor], sequence_length: int | None,
+                      sources: torch.Tensor | None = None) -> None:
         if sequence_length is None and (self.owns_inputs or self.owns_loss):
             sequence_length = batches[0]["input_ids" if self.owns_inputs else "label_ids"].shape[1]
         schedule = self._schedule((sequence_length,))
         if self.owns_inputs:
             schedule.step(*self._inputs(batches))
         elif self.owns_loss:
-            schedule.step(target=self._targets(batches), losses=losses)
+            schedule.step(target=self._targets(batches, sources), losses=losses)
         else:  # a middle rank: the batch dicts hold TensorPointers only and are never read
             schedule.step()
 
-    def _global_loss(self, losses: list[torch.Tensor], n_tokens: int) -> tuple[float, int]:
+    def _global_loss(self, losses: list[torch.Tensor], n_tokens: int, num_sources: int = 0,
+                     num_batches: int = 0) -> tuple[float, int, list[tuple[int, int, float]] | None]:
         """Σ micro-batch losses / dp, summed over dp, then sent with the label-token count (already
-        global over dp) from the last pp rank to all."""
-        total = torch.zeros(2, dtype=torch.float64, device=self.device)
+        global over dp) from the last pp rank to all; the per-source tally (and how many dp ranks had
+        one) rides in the same tensor: ``[loss, tokens, ranks counted, (rows, tokens, Σ loss) per source]``."""
+        total = torch.zeros(3 + 3 * num_sources, dtype=torch.float64, device=self.device)
         if self.owns_loss:
             # the pipeline schedule returns losses still attached to the graph: detach (no UserWarning)
             total[0] += sum(float(x.detach()) for x in losses) / self.ctx.dp_size
+            if self._tally is not None:  # the step's own loss calls: one per micro-batch, the last ones
+                calls = self._tally[len(self._tally) - num_batches:]
+                tally = torch.zeros((num_sources, 3), dtype=torch.float64, device=self.device)
+                tally.index_add_(0, torch.cat([c[0] for c in calls]), torch.cat([c[1] for c in calls]))
+                total[2] = 1
+                total[3:] = tally.flatten()
             if self.ctx.dp_size > 1:
                 dist.all_reduce(total, group=self.ctx.dp_pg)
             total[1] = n_tokens
+        self._tally = None
         self._from_last_stage(total)
-        return float(total[0]), int(total[1])
-
+        values = total.tolist()  # the one read back to the host
+        per_source = None
+        if num_sources and values[2] == self.ctx.dp_size:  # every dp rank counted its rows
+            per_source = [(int(values[3 + 3 * i]), int(values[4 + 3 * i]), values[5 + 3 * i])
+                          for i in range(num_sources)]
+        return values[0], int(values[1]), per_source
 
     @torch.no_grad()
     def eval_step(self, batches: list[dict], sequence_length: int) -> tuple[float, int]:
@@ -223,6 +278,7 @@ class Engine:
         path. ``batches`` are this rank's micro-batches; the result is the same on every rank."""
         losses: list[torch.Tensor] = []
         scale, self._loss_scale = self._loss_scale, 1.0  # the loss function returns plain sums
+        tally, self._tally = self._tally, None  # and counts no sources
         try:
             with self._loss_context():
                 if self.ctx.pp_size == 1:
@@ -245,7 +301,7 @@ class Engine:
                     else:
                         forward_only(schedule)
         finally:
-            self._loss_scale = scale
+            self._loss_scale, self._tally = scale, tally
         total = torch.zeros(2, dtype=torch.float64, device=self.device)  # Σ loss, label tokens
         if self.owns_loss:
             total[0] = sum(float(x.detach()) for x in losses)

@@ -1,5 +1,10 @@
 """Per-step logging: one line on the console, one JSON object per step in ``run_dir/metrics.jsonl``,
-TensorBoard events when the package is installed. Global rank 0 writes; others stay quiet."""
+TensorBoard events when the package is installed. Global rank 0 writes; others stay quiet.
+
+A step's row holds ``sources`` when its batches carried source ids: per dataset folder (as
+``explain`` prints it) its samples, label tokens and loss (null without label tokens: the file
+stays strict JSON), and TensorBoard gets ``loss/NAME`` and ``mix/NAME`` (its share of the samples)
+under a short name unique in the run."""
 
 from __future__ import annotations
 
@@ -34,11 +39,45 @@ def flops_per_token(model_args, sequence_length: int) -> float:
     return 6 * params + 12 * n * q * sequence_length
 
 
+def source_metrics(folders: list[str], totals: list[tuple[int, int, float]]) -> dict[str, dict]:
+    """The ``sources`` of a row: per folder ``{"samples", "label_tokens", "loss"}`` (the mean over its label
+    tokens, null when it has none or is not finite) from the engine's (samples, label tokens, Σ loss)."""
+    out = {}
+    for folder, (samples, tokens, loss_sum) in zip(folders, totals):
+        loss = loss_sum / tokens if tokens else None
+        out[folder] = {"samples": samples, "label_tokens": tokens,
+                       "loss": loss if loss is not None and math.isfinite(loss) else None}
+    return out
+
+
+def short_names(labels: dict[str, str]) -> dict[str, str]:
+    """Key → a short name unique among ``labels``' values (paths): the last component, with as many parent
+    components as it takes to tell two apart, and ``-2``, ``-3``, ... for the same path given twice."""
+    parts = {k: [p for p in Path(v).parts if p != "/"] or [v] for k, v in labels.items()}
+    depth = dict.fromkeys(labels, 1)
+    while True:
+        names = {k: "/".join(parts[k][-depth[k]:]) for k in labels}
+        others: dict[str, set[str]] = {}  # name → the paths that have it
+        for k, n in names.items():
+            others.setdefault(n, set()).add(labels[k])
+        deeper = [k for k in labels if len(others[names[k]]) > 1 and depth[k] < len(parts[k])]
+        if not deeper:
+            break
+        for k in deeper:
+            depth[k] += 1
+    out, seen = {}, {}
+    for k, n in names.items():
+        seen[n] = seen.get(n, 0) + 1
+        out[k] = n if seen[n] == 1 else f"{n}-{seen[n]}"
+    return out
+
+
 class MetricsLogger:
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, log_interval: int = 1) -> None:
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
         self.log_interval = log_interval
+        self.source_names: dict[str, str] = {}  # folder → its TensorBoard name (short_names)
         self.tb = None
         if enabled and tensorboard:
             try:
@@ -81,6 +120,13 @@ class MetricsLogger:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key != "step":
                     self.tb.add_scalar(key, value, record["step"])
+            sources = record.get("sources") or {}
+            samples = sum(s["samples"] for s in sources.values())
+            for folder, s in sources.items():
+                name = self.source_names.get(folder, folder)
+                if s["loss"] is not None:
+                    self.tb.add_scalar(f"loss/{name}", s["loss"], record["step"])
+                self.tb.add_scalar(f"mix/{name}", s["samples"] / samples if samples else 0.0, record["step"])
         if record["step"] % self.log_interval == 0 or record.get("skipped"):
             mfu = f" | mfu {100 * record['mfu']:.1f}%" if record.get("mfu") is not None else ""
             skipped = " (skipped: not finite, no update)" if record.get("skipped") else ""

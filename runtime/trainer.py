@@ -35,7 +35,7 @@ from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
 from runtime.hf.preflight import data_tokenizer
 from runtime.lr_schedule import LRSchedule
-from runtime.metrics import MetricsLogger, flops_per_token, peak_flops
+from runtime.metrics import MetricsLogger, flops_per_token, peak_flops, short_names, source_metrics
 from runtime.parallel.context import ParallelContext
 from runtime.preemption import StopOnSignal
 from runtime.startup import Startup, start_up, startup_notes
@@ -80,6 +80,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main)
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
                                      config.logging.log_interval)
+        self.metrics.source_names = short_names(self.plan.source_names())
         self.train_dataloader: Any = None
         self.last_step = 0
         self._source: DataSource | None = None
@@ -129,7 +130,7 @@ class Trainer:
                 batches = self._next_batches(stage, step)
                 data_wait = time.perf_counter() - t0
                 lr = self.lr_schedule.apply(self.engine.optimizer, step)
-                result = self.engine.train_step(batches, stage.sequence_length)
+                result = self.engine.train_step(batches, stage.sequence_length, num_sources=len(stage.dataset_ids))
                 self.last_step = step
                 self._log_step(step, stage, result, lr, data_wait, summary)
                 if self.validator.should_validate(step, stage.index):  # before this step's checkpoint: never repeated
@@ -166,13 +167,16 @@ class Trainer:
         self._step_end = now
         if not result.skipped:
             summary.final_loss_per_stage[stage.name] = result.loss
-        self.metrics.log({
+        row = {
             "step": step, "stage": stage.name, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
             "skipped": result.skipped, "tokens_per_s": tokens_per_s, "data_wait_ms": 1000 * data_wait,
             "label_tokens": result.num_label_tokens,
             "data_hash": self.plan.data_hash(step) if self._source.from_config and self.is_main else None,
             "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
-        })
+        }
+        if result.sources is not None:  # per dataset of the stage; none from a loader without source ids
+            row["sources"] = source_metrics([self.plan.datasets[d].folder for d in stage.dataset_ids], result.sources)
+        self.metrics.log(row)
 
     def _validate(self, step: int, stage: StagePlan) -> None:
         results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
@@ -216,6 +220,8 @@ class Trainer:
         self.metrics.info(f"stage {stage.name!r} at step {step} (steps {stage.start_step}-{stage.end_step - 1}): "
                           f"datasets {folders}, sequence length {stage.sequence_length}, "
                           f"{consumed} of {stage.num_samples} samples already consumed")
+        if stage.schedule is not None:
+            self.metrics.info(f"  weights by schedule: {stage.schedule.describe()}, linear in between")
         for d in stage.dataset_ids:
             if self.plan.datasets[d].packing == "documents":
                 self.metrics.info(f"  {self.plan.datasets[d].describe()}")
@@ -237,7 +243,8 @@ class Trainer:
                 check_micro_batch(batch, ctx.is_first_pp_rank, ctx.is_last_pp_rank, mbs, stage.sequence_length,
                                   f"stage {stage.name!r} step {step} micro-batch {i}")
         if self._source.from_config and ctx.tp_size > 1 and (ctx.is_first_pp_rank or ctx.is_last_pp_rank):
-            batches = broadcast_batches(batches, accum, mbs, stage.sequence_length, stage.use_position_ids, ctx)
+            batches = broadcast_batches(batches, accum, mbs, stage.sequence_length, stage.use_position_ids, ctx,
+                                        with_sources=True)
         return batches
 
     def _release_loader(self) -> None:

@@ -14,11 +14,24 @@ done
 "$BIN/nanoset" inspect shards/chat --samples 1
 rm -rf runs/three-stage  # a fresh demo run every time (see docs/checkpoints.md: resuming)
 "$BIN/nanoset" train --config data_fixtures/configs/three-stage.yaml
-# what the SFT stage trained on: label_tokens of its steps in metrics.jsonl (answers only, whole conversations)
+# from metrics.jsonl: the blend stage's loss and mix per source, and what the SFT stage trained on (label_tokens
+# of its steps: answers only, whole conversations)
 "$BIN/python" - runs/three-stage/metrics.jsonl <<'PY'
 import json, sys
-rows = [r for r in map(json.loads, open(sys.argv[1])) if r.get("stage") == "sft" and "label_tokens" in r]
-print(f"SFT stage 'sft': {sum(r['label_tokens'] for r in rows):,} label tokens trained on in {len(rows)} steps "
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "label_tokens" in r]
+blend = [r for r in rows if r["stage"] == "pretrain"]
+for first, last in ((1, 5), (26, 30)):
+    part = [r for r in blend if first <= r["step"] <= last]
+    total = sum(s["samples"] for r in part for s in r["sources"].values())
+    per = []
+    for name in part[0]["sources"]:
+        mine = [r["sources"][name] for r in part]
+        tokens = sum(s["label_tokens"] for s in mine)
+        loss = sum(s["loss"] * s["label_tokens"] for s in mine if s["loss"] is not None) / max(tokens, 1)
+        per.append(f"{name} loss {loss:.3f} ({sum(s['samples'] for s in mine) / total:.0%} of samples)")
+    print(f"stage 'pretrain', steps {first}-{last}, per source: " + ", ".join(per))
+sft = [r for r in rows if r["stage"] == "sft"]
+print(f"SFT stage 'sft': {sum(r['label_tokens'] for r in sft):,} label tokens trained on in {len(sft)} steps "
       f"(assistant answers only; prompts, template scaffolding and padding masked)")
 PY
 # the final checkpoint as a Hugging Face folder; transformers (when installed) loads it and continues a prompt

@@ -6,20 +6,27 @@ shards, token range, document ids, the labels that count in the loss (``loss_tok
 batch's ``data_hash`` (the one in ``metrics.jsonl``). Answers "what
 did the model see at step N?". With ``--checkpoint``, the run is the one resuming from that
 checkpoint with this config: the past comes from the checkpoint's record, as in the trainer.
+
+``--steps A:B`` explains every step of a range at once; ``--document FOLDER:DOC`` (or ``--documents
+FILE``, one ``FOLDER:DOC`` a line) answers the reverse question: which steps, positions and samples
+held any token of document ``DOC`` of ``FOLDER``, in the whole run.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 
 import numpy as np
 
 from nanoset.errors import report_user_errors
 from runtime.checkpoint.layout import find_checkpoint, read_metadata
+from runtime.config import ConfigError
 from runtime.config.load import load_config
 from runtime.data.hf_cache import resolve_stage_folders
 from runtime.data.order.plan import DataPlan
+from runtime.data.order.provenance import document_steps, parse_document
 from runtime.data.order.windows import label_mask
 
 
@@ -48,32 +55,92 @@ def explain_step(plan: DataPlan, step: int) -> list[dict]:
     return rows
 
 
+def explain_steps(plan: DataPlan, first: int, last: int) -> list[dict]:
+    """The rows of ``explain_step`` for every step of ``[first, last]``, in order."""
+    return [row for step in range(first, last + 1) for row in explain_step(plan, step)]
+
+
+def parse_steps(text: str, train_steps: int) -> tuple[int, int]:
+    """``A:B`` (inclusive) inside ``[1, train_steps]``."""
+    first, sep, last = text.partition(":")
+    if not sep or not first.strip().isdigit() or not last.strip().isdigit() or int(first) > int(last):
+        raise ConfigError(f"--steps: expected A:B with A ≤ B (steps, both included), got {text!r}")
+    first, last = int(first), int(last)
+    if first < 1 or last > train_steps:
+        raise ConfigError(f"--steps {text}: outside [1, tokens.train_steps={train_steps}]")
+    return first, last
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m runtime.explain", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True)
     ap.add_argument("--checkpoint", help="a checkpoint folder (step-N): explain the run that resumes from it")
-    ap.add_argument("--step", required=True, type=int)
-    ap.add_argument("--json", action="store_true", help="print a JSON list, one object per sample")
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--step", type=int)
+    what.add_argument("--steps", metavar="A:B", help="every step from A to B (both included)")
+    what.add_argument("--document", metavar="FOLDER:DOC", help="every step that held a token of document DOC")
+    what.add_argument("--documents", metavar="FILE", help="--document for each FOLDER:DOC line of FILE")
+    ap.add_argument("--json", action="store_true", help="print a JSON list, one object per sample (or per hit)")
     args = ap.parse_args(argv)
-    return report_user_errors(lambda: explain(args.config, args.checkpoint, args.step, args.json))
+    return report_user_errors(lambda: explain(args.config, args.checkpoint, args.step, args.json, args.steps,
+                                              args.document, args.documents))
 
 
-def explain(config_path: str, checkpoint: str | None, step: int, as_json: bool) -> int:
+def explain(config_path: str, checkpoint: str | None, step: int | None, as_json: bool, steps: str | None = None,
+            document: str | None = None, documents: str | None = None) -> int:
     config = load_config(config_path)
+    queries = _queries(document, documents)  # before any data is opened: a typo costs nothing
+    first, last = parse_steps(steps, config.tokens.train_steps) if steps is not None else (step, step)
     plan = DataPlan(config, resolve_stage_folders(config))
     if checkpoint:
         path = find_checkpoint(checkpoint, "checkpoint ")
         plan = plan.resumed_from(path, read_metadata(path, model=False))
-    rows = explain_step(plan, step)
+    if queries is not None:
+        return _print_hits(document_steps(plan, queries), queries, config.tokens.train_steps, as_json)
+    rows = explain_steps(plan, first, last)
     if as_json:
         print(json.dumps(rows))
         return 0
-    print(f"step {step}: stage {rows[0]['stage']!r}, {len(rows)} samples, data_hash {rows[0]['data_hash']}")
-    for r in rows:
-        docs = r["documents"]
-        doc_text = f"{docs[0]}..{docs[-1]}" if len(docs) > 2 else ",".join(map(str, docs))
-        print(f"  {r['position']:>5}  {r['dataset']}  sample {r['sample']}  epoch {r['epoch']}  "
-              f"tokens [{r['tokens'][0]}, {r['tokens'][1]})  shards {','.join(r['shards'])}  documents {doc_text}  "
-              f"loss_tokens {r['loss_tokens']}")
+    for s, of_step in itertools.groupby(rows, key=lambda r: r["step"]):
+        of_step = list(of_step)
+        print(f"step {s}: stage {of_step[0]['stage']!r}, {len(of_step)} samples, data_hash {of_step[0]['data_hash']}")
+        for r in of_step:
+            docs = r["documents"]
+            doc_text = f"{docs[0]}..{docs[-1]}" if len(docs) > 2 else ",".join(map(str, docs))
+            print(f"  {r['position']:>5}  {r['dataset']}  sample {r['sample']}  epoch {r['epoch']}  "
+                  f"tokens [{r['tokens'][0]}, {r['tokens'][1]})  shards {','.join(r['shards'])}  documents "
+                  f"{doc_text}  loss_tokens {r['loss_tokens']}")
     return 0
 
+
+def _queries(document: str | None, documents: str | None) -> list[tuple[str, int]] | None:
+    if document is not None:
+        return [parse_document(document)]
+    if documents is None:
+        return None
+    try:
+        lines = open(documents, encoding="utf-8").read().splitlines()
+    except OSError as e:
+        raise ConfigError(f"--documents {documents}: cannot read it ({e.strerror or e})") from None
+    out = [parse_document(line, f"{documents} line {n}") for n, line in enumerate(lines, 1) if line.strip()]
+    if not out:
+        raise ConfigError(f"--documents {documents}: no FOLDER:DOC line in it")
+    return out
+
+
+def _print_hits(hits: list[dict], queries: list[tuple[str, int]], train_steps: int, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(hits))
+        return 0
+    for folder, doc in queries:
+        name = f"{folder}:{doc}"
+        mine = [h for h in hits if h["document"] == name]
+        if not mine:
+            print(f"document {name}: in no step of 1-{train_steps}")
+            continue
+        steps = sorted({h["step"] for h in mine})
+        print(f"document {name}: {len(mine)} samples in {len(steps)} steps (first {steps[0]}, last {steps[-1]})")
+        for h in mine:
+            print(f"  step {h['step']:>7}  position {h['position']:>5}  {h['stage']}  {h['dataset']}  sample "
+                  f"{h['sample']}  epoch {h['epoch']}  tokens [{h['tokens'][0]}, {h['tokens'][1]})")
+    return 0

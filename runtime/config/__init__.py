@@ -14,7 +14,9 @@ from runtime.config.schema import (
     RopeScalingArgs,
     TokensArgs,
     ValidationArgs,
+    WeightsAtStep,
 )
 
 __all__ = ["Config", "ConfigError", "DataArgs", "DatasetStageArgs", "HFDatasetArgs", "LRSchedulerArgs", "ModelArgs",
-           "NanosetDatasetsArgs", "ParallelismArgs", "RopeScalingArgs", "TokensArgs", "ValidationArgs"]
+           "NanosetDatasetsArgs", "ParallelismArgs", "RopeScalingArgs", "TokensArgs", "ValidationArgs",
+           "WeightsAtStep"]

@@ -57,6 +57,11 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         records = [a for a in errors if dataclasses.is_dataclass(a)]
         if isinstance(value, dict) and records:  # a mapping: the error of the kind its keys fit best
             raise ConfigError(errors[max(records, key=lambda a: _fit(a, value))])
+        if isinstance(value, list) and value:  # a list: the error of the kind of list its first item is
+            shaped = [a for a in errors if typing.get_origin(a) is list
+                      and dataclasses.is_dataclass(typing.get_args(a)[0]) == isinstance(value[0], dict)]
+            if len(shaped) == 1:
+                raise ConfigError(errors[shaped[0]])
         raise ConfigError(next(iter(errors.values())) if len(errors) == 1 else f"{path}: {value!r} matches none of "
                           f"{' | '.join(_type_name(a) for a in args)}")
     if origin is list:

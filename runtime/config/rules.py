@@ -4,12 +4,21 @@ validation sets); each error names the key to change. ``load_config`` applies th
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import fields
 from typing import Any
 
 from nanoset.errors import ConfigError
-from runtime.config.schema import SIZE_KEYS, Config, HFDatasetArgs, NanosetDatasetsArgs, RopeScalingArgs
+from runtime.config.schema import (
+    SIZE_KEYS,
+    Config,
+    DatasetStageArgs,
+    HFDatasetArgs,
+    NanosetDatasetsArgs,
+    RopeScalingArgs,
+    WeightsAtStep,
+)
 
 
 def validate_config(c: Config) -> None:
@@ -138,10 +147,12 @@ def _validate_stages(c: Config) -> None:
         if isinstance(ds, NanosetDatasetsArgs):
             if not ds.folders:
                 raise ConfigError(f"{where}.data.dataset.dataset_folder: give at least one folder")
-            if len(ds.weights) != len(ds.folders):
+            if ds.schedule is not None:
+                _validate_schedule(c, s, f"{where}.data.dataset.dataset_weights", ds.schedule, len(ds.folders))
+            elif len(ds.weights) != len(ds.folders):
                 raise ConfigError(f"{where}.data.dataset.dataset_weights: {len(ds.weights)} weights for "
                                   f"{len(ds.folders)} folders; give one weight per folder")
-            if any(not w > 0 for w in ds.weights):
+            elif any(not w > 0 for w in ds.weights):
                 raise ConfigError(f"{where}.data.dataset.dataset_weights: weights must be positive, got {ds.weights}")
             first: dict[str, int] = {}
             for k, folder in enumerate(ds.folders):
@@ -161,6 +172,31 @@ def _validate_stages(c: Config) -> None:
         raise ConfigError("data_stages: one stage must start at step 1 (start_training_step: 1)")
     if starts != sorted(starts):
         raise ConfigError(f"data_stages: stages must be listed in order of start_training_step, got {starts}")
+
+
+def _validate_schedule(c: Config, stage: DatasetStageArgs, key: str, schedule: list[WeightsAtStep],
+                       num_folders: int) -> None:
+    """A weight schedule: entries at increasing steps inside the stage, the first at its start, each with one
+    weight ≥ 0 per folder, not all zero."""
+    first, end = stage.start_training_step, c.stage_end_step(stage)
+    if schedule[0].step != first:
+        raise ConfigError(f"{key}[0].step: {schedule[0].step}, but a schedule starts at the stage's first step "
+                          f"(start_training_step {first}); make the first entry step: {first}")
+    for j, entry in enumerate(schedule):
+        where = f"{key}[{j}]"
+        if j and entry.step <= schedule[j - 1].step:
+            raise ConfigError(f"{where}.step: {entry.step} follows step {schedule[j - 1].step}; the steps of a "
+                              f"schedule must increase")
+        if not first <= entry.step < end:
+            raise ConfigError(f"{where}.step: {entry.step} is outside the stage (steps {first}-{end - 1}); move it "
+                              f"inside or into the next stage")
+        if len(entry.weights) != num_folders:
+            raise ConfigError(f"{where}.weights: {len(entry.weights)} weights for {num_folders} folders; give one "
+                              f"weight per folder")
+        if any(not (w >= 0 and math.isfinite(w)) for w in entry.weights):
+            raise ConfigError(f"{where}.weights: weights must be ≥ 0 and finite, got {entry.weights}")
+        if not sum(entry.weights) > 0:
+            raise ConfigError(f"{where}.weights: all zero; give at least one folder a positive weight")
 
 
 def _check_column_keys(ds: HFDatasetArgs, where: str) -> None:

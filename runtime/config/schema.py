@@ -219,16 +219,34 @@ class TokenizerArgs:
 
 
 @dataclass
+class WeightsAtStep:
+    """One entry of a weight schedule: the weights at a global step (linear to the next entry's)."""
+
+    step: int  # a global step of the stage; the first entry is at the stage's start_training_step
+    weights: list[float]  # one per folder, each ≥ 0, not all zero; normalised after interpolating
+
+
+@dataclass
 class NanosetDatasetsArgs:
     dataset_folder: str | list[str]  # dataset folders (Nanoset, datatrove or Megatron) blended in the stage
-    dataset_weights: list[float] | None = None  # one per folder; default: equal
+    # one weight per folder (default: equal), or a schedule: [{step, weights}, ...] linear in between
+    dataset_weights: list[float] | list[WeightsAtStep] | None = None
 
     @property
     def folders(self) -> list[str]:
         return [self.dataset_folder] if isinstance(self.dataset_folder, str) else list(self.dataset_folder)
 
     @property
-    def weights(self) -> list[float]:
+    def schedule(self) -> list[WeightsAtStep] | None:
+        """The weight schedule, when ``dataset_weights`` is one."""
+        w = self.dataset_weights
+        return list(w) if w and isinstance(w[0], WeightsAtStep) else None
+
+    @property
+    def weights(self) -> list[float] | None:
+        """Constant weights (equal by default); None for a schedule."""
+        if self.schedule is not None:
+            return None
         return list(self.dataset_weights) if self.dataset_weights is not None else [1.0] * len(self.folders)
 
 

@@ -248,3 +248,89 @@ def test_a_dataset_moved_elsewhere_resumes_where_its_content_is(shards, tmp_path
     assert sorted(resumed.folders) == [code, web]
     again = record(resumed, 16)["training"]["data_stages"]
     assert [p["datasets"] for s in again for p in s["parts"]] == [[web, code], [web]]
+
+
+def scheduled(entries):
+    """The pretrain stage (steps 1-10) blended by a schedule of (step, [web, code]) entries."""
+    out = stages()
+    out[0]["data"]["dataset"]["dataset_weights"] = [{"step": s, "weights": list(w)} for s, w in entries]
+    return out
+
+
+SCHEDULE = [(1, (0.9, 0.1)), (4, (0.5, 0.5)), (7, (0.2, 0.8)), (9, (0.5, 0.5))]
+
+
+def counts_per_step(plan, steps):
+    """(web, code) samples of each step's global batch."""
+    out = []
+    for t in steps:
+        _, loc = plan.global_batch(t)
+        out.append(np.bincount(loc.source, minlength=2).tolist())
+    return out
+
+
+def test_a_schedule_is_recorded_and_only_its_past_binds_a_resume():
+    """A resume at step 6 lies in the segment 4-7: entries 1, 4 and 7 are its past (refused when changed, or
+    followed with allow_data_change); entry 9 is its future and may change: steps 1-7 stay as trained."""
+    before = DataPlan(config(8, stages=scheduled(SCHEDULE)))
+    assert before.stages[0].blend.kind == "scheduled" and before.stages[1].blend.kind == "periodic"
+    assert counts_per_step(before, [1, 4, 7, 10]) == [[7, 1], [4, 4], [2, 6], [4, 4]]
+    ckpt = record(before, 5)
+    part = ckpt["training"]["data_stages"][0]["parts"][0]
+    assert part["blend"] == "scheduled" and part["weights"] is None
+    assert part["schedule"] == [{"step": s, "weights": list(w)} for s, w in SCHEDULE]
+    assert ckpt["training"]["data_stages"][1]["parts"] == []  # not begun
+    future = SCHEDULE[:3] + [(9, (0.9, 0.1))]
+    resumed = DataPlan(config(8, stages=scheduled(future))).resumed_from("ckpt", ckpt)
+    assert len(resumed.stages) == 2  # no new part: the blend is causal
+    assert windows(resumed, range(1, 8)) == windows(before, range(1, 8))  # steps 8, 9 interpolate towards entry 9
+    assert counts_per_step(resumed, [10]) == [[7, 1]]
+    assert record(resumed, 8)["training"]["data_stages"][0]["parts"][0]["schedule"][3]["weights"] == [0.9, 0.1]
+    seen = windows(resumed, range(1, 21))
+    assert len(set(seen)) == len(seen)  # nothing repeats
+    past = SCHEDULE[:2] + [(7, (0.3, 0.7))] + SCHEDULE[3:]
+    with pytest.raises(ConfigError) as e:
+        DataPlan(config(8, stages=scheduled(past))).resumed_from("ckpt", ckpt)
+    assert str(e.value).startswith(
+        "ckpt: the data changed since this checkpoint: data_stages[0] (pretrain).data.dataset.dataset_weights is the "
+        "schedule step 1 [0.9, 0.1] → step 4 [0.5, 0.5] → step 7 [0.3, 0.7] → step 9 [0.5, 0.5], the checkpoint's "
+        "the schedule step 1 [0.9, 0.1] → step 4 [0.5, 0.5] → step 7 [0.2, 0.8] → step 9 [0.5, 0.5]; a resume at "
+        "step 6 keeps the entries up to the first one after it (it trained steps 1-5)")
+    followed = DataPlan(config(8, allow=True, stages=scheduled(past))).resumed_from("ckpt", ckpt)
+    assert [(p.start_step, p.end_step) for p in followed.stages] == [(1, 6), (6, 11), (11, 21)]
+    assert windows(followed, range(1, 6)) == windows(before, range(1, 6))
+    # web's targets under the new entry 7 (0.3): 2.93 at step 6, 2.4 at step 7, from step 5's deviation (-0.4)
+    assert counts_per_step(followed, [6, 7]) == [[3, 5], [2, 6]]
+    assert counts_per_step(before, [6, 7]) == [[2, 6], [2, 6]]  # the old entry 7 (0.2): 2.4 then 1.6
+    done = record(before, 12)  # the stage is finished: every entry is its past
+    with pytest.raises(ConfigError, match=r"dataset_weights is the schedule .* \(it trained steps 1-10\)"):
+        DataPlan(config(8, stages=scheduled(future))).resumed_from("ckpt", done)
+    with pytest.raises(ConfigError, match=r"dataset_weights is \[0.7, 0.3\], the checkpoint's the schedule step 1"):
+        DataPlan(config(8)).resumed_from("ckpt", ckpt)  # a constant list for a scheduled stage
+
+
+def test_a_new_batch_size_mid_schedule_keeps_the_rule_across_the_resume():
+    """G 8 → 4 at step 6 (allow_data_change): the second part carries the first part's deviation, so every
+    step boundary of the stage stays within 1/2 of Σ G(t)·w(t), and nothing repeats."""
+    from fractions import Fraction
+
+    from runtime.data.order.scheduled_blend import WeightSchedule
+
+    before = DataPlan(config(8, stages=scheduled(SCHEDULE)))
+    resumed = DataPlan(config(4, allow=True, stages=scheduled(SCHEDULE))).resumed_from("ckpt", record(before, 5))
+    assert [p.global_batch_size for p in resumed.stages] == [8, 4, 4]
+    counts = np.cumsum(counts_per_step(resumed, range(1, 11)), axis=0)
+    shares = WeightSchedule.from_entries(resumed.stages[0].schedule.to_json()).shares(np.arange(1, 11))
+    batch = [8] * 5 + [4] * 5
+    target = np.cumsum([[Fraction(g) * Fraction(w) for w in row] for g, row in zip(batch, shares.tolist())], axis=0)
+    assert max(abs(float(t) - c) for t, c in zip(target.ravel(), counts.ravel())) <= 0.5 + 1e-9
+    seen = windows(resumed, range(1, 21))
+    assert len(set(seen)) == len(seen)
+
+
+def test_elastic_dp_replays_a_scheduled_stage_exactly():
+    one = DataPlan(make_config(dp=1, accum=4, mbs=2, train_steps=20, stages=scheduled(SCHEDULE)))
+    two = DataPlan(make_config(dp=2, accum=2, mbs=2, train_steps=20, stages=scheduled(SCHEDULE)))
+    resumed = two.resumed_from("ckpt", record(one, 5))
+    assert windows(resumed, range(1, 21)) == windows(one, range(1, 21)) == windows(two, range(1, 21))
+    assert [one.data_hash(t) for t in range(1, 21)] == [resumed.data_hash(t) for t in range(1, 21)]

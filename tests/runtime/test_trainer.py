@@ -154,6 +154,7 @@ def test_custom_dataloader_injection(reference, shards, tmp_path, style):
         built = metrics(run)
         assert [r["stage"] for r in custom] == [r["stage"] for r in ref_rows]
         assert all(r["data_hash"] is None for r in custom)
+        assert all("sources" not in r for r in custom) and all("sources" in r for r in built)  # no source ids
         assert losses(custom) == losses(built) and custom[6]["loss"] < custom[0]["loss"]
     else:
         cfg = small_config(tmp_path, run, steps=6, single_stage=True)

@@ -2,7 +2,9 @@
 
 On the pipeline rank that owns the inputs the input keys are tensors; on the rank that owns the
 loss the label keys are; every other value is a ``TensorPointer`` to its owner. Ids are int64,
-masks bool, shapes ``[micro_batch_size, sequence_length]``.
+masks bool, shapes ``[micro_batch_size, sequence_length]``. Examples that carry a ``source_id``
+(``StageDataset``'s: the index of the row's dataset in the stage) add ``source_ids``, int64
+``[micro_batch_size]``, a label key: the loss is then also counted per source.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from runtime.parallel.tensor_pointer import TensorPointer
 
 INPUT_KEYS = ("input_ids", "input_mask")
 LABEL_KEYS = ("label_ids", "label_mask")
+SOURCE_KEY = "source_ids"  # optional, with the label keys: each row's source (dataset of the stage)
 
 
 def pointer_batch(input_pp_rank: int, output_pp_rank: int, use_position_ids: bool) -> dict[str, TensorPointer]:
@@ -85,7 +88,21 @@ class DataCollatorForCLM:
                 if own is None:
                     own = np.stack([np.asarray(ex["label_mask"], dtype=bool) for ex in examples])
                 mask_buffer[1] &= own
+        sources = _sources(examples)
+        if sources is not None:
+            batch[SOURCE_KEY] = (torch.from_numpy(sources) if self.pp_rank == self.output_pp_rank
+                                 else TensorPointer(self.output_pp_rank))
         return batch
+
+
+def _sources(examples) -> np.ndarray | None:
+    """Each example's ``source_id`` as int64 ``[n]``, or None when the examples carry none."""
+    sources = getattr(examples, "sources", None)
+    if sources is not None:
+        return np.ascontiguousarray(sources, dtype=np.int64)
+    if "source_id" not in examples[0]:
+        return None
+    return np.array([int(ex["source_id"]) for ex in examples], dtype=np.int64)
 
 
 class DataCollatorForCLMWithPositionIds(DataCollatorForCLM):

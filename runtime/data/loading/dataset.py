@@ -10,10 +10,12 @@ from runtime.data.order.plan import DataPlan, StagePlan
 
 
 class StageDataset:
-    """``dataset[j]`` is stage sample ``j``: ``{"input_ids": L+1 tokens[, "position_ids"][, "label_mask": L]}``.
+    """``dataset[j]`` is stage sample ``j``: ``{"input_ids": L+1 tokens[, "position_ids"][, "label_mask": L],
+    "source_id": int}``.
 
     ``label_mask`` comes with datasets that have their own (loss masks, packed documents); the
-    collator ANDs it with its document-boundary mask.
+    collator ANDs it with its document-boundary mask. ``source_id`` is the index of the sample's
+    dataset among the stage's: the collator passes it on, so the loss is also counted per source.
 
     ``__getitems__`` (used by ``torch.utils.data.DataLoader`` for a whole micro-batch) locates
     all indices in one vectorised call and reads each dataset's windows together.
@@ -24,21 +26,21 @@ class StageDataset:
     def __init__(self, plan: DataPlan, stage: StagePlan) -> None:
         self.plan = plan
         self.stage = stage
-        self._block: tuple[int, np.ndarray, np.ndarray] | None = None
+        self._block: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._masked: bool | None = None
 
-    def _locate(self, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(dataset, window) of stage samples ``j``, from a cached block when they fall in one."""
+    def _locate(self, j: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(dataset, window, source) of stage samples ``j``, from a cached block when they fall in one."""
         b = int(j.min()) // self.BLOCK
         if int(j.max()) // self.BLOCK != b:
             loc = self.plan.locate(self.stage, j)
-            return loc.dataset, loc.sample
+            return loc.dataset, loc.sample, loc.source
         if self._block is None or self._block[0] != b:
             first = b * self.BLOCK
             loc = self.plan.locate(self.stage, np.arange(first, min(first + self.BLOCK, len(self))))
-            self._block = (b, loc.dataset, loc.sample)
-        _, dataset, sample = self._block
-        return dataset[j - b * self.BLOCK], sample[j - b * self.BLOCK]
+            self._block = (b, loc.dataset, loc.sample, loc.source)
+        _, dataset, sample, source = self._block
+        return dataset[j - b * self.BLOCK], sample[j - b * self.BLOCK], source[j - b * self.BLOCK]
 
     def __len__(self) -> int:
         return self.stage.num_samples
@@ -50,7 +52,7 @@ class StageDataset:
         j = np.asarray(indices, dtype=np.int64)
         if len(j) and (j.min() < 0 or j.max() >= len(self)):
             raise IndexError(f"stage {self.stage.name!r} sample {int(j.max())} outside [0, {len(self)})")
-        dataset, sample = self._locate(j)
+        dataset, sample, source = self._locate(j)
         width = self.stage.sequence_length + 1
         # tokens and positions in the collator's buffer layout: it takes them as they are (Examples.ids)
         ids = np.empty((1 + self.stage.use_position_ids, len(j), width), dtype=np.int64)
@@ -76,18 +78,20 @@ class StageDataset:
                     positions[rows] = windows.position_ids(sample[rows])
             if masks is not None and windows.has_label_mask:
                 masks[rows] = windows.label_mask(sample[rows], positions[rows] if positions is not None else None)
-        return Examples(ids, masks)
+        return Examples(ids, masks, np.asarray(source, dtype=np.int64).reshape(-1))
 
 
 class Examples(Sequence):
     """A micro-batch's examples: a sequence of dicts of row views, as any collator expects, made on
-    access from the buffers it carries: ``ids`` ``[1 or 2, n, L + 1]`` int64 (tokens, positions)
-    and ``label_mask`` ``[n, L]`` bool or None. The CLM collators take the buffers as they are, so
-    the batch is neither split into rows nor stacked and copied again."""
+    access from the buffers it carries: ``ids`` ``[1 or 2, n, L + 1]`` int64 (tokens, positions),
+    ``label_mask`` ``[n, L]`` bool or None and ``sources`` ``[n]`` int64 (each row's source) or None.
+    The CLM collators take the buffers as they are, so the batch is neither split into rows nor
+    stacked and copied again."""
 
-    def __init__(self, ids: np.ndarray, label_mask: np.ndarray | None) -> None:
+    def __init__(self, ids: np.ndarray, label_mask: np.ndarray | None, sources: np.ndarray | None = None) -> None:
         self.ids = ids
         self.label_mask = label_mask
+        self.sources = sources
         self._keys = ("input_ids", "position_ids")[: len(ids)]
 
     def __len__(self) -> int:
@@ -101,4 +105,6 @@ class Examples(Sequence):
         ex = {k: self.ids[i, row] for i, k in enumerate(self._keys)}
         if self.label_mask is not None:
             ex["label_mask"] = self.label_mask[row]
+        if self.sources is not None:
+            ex["source_id"] = int(self.sources[row])
         return ex

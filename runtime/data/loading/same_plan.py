@@ -20,7 +20,8 @@ from runtime.data.order.plan import DataPlan
 def plan_signature(plan: DataPlan) -> str:
     """A hash of what the plan draws, by content (dataset fingerprints, not folder names)."""
     parts = [(p.start_step, p.end_step, p.global_batch_size, p.seed, list(p.weights), p.draw_offsets.tolist(),
-              [(plan.datasets[d].reader.fingerprint, plan.datasets[d].sequence_length) for d in p.dataset_ids])
+              [(plan.datasets[d].reader.fingerprint, plan.datasets[d].sequence_length) for d in p.dataset_ids],
+              p.schedule.to_json() if p.schedule is not None else None)
              for p in plan.stages]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 

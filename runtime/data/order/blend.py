@@ -40,7 +40,9 @@ def round_weights(weights: list[float], period: int) -> np.ndarray:
 
 
 class BlendSchedule:
-    """Maps blended sample ``j`` to (dataset index, draw number of that dataset) in O(1)."""
+    """Maps blended sample ``j`` to (dataset index, draw number of that dataset) in O(1), and back."""
+
+    kind = "periodic"
 
     def __init__(self, weights: list[float], period: int | None = None) -> None:
         if len(weights) == 1:
@@ -61,6 +63,7 @@ class BlendSchedule:
         first = np.concatenate(([0], np.cumsum(self.counts)[:-1]))
         self.rank_in_period = np.empty(self.period, dtype=np.int64)
         self.rank_in_period[order] = np.arange(self.period) - first[slots[order]]
+        self._slots_by_dataset, self._first = order, first  # slot of dataset d's r-th sample: [first[d] + r]
 
     def locate(self, j: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
         """(dataset index, draw number within that dataset) of blended samples ``j`` (scalar or array)."""
@@ -70,6 +73,12 @@ class BlendSchedule:
         q, r = np.divmod(j, self.period)
         d = self.slots[r]
         return d, q * self.counts[d] + self.rank_in_period[r]
+
+    def position(self, dataset: np.ndarray | int, draw: np.ndarray | int) -> np.ndarray:
+        """Blended sample ``j`` of draw ``draw`` of dataset ``dataset`` (the inverse of ``locate``)."""
+        dataset = np.asarray(dataset, dtype=np.int64)
+        q, r = np.divmod(np.asarray(draw, dtype=np.int64), self.counts[dataset])
+        return q * self.period + self._slots_by_dataset[self._first[dataset] + r]
 
     def draws(self, num_samples: int) -> np.ndarray:
         """How many samples of each dataset the first ``num_samples`` blended samples take."""

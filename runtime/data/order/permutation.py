@@ -4,7 +4,8 @@ A balanced Feistel network permutes [0, 2^m) with 2^m the smallest even power of
 cycle-walking (re-applying it while the value is ≥ n) restricts it to [0, n) and keeps it a
 bijection. Everything is vectorised over numpy uint64 arrays, so a whole micro-batch of
 indices costs a few array operations. The key comes from (seed, dataset id, epoch): each
-epoch gets its own order.
+epoch gets its own order. ``inverse`` runs the rounds backwards (and cycle-walks the same way),
+so "where in this epoch's order is sample i?" costs as much as the forward question.
 """
 
 from __future__ import annotations
@@ -51,17 +52,30 @@ class FeistelPermutation:
             left, right = right, left ^ (_mix(right, key) & self.mask)
         return (left << np.uint64(self.half)) | right
 
+    def _feistel_inverse(self, y: np.ndarray) -> np.ndarray:
+        left, right = y >> np.uint64(self.half), y & self.mask
+        for key in reversed(self.keys):
+            left, right = right ^ (_mix(left, key) & self.mask), left
+        return (left << np.uint64(self.half)) | right
+
     def __call__(self, index: np.ndarray | int) -> np.ndarray:
         """``perm(i)`` for an index or an array of indices; the result has the shape of ``index``."""
+        return self._walk(index, self._feistel)
+
+    def inverse(self, value: np.ndarray | int) -> np.ndarray:
+        """The ``i`` with ``perm(i) == value`` (an index or an array); the result has the shape of ``value``."""
+        return self._walk(value, self._feistel_inverse)
+
+    def _walk(self, index: np.ndarray | int, rounds) -> np.ndarray:
         idx = np.asarray(index)
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.n):
             bad = int(idx.max()) if int(idx.max()) >= self.n else int(idx.min())
             raise IndexError(f"permutation index {bad} outside [0, {self.n})")
         x = np.array(idx, dtype=np.uint64).reshape(-1)  # 1-d copy: cycle-walking assigns into it
         if self.n > 1:
-            x = self._feistel(x)
+            x = rounds(x)
             out = x >= np.uint64(self.n)
             while out.any():  # cycle-walk the few values that left [0, n)
-                x[out] = self._feistel(x[out])
+                x[out] = rounds(x[out])
                 out = x >= np.uint64(self.n)
         return x.astype(np.int64).reshape(idx.shape)[()]

@@ -1,7 +1,9 @@
 """The data order as a pure function of (config, step): stages, blends, epochs, permutations.
 
 Nothing here is stored or iterated from the beginning: sample ``j`` of stage ``s`` is located
-in O(1) - blend slot → dataset and draw number → epoch and position → permutation. Global step
+in O(1) - blend slot → dataset and draw number → epoch and position → permutation (constant
+weights blend by a greedy period, a weight schedule by per-step counts computed once: see
+``blend`` and ``scheduled_blend``). Global step
 ``t`` of stage ``s`` uses stage samples ``[(t - start_s)·G, (t - start_s + 1)·G)``. A dataset
 (resolved folder and sequence length) used by several stages continues its draws where the
 earlier stages left it, so nothing repeats before the dataset is exhausted.
@@ -24,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoset import NanosetError, open_dataset
-from runtime.config import Config, ConfigError, DatasetStageArgs, NanosetDatasetsArgs
+from runtime.config import Config, ConfigError, DatasetStageArgs, HFDatasetArgs, NanosetDatasetsArgs
 from runtime.data.order.blend import BlendSchedule
 from runtime.data.order.packing import PackedDocuments
 from runtime.data.order.permutation import FeistelPermutation
@@ -38,6 +40,7 @@ from runtime.data.order.record import (
     refuse,
     started_stages,
 )
+from runtime.data.order.scheduled_blend import ScheduledBlend, WeightSchedule
 from runtime.data.order.vocab import Known, check_tokenizer, check_unknown_beside_known, check_vocab
 from runtime.data.order.windows import TokenWindows
 
@@ -61,9 +64,10 @@ class StagePlan:
     num_loading_workers: int
     prefetch: int
     dataset_ids: list[int]  # indices into DataPlan.datasets, in the stage's folder order
-    weights: list[float]
-    blend: BlendSchedule
+    weights: list[float]  # constant weights; with a schedule, its normalised weights at start_step
+    blend: BlendSchedule | ScheduledBlend
     draw_offsets: np.ndarray = field(repr=False)  # draws taken by earlier stages, per stage dataset
+    schedule: WeightSchedule | None = None  # the weight schedule of a scheduled blend
 
     @property
     def num_steps(self) -> int:
@@ -81,11 +85,13 @@ class StagePlan:
 
 @dataclass
 class SampleLocation:
-    """Where samples come from: per sample, the dataset index, window index and epoch."""
+    """Where samples come from: per sample, the dataset index, window index and epoch, and ``source``: the
+    index of its dataset among the stage's (``StagePlan.dataset_ids``), what per-source metrics count by."""
 
     dataset: np.ndarray
     sample: np.ndarray
     epoch: np.ndarray
+    source: np.ndarray
 
 
 def resolved(folder: str) -> str:
@@ -121,9 +127,9 @@ class DataPlan:
         for i, stage in enumerate(config.data_stages):
             ids = [self._dataset(folder, i, stage) for folder in stage_folders[i]]
             _check_unique(ids, [self.datasets[d].reader.fingerprint for d in ids], stage_folders[i], i, stage)
-            weights = stage.data.dataset.weights if isinstance(stage.data.dataset, NanosetDatasetsArgs) else [1.0]
-            spec = PartSpec([self.folders[d] for d in ids], list(weights), config.stage_seed(stage),
-                            config.global_batch_size)
+            weights, schedule = _weights(stage)
+            spec = PartSpec([self.folders[d] for d in ids], weights, config.stage_seed(stage),
+                            config.global_batch_size, schedule)
             if i in records:
                 parts = self._recorded_parts(i, stage, records[i], spec, ids, totals)
             else:
@@ -172,16 +178,26 @@ class DataPlan:
         return self._keys[key]
 
     def _part(self, i: int, stage: DatasetStageArgs, start: int, end: int, spec: PartSpec, ids: list[int],
-              offsets: list[int]) -> StagePlan:
+              offsets: list[int], before: StagePlan | None = None) -> StagePlan:
+        """A part of stage ``i``; ``before``: the stage's previous part, whose deviation from its schedule's
+        targets a scheduled part over the same datasets carries on (so the rule holds across a resume that
+        changed the global batch size)."""
         for d in ids:
             self._seeds.setdefault(d, spec.seed)
+        if spec.schedule is None:
+            blend, weights = BlendSchedule(spec.weights), spec.weights
+        else:
+            carried = before is not None and before.schedule is not None and before.dataset_ids == ids
+            blend = ScheduledBlend(spec.schedule, start, end - start, spec.global_batch_size,
+                                   before.blend.deviation if carried else None, self.config.general.cache_dir)
+            weights = spec.schedule.shares(np.array([start]))[0].tolist()
         return StagePlan(
             index=i, name=stage.name, start_step=start, end_step=end,
             sequence_length=self.config.stage_sequence_length(stage), global_batch_size=spec.global_batch_size,
             seed=spec.seed, use_position_ids=stage.data.use_position_ids,
             num_loading_workers=stage.data.num_loading_workers, prefetch=stage.data.prefetch,
-            dataset_ids=ids, weights=spec.weights,
-            blend=BlendSchedule(spec.weights), draw_offsets=np.array(offsets, dtype=np.int64))
+            dataset_ids=ids, weights=weights, blend=blend, draw_offsets=np.array(offsets, dtype=np.int64),
+            schedule=spec.schedule)
 
     def _recorded_parts(self, i: int, stage: DatasetStageArgs, record: DataStageMetadata, spec: PartSpec,
                         ids: list[int], totals: dict[int, int]) -> list[StagePlan]:
@@ -201,23 +217,29 @@ class DataPlan:
                 if old != new:
                     content[d] = f"{self.folders[d]} has other content (fingerprint {old} → {new})"
             offsets = r.draw_offsets if r.draw_offsets else [after.get(d, 0) for d in part_ids]
-            part = self._part(i, stage, r.start_step, stop, PartSpec(folders[k], r.weights, r.seed,
-                                                                     r.global_batch_size), part_ids, offsets)
+            part = self._part(i, stage, r.start_step, stop, PartSpec.of_record(r, folders[k]), part_ids, offsets,
+                              parts[-1] if parts else None)
             parts.append(part)
             _add_draws(after, part)
         in_progress = end > last + 1
-        changes = differences(self.config, i, spec, PartSpec(folders[-1], recorded[-1].weights,
-                                                             recorded[-1].seed, recorded[-1].global_batch_size),
-                              in_progress)
+        old = PartSpec.of_record(recorded[-1], folders[-1])
+        changes = differences(self.config, i, spec, old, in_progress, last + 1)
         if (changes or content) and not self.config.checkpoints.allow_data_change:
             raise refuse(self.checkpoint, list(content.values()) + changes, stage.start_training_step,
                          min(end - 1, last), in_progress)
+        last_part = parts[-1]
         if changes and in_progress:  # continue the stage from the resume step with the config's values
+            parts[-1] = self._part(i, stage, last_part.start_step, last + 1, old, last_part.dataset_ids,
+                                   last_part.draw_offsets.tolist(), parts[-2] if len(parts) > 1 else None)
             after = dict(totals)
-            parts[-1].end_step = last + 1
             for part in parts:
                 _add_draws(after, part)
-            parts.append(self._part(i, stage, last + 1, end, spec, ids, [after.get(d, 0) for d in ids]))
+            parts.append(self._part(i, stage, last + 1, end, spec, ids, [after.get(d, 0) for d in ids], parts[-1]))
+        elif in_progress and spec.schedule is not None and spec.schedule != old.schedule:
+            # only the schedule's future changed: the causal blend keeps every step trained so far
+            parts[-1] = self._part(i, stage, last_part.start_step, end, PartSpec(
+                old.folders, None, old.seed, old.global_batch_size, spec.schedule), last_part.dataset_ids,
+                last_part.draw_offsets.tolist(), parts[-2] if len(parts) > 1 else None)
         return parts
 
     def _moved(self, record: PartRecord, ids: list[int]) -> list[str]:
@@ -245,7 +267,7 @@ class DataPlan:
         return self._perms[key]
 
     def locate(self, stage: StagePlan, j: np.ndarray | int) -> SampleLocation:
-        """Dataset, window index and epoch of stage samples ``j`` (a scalar or an array; same shape out)."""
+        """Dataset, window index, epoch and source of stage samples ``j`` (a scalar or an array; same shape out)."""
         shape = np.shape(j)
         j = np.asarray(j, dtype=np.int64).reshape(-1)
         local, draw = stage.blend.locate(j)
@@ -257,7 +279,7 @@ class DataPlan:
         for d, e in set(zip(dataset.tolist(), epoch.tolist())):
             m = (dataset == d) & (epoch == e)
             sample[m] = self.permutation(d, e)(pos[m])
-        return SampleLocation(*(a.reshape(shape)[()] for a in (dataset, sample, epoch)))
+        return SampleLocation(*(a.reshape(shape)[()] for a in (dataset, sample, epoch, local)))
 
     def global_batch(self, step: int) -> tuple[StagePlan, SampleLocation]:
         """The G samples of global step ``step``, in global order."""
@@ -274,6 +296,15 @@ class DataPlan:
             w = self.datasets[d]
             h.update(f"{w.sample_key}:{s};".encode())
         return h.hexdigest()[:16]
+
+    def source_names(self) -> dict[str, str]:
+        """Each dataset's folder as ``explain`` prints it → what the config calls it: the folder, or for a stage
+        of a Hugging Face dataset its source (``hf_dataset_or_datasets``), whose tokenized copy the plan reads."""
+        hf = {}
+        for i, stage in enumerate(self.config.data_stages):
+            if isinstance(stage.data.dataset, HFDatasetArgs):
+                hf.update({resolved(f): stage.data.dataset.hf_dataset_or_datasets for f in self.stage_folders[i]})
+        return {w.folder: hf.get(f, w.folder) for f, w in zip(self.folders, self.datasets)}
 
     def consumed_samples(self, last_step: int) -> int:
         """Samples of all stages used once global steps ``1..last_step`` are done."""
@@ -296,8 +327,10 @@ class DataPlan:
                 stage.name, stage.start_training_step, sum(p.consumed_samples(last_step) for p in parts),
                 parts[0].sequence_length,
                 [PartRecord(p.start_step, p.global_batch_size, [self.folders[d] for d in p.dataset_ids],
-                            [self.datasets[d].reader.fingerprint for d in p.dataset_ids], list(p.weights), p.seed,
-                            p.draw_offsets.tolist()) for p in parts if p.start_step <= last_step],
+                            [self.datasets[d].reader.fingerprint for d in p.dataset_ids],
+                            list(p.weights) if p.schedule is None else None, p.seed, p.draw_offsets.tolist(),
+                            p.blend.kind, p.schedule.to_json() if p.schedule is not None else None)
+                 for p in parts if p.start_step <= last_step],
                 packing_mode(stage)))
         return out
 
@@ -352,7 +385,18 @@ def _check_unique(ids: list[int], fingerprints: list[str], folders: list[str], i
 def _legacy_part(record: DataStageMetadata, spec: PartSpec, history: TrainingMetadata) -> PartRecord:
     """A checkpoint written before parts were recorded: the config's data, the checkpoint's batch size."""
     return PartRecord(record.start_training_step, history.global_batch_size, spec.folders, [], spec.weights,
-                      spec.seed, [])
+                      spec.seed, [], "periodic" if spec.schedule is None else "scheduled",
+                      spec.schedule.to_json() if spec.schedule is not None else None)
+
+
+def _weights(stage: DatasetStageArgs) -> tuple[list[float] | None, WeightSchedule | None]:
+    """(constant weights, None) or (None, the weight schedule) of a stage; one dataset of a Hugging Face stage."""
+    ds = stage.data.dataset
+    if not isinstance(ds, NanosetDatasetsArgs):
+        return [1.0], None
+    if ds.schedule is not None:
+        return None, WeightSchedule.from_entries(ds.schedule)
+    return list(ds.weights), None
 
 
 def _nanoset_folders(config: Config, stage: DatasetStageArgs, i: int) -> list[str]:

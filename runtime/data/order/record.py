@@ -13,6 +13,9 @@ A stage that has begun by the checkpoint's step keeps its name, start step and s
 (datasets, their content, weights, seed, and for the stage in progress the global batch size)
 may change only with ``checkpoints.allow_data_change``: then a finished stage follows the record
 and the stage in progress continues with the new values from the resume step (see ``DataPlan``).
+A weight schedule is part of the record; of the stage in progress only its past counts (the
+entries up to and including the first one after the resume step): the scheduled blend is causal,
+so later entries may change freely.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from nanoset.errors import ConfigError
 from runtime.config import Config, DatasetStageArgs, NanosetDatasetsArgs
+from runtime.data.order.scheduled_blend import WeightSchedule
 
 
 @dataclass
@@ -32,9 +36,11 @@ class PartRecord:
     global_batch_size: int
     datasets: list[str]  # resolved dataset folders, in the stage's order
     fingerprints: list[str]  # content fingerprint of each dataset when this part was trained
-    weights: list[float]
+    weights: list[float] | None  # constant weights; None with a schedule
     seed: int
     draw_offsets: list[int]  # draws each dataset had taken before this part
+    blend: str = "periodic"  # periodic (constant weights: the greedy period) | scheduled (a weight schedule)
+    schedule: list[dict] | None = None  # the weight schedule, [{step, weights}], for a scheduled blend
 
 
 @dataclass
@@ -122,13 +128,24 @@ class PartSpec:
     """The data definition of a stage part: what must match the record of a stage that has begun."""
 
     folders: list[str]  # resolved
-    weights: list[float]
+    weights: list[float] | None  # None with a schedule
     seed: int
     global_batch_size: int
+    schedule: WeightSchedule | None = None
+
+    @staticmethod
+    def of_record(record: PartRecord, folders: list[str]) -> PartSpec:
+        schedule = WeightSchedule.from_entries(record.schedule) if record.schedule else None
+        return PartSpec(folders, record.weights, record.seed, record.global_batch_size, schedule)
+
+    def describe_weights(self) -> str:
+        return f"the schedule {self.schedule.describe()}" if self.schedule is not None else str(self.weights)
 
 
-def differences(config: Config, i: int, new: PartSpec, old: PartSpec, in_progress: bool) -> list[str]:
-    """Human descriptions of what the config changed in stage ``i`` against its record."""
+def differences(config: Config, i: int, new: PartSpec, old: PartSpec, in_progress: bool,
+                resume_step: int) -> list[str]:
+    """Human descriptions of what the config changed in stage ``i`` against its record (a schedule's entries
+    after the segment of ``resume_step`` are the future of a stage in progress: they may change)."""
     stage = config.data_stages[i]
     where = f"data_stages[{i}] ({stage.name})"
     nanoset = isinstance(stage.data.dataset, NanosetDatasetsArgs)
@@ -136,8 +153,15 @@ def differences(config: Config, i: int, new: PartSpec, old: PartSpec, in_progres
     if new.folders != old.folders:
         key = "dataset_folder" if nanoset else "hf_dataset_or_datasets"
         out.append(f"{where}.data.dataset.{key} reads {new.folders}, the checkpoint {old.folders}")
-    elif new.weights != old.weights:
-        out.append(f"{where}.data.dataset.dataset_weights is {new.weights}, the checkpoint's {old.weights}")
+    elif (new.schedule is None) != (old.schedule is None) or new.weights != old.weights:
+        out.append(f"{where}.data.dataset.dataset_weights is {new.describe_weights()}, the checkpoint's "
+                   f"{old.describe_weights()}")
+    elif new.schedule is not None and not (old.schedule.same_past(new.schedule, resume_step) if in_progress
+                                           else old.schedule == new.schedule):
+        past = (f"; a resume at step {resume_step} keeps the entries up to the first one after it"
+                if in_progress else "")
+        out.append(f"{where}.data.dataset.dataset_weights is {new.describe_weights()}, the checkpoint's "
+                   f"{old.describe_weights()}{past}")
     if new.seed != old.seed:
         key = f"{where}.data.seed" if stage.data.seed is not None else f"general.seed (the seed of {where})"
         out.append(f"{key} is {new.seed}, the checkpoint's {old.seed}")

@@ -1,0 +1,108 @@
+"""Which steps trained on a document: the reverse of ``explain``, through the plan (and its record).
+
+Document ``DOC`` of a folder is tokens ``[a, b)`` of its stream, so the samples holding any of them
+are a short range: the windows ``i`` with ``i·L < b`` and ``i·L + L + 1 > a``, or the packed samples
+overlapping it. Each sample is drawn once per epoch ``e``, as draw ``e·n + perm_e⁻¹(i)`` of its dataset
+(the Feistel permutation is inverted round by round). The parts of the plan take consecutive
+draw ranges of a dataset (across stages, resumes and batch-size changes), and each part's blend
+maps a draw back to its sample ``j`` of the part, so to its step and position in the global batch.
+The work is O(epochs × samples touching the documents), whatever the number of steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runtime.config import ConfigError, HFDatasetArgs
+from runtime.data.order.plan import DataPlan, resolved
+
+
+def parse_document(text: str, where: str = "--document") -> tuple[str, int]:
+    """``FOLDER:DOC`` → (folder, document index); a bad form is a ``ConfigError`` naming ``where``."""
+    folder, sep, doc = text.strip().rpartition(":")
+    if not sep or not folder or not doc.strip().isdigit():
+        raise ConfigError(f"{where}: expected FOLDER:DOC (a dataset folder and a document index), got {text.strip()!r}")
+    return folder, int(doc)
+
+
+def datasets_of(plan: DataPlan, folder: str) -> list[int]:
+    """The plan's datasets (one per sequence length and packing) read from ``folder``: a folder of a stage, or
+    the Hugging Face source of a stage (whose tokenized copy the plan reads)."""
+    target = resolved(folder)
+    folders = {target}
+    for i, stage in enumerate(plan.config.data_stages):
+        ds = stage.data.dataset
+        if isinstance(ds, HFDatasetArgs) and resolved(ds.hf_dataset_or_datasets) == target:
+            folders.update(resolved(f) for f in plan.stage_folders[i])
+    ids = [d for d, f in enumerate(plan.folders) if f in folders]
+    if not ids:
+        known = ", ".join(sorted({w.folder for w in plan.datasets}))
+        raise ConfigError(f"{folder}: not a dataset of this run; its datasets are: {known}")
+    return ids
+
+
+def samples_touching(windows, start: int, stop: int) -> np.ndarray:
+    """The samples of ``windows`` (windows or packed samples) holding any token of ``[start, stop)``."""
+    if stop <= start:
+        return np.zeros(0, dtype=np.int64)
+    if windows.packing == "window":
+        L = windows.sequence_length
+        first = max(0, (start - L - 1) // L + 1)  # i·L + L + 1 > start
+        last = min(windows.num_samples - 1, (stop - 1) // L)  # i·L < stop
+        return np.arange(first, last + 1, dtype=np.int64)
+    lo = int(np.searchsorted(windows.stops, start, side="right"))  # stops[i] > start (starts, stops ascend)
+    hi = int(np.searchsorted(windows.starts, stop, side="left"))  # starts[i] < stop
+    return np.arange(lo, hi, dtype=np.int64)
+
+
+def document_steps(plan: DataPlan, queries: list[tuple[str, int]]) -> list[dict]:
+    """Every (step, position, sample, token range) of the run that held a token of each ``(folder, doc)``.
+
+    One dict per hit, sorted by (query, step, position): ``document`` (``FOLDER:DOC`` as given), ``step``,
+    ``stage``, ``position``, ``dataset`` (the folder as ``explain`` prints it), ``sample``, ``epoch``,
+    ``tokens`` (the sample's range, as ``explain``)."""
+    by_dataset: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for q, (folder, doc) in enumerate(queries):
+        for d in datasets_of(plan, folder):
+            reader = plan.datasets[d].reader
+            if not 0 <= doc < reader.num_documents:
+                raise ConfigError(f"{folder}:{doc}: {folder} has {reader.num_documents} documents; give an index in "
+                                  f"[0, {reader.num_documents})")
+            by_dataset.setdefault(d, []).append((q, samples_touching(plan.datasets[d], *reader.document_bounds(doc))))
+    hits = []
+    for d, wanted in by_dataset.items():
+        samples = np.concatenate([s for _, s in wanted])
+        query = np.concatenate([np.full(len(s), q, dtype=np.int64) for q, s in wanted])
+        for q, step, position, sample, epoch in _hits(plan, d, samples, query):
+            start, stop = plan.datasets[d].token_range(sample)
+            hits.append({"document": f"{queries[q][0]}:{queries[q][1]}", "step": step,
+                         "stage": plan.stage_for_step(step).name, "position": position,
+                         "dataset": plan.datasets[d].folder, "sample": sample, "epoch": epoch,
+                         "tokens": [int(start), int(stop)], "query": q})
+    hits.sort(key=lambda h: (h["query"], h["step"], h["position"]))
+    for h in hits:
+        del h["query"]
+    return hits
+
+
+def _hits(plan: DataPlan, d: int, samples: np.ndarray, query: np.ndarray):
+    """(query, step, position, sample, epoch) of every draw of dataset ``d`` that took one of ``samples``."""
+    parts = []  # (part, local index, first draw, draws taken)
+    for part in plan.stages:
+        if d in part.dataset_ids:
+            local = part.dataset_ids.index(d)
+            taken = int(part.blend.draws(part.num_samples)[local])
+            parts.append((part, local, int(part.draw_offsets[local]), taken))
+    total = max((first + taken for _, _, first, taken in parts), default=0)
+    n = plan.datasets[d].num_samples
+    unique, back = np.unique(samples, return_inverse=True)
+    for epoch in range(-(-total // n)):
+        draw = epoch * n + plan.permutation(d, epoch).inverse(unique)[back]
+        for part, local, first, taken in parts:
+            sel = np.flatnonzero((draw >= first) & (draw < first + taken))
+            if not len(sel):
+                continue
+            j = part.blend.position(np.full(len(sel), local), draw[sel] - first)
+            step, position = np.divmod(j, part.global_batch_size)
+            yield from zip(query[sel].tolist(), (part.start_step + step).tolist(), position.tolist(),
+                           samples[sel].tolist(), [epoch] * len(sel))

@@ -1,0 +1,210 @@
+"""Weight schedules: the exact rule (interpolate, normalise, water-fill each step, interleave), its bound at
+every step boundary, the in-step interleave both ways, the cache, and the config's checks (numpy only)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.config import ConfigError
+from runtime.data.order import scheduled_blend
+from runtime.data.order.scheduled_blend import (
+    ScheduledBlend,
+    WeightSchedule,
+    deviation_bound,
+    positions_in_step,
+    step_orders,
+)
+from tests.support.configs import TWO_STAGE, build, merged
+
+
+def exact_targets(schedule: WeightSchedule, steps: list[int], batches: list[int]) -> list[list[Fraction]]:
+    """``T_d(s) = Σ_{t ≤ s} G(t)·w_d(t)`` in exact arithmetic, independently of the implementation: the rule
+    as the docs state it (linear interpolation of the raw weights, then normalised)."""
+    at = list(schedule.steps)
+    raw = [[Fraction(w) for w in row] for row in schedule.weights]
+    total = [Fraction(0)] * schedule.num_datasets
+    out = []
+    for t, g in zip(steps, batches):
+        seg = max(i for i, s in enumerate(at) if s <= t)
+        if seg + 1 < len(at):
+            f = Fraction(t - at[seg], at[seg + 1] - at[seg])
+            w = [a + (b - a) * f for a, b in zip(raw[seg], raw[seg + 1])]
+        else:
+            w = raw[seg]
+        total = [x + g * v / sum(w) for x, v in zip(total, w)]
+        out.append(total)
+    return out
+
+
+def test_the_bound_is_one_half_five_sixths_then_harmonic():
+    assert deviation_bound(2) == 0.5 and deviation_bound(3) == pytest.approx(5 / 6)
+    assert deviation_bound(4) == pytest.approx(1 / 2 + 1 / 3 + 1 / 4)
+    assert deviation_bound(10) == pytest.approx(1.929, abs=1e-3)
+
+
+def test_a_ramp_and_a_half_split_give_the_counts_of_the_rule():
+    ramp = WeightSchedule.from_entries([{"step": 1, "weights": [1, 0]}, {"step": 5, "weights": [0, 1]}])
+    b = ScheduledBlend(ramp, 1, 6, 4)
+    assert b.step_counts(np.arange(6)).tolist() == [[4, 0], [3, 1], [2, 2], [1, 3], [0, 4], [0, 4]]
+    half = WeightSchedule.from_entries([{"step": 1, "weights": [1, 1]}])
+    # targets 2.5, 5, 7.5, 10: the tie of step 1 goes to the lower index, then the other catches up
+    assert ScheduledBlend(half, 1, 4, 5).step_counts(np.arange(4)).tolist() == [[3, 2], [2, 3], [3, 2], [2, 3]]
+
+
+def test_weights_are_interpolated_then_normalised():
+    s = WeightSchedule.from_entries([{"step": 10, "weights": [0.9, 0.1]}, {"step": 20, "weights": [5, 5]}])
+    w = s.shares(np.array([10, 15, 20, 99]))
+    assert w[0].tolist() == pytest.approx([0.9, 0.1])
+    assert w[1].tolist() == pytest.approx([2.95 / 5.5, 2.55 / 5.5])  # halfway: [2.95, 2.55], normalised after
+    assert w[2].tolist() == w[3].tolist() == pytest.approx([0.5, 0.5])  # constant after the last entry
+
+
+def test_the_in_step_interleave_both_ways():
+    d, m = step_orders(np.array([[3, 1]]))
+    # keys 1/6, 3/6, 5/6 and 1/2: the tie at 1/2 goes to the lower index
+    assert d.tolist() == [[0, 0, 1, 0]] and m.tolist() == [[0, 1, 0, 2]]
+    counts = np.array([[5, 0, 3, 7]])
+    d, m = step_orders(counts)
+    pos = positions_in_step(np.repeat(counts, 15, axis=0), d[0], m[0])
+    assert pos.tolist() == list(range(15))
+
+
+entries = st.lists(st.lists(st.integers(0, 6), min_size=5, max_size=5).filter(any), min_size=1, max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(k=st.integers(2, 5), rows=entries, gaps=st.lists(st.integers(1, 12), min_size=3, max_size=3),
+       batches=st.tuples(st.integers(1, 17), st.integers(1, 17)), split=st.integers(1, 30), data=st.data())
+def test_counts_stay_within_the_bound_of_the_rule_at_every_step_boundary(k, rows, gaps, batches, split, data):
+    """Random schedules (zeros included), a part of G₁ then a part of G₂ (a resume that changed the global
+    batch: the deviation carries on): every step's counts are ≥ 0 and sum to G, every dataset's cumulative
+    count is within the bound of the exact target, and locate/position are inverses."""
+    start = data.draw(st.integers(1, 50))
+    steps = [start]
+    for g in gaps[: len(rows) - 1]:
+        steps.append(steps[-1] + g)
+    schedule = WeightSchedule.from_entries([{"step": s, "weights": r[:k]} for s, r in zip(steps, rows)])
+    if any(sum(w) == 0 for w in schedule.weights):
+        return
+    n1, n2 = split, 40 - split
+    first = ScheduledBlend(schedule, start, n1, batches[0])
+    second = ScheduledBlend(schedule, start + n1, n2, batches[1], first.deviation)
+    counts = np.concatenate([first.step_counts(np.arange(n1)), second.step_counts(np.arange(n2))])
+    assert (counts >= 0).all()
+    assert counts.sum(axis=1).tolist() == [batches[0]] * n1 + [batches[1]] * n2
+    cumulative = np.cumsum(counts, axis=0)
+    targets = exact_targets(schedule, list(range(start, start + 40)), [batches[0]] * n1 + [batches[1]] * n2)
+    bound = Fraction(deviation_bound(k)) + Fraction(1, 10**9)
+    for s in range(40):
+        for d in range(k):
+            assert abs(targets[s][d] - int(cumulative[s, d])) <= bound, (s, d)
+    for blend in (first, second):
+        j = np.arange(blend.num_steps * blend.global_batch)
+        d, draw = blend.locate(j)
+        assert (blend.position(d, draw) == j).all()
+        for ds in range(k):  # each dataset's draws are 0, 1, 2, ... in stream order
+            assert draw[d == ds].tolist() == list(range(int(blend.cumulative[-1, ds])))
+
+
+@settings(max_examples=60, deadline=None)
+@given(first=st.lists(st.integers(0, 9), min_size=2, max_size=2).filter(any),
+       last=st.lists(st.integers(0, 9), min_size=2, max_size=2).filter(any), span=st.integers(1, 60),
+       batch=st.integers(1, 33), carried=st.floats(-0.5, 0.49))
+def test_two_datasets_round_the_cumulative_target_as_the_step_by_step_rule_does(first, last, span, batch, carried):
+    """The closed form for two datasets (⌊T_0 + ½⌋) is the water-filling rule, ties and carried deviation included."""
+    s = WeightSchedule.from_entries([{"step": 1, "weights": first}, {"step": 1 + span, "weights": last}])
+    shares = s.shares(np.arange(1, 2 * span + 2))
+    deviation = np.array([carried, -carried])
+    fast, slow = scheduled_blend._round_two(shares, batch, deviation), scheduled_blend._water_fill(
+        shares, batch, deviation)
+    np.testing.assert_array_equal(fast[0], slow[0])
+    np.testing.assert_allclose(fast[1], slow[1], atol=1e-9)
+
+
+def largest_remainder(targets: np.ndarray, total: int) -> np.ndarray:
+    """Rounding one step boundary's targets on its own (largest remainder, ties to the lower index)."""
+    floors = np.floor(targets).astype(np.int64)
+    order = np.lexsort((np.arange(len(targets)), -(targets - floors)))
+    floors[order[: total - int(floors.sum())]] += 1
+    return floors
+
+
+def test_three_datasets_never_go_backwards_where_rounding_each_boundary_would():
+    """Rounding each boundary's cumulative targets on its own lowers dataset 2's count at step 2
+    ([0, 0, 1] then [1, 1, 0]); the rule never lowers a count and stays within 5/6."""
+    s = WeightSchedule.from_entries([{"step": 1, "weights": [0.3, 0.3, 0.4]}, {"step": 2, "weights": [0.5, 0.5, 0]}])
+    targets = np.cumsum(s.shares(np.arange(1, 5)), axis=0)  # G = 1: [.3 .3 .4], [.8 .8 .4], [1.3 1.3 .4], ...
+    rounded = [largest_remainder(t, n).tolist() for t, n in zip(targets, range(1, 5))]
+    assert rounded[:2] == [[0, 0, 1], [1, 1, 0]]
+    b = ScheduledBlend(s, 1, 4, 1)
+    assert b.cumulative[1:].tolist() == [[0, 0, 1], [1, 0, 1], [1, 1, 1], [2, 1, 1]]
+    assert np.abs(b.cumulative[1:] - targets).max() <= 5 / 6 + 1e-12
+
+
+def test_the_bound_for_four_datasets_is_reached_and_not_passed():
+    """One sample a step, equal weight on the datasets not yet served: dataset 3 ends 1/4 + 1/3 + 1/2 behind,
+    the bound H_4 − 1, and no causal rule could keep all four within 1 (each step's pick is forced)."""
+    s = WeightSchedule.from_entries([{"step": 1, "weights": [1, 1, 1, 1]}, {"step": 2, "weights": [0, 1, 1, 1]},
+                                     {"step": 3, "weights": [0, 0, 1, 1]}, {"step": 4, "weights": [0, 0, 0, 1]}])
+    b = ScheduledBlend(s, 1, 4, 1)
+    assert b.cumulative[1:4].tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]]
+    behind = float(np.cumsum(s.shares(np.arange(1, 4)), axis=0)[-1, 3])
+    assert behind == pytest.approx(13 / 12) and behind <= deviation_bound(4) + 1e-12
+
+
+def test_long_parts_are_cached_atomically_and_a_damaged_cache_is_recomputed(tmp_path, monkeypatch):
+    s = WeightSchedule.from_entries([{"step": 1, "weights": [0.9, 0.1]}, {"step": 3000, "weights": [0.2, 0.8]}])
+    first = ScheduledBlend(s, 1, 5000, 8, cache_dir=tmp_path)
+    files = list((tmp_path / "blend").iterdir())
+    assert len(files) == 1 and files[0].suffix == ".npy"  # no temporary file left
+    calls = []
+    monkeypatch.setattr(scheduled_blend, "allocate", lambda *a: calls.append(1) or pytest.fail("recomputed"))
+    again = ScheduledBlend(s, 1, 5000, 8, cache_dir=tmp_path)
+    np.testing.assert_array_equal(again.cumulative, first.cumulative)
+    assert again.deviation.tolist() == first.deviation.tolist() and not calls
+    monkeypatch.undo()
+    files[0].write_bytes(b"not a table")
+    redone = ScheduledBlend(s, 1, 5000, 8, cache_dir=tmp_path)
+    np.testing.assert_array_equal(redone.cumulative, first.cumulative)
+    assert ScheduledBlend(s, 1, 100, 8, cache_dir=tmp_path / "short").cumulative.shape == (101, 2)
+    assert not (tmp_path / "short").exists()  # short parts take milliseconds: no file
+
+
+def schedule_config(weights, start=1, steps=40):
+    stages = [{"name": "s", "start_training_step": start, "data": {"dataset": {
+        "dataset_folder": ["a", "b"], "dataset_weights": weights}}}]
+    if start != 1:
+        stages.insert(0, {"name": "first", "start_training_step": 1, "data": {"dataset": {"dataset_folder": "a"}}})
+    return merged(TWO_STAGE, data_stages=stages, tokens={**TWO_STAGE["tokens"], "train_steps": steps})
+
+
+def test_a_schedule_is_a_form_of_dataset_weights():
+    c = build(schedule_config([{"step": 1, "weights": [0.9, 0.1]}, {"step": 30, "weights": [0.5, 0.5]}]))
+    ds = c.data_stages[0].data.dataset
+    assert [(e.step, e.weights) for e in ds.schedule] == [(1, [0.9, 0.1]), (30, [0.5, 0.5])] and ds.weights is None
+    constant = build(schedule_config([0.7, 0.3])).data_stages[0].data.dataset
+    assert constant.schedule is None and constant.weights == [0.7, 0.3]
+
+
+@pytest.mark.parametrize("weights,start,fragment", [
+    ([{"step": 2, "weights": [1, 1]}], 1, "dataset_weights[0].step: 2, but a schedule starts at the stage's first "
+                                          "step (start_training_step 1)"),
+    ([{"step": 11, "weights": [1, 1]}, {"step": 11, "weights": [1, 0]}], 11,
+     "dataset_weights[1].step: 11 follows step 11; the steps of a schedule must increase"),
+    ([{"step": 11, "weights": [1, 1]}, {"step": 41, "weights": [1, 0]}], 11,
+     "dataset_weights[1].step: 41 is outside the stage (steps 11-40)"),
+    ([{"step": 1, "weights": [1, 1, 1]}], 1, "dataset_weights[0].weights: 3 weights for 2 folders"),
+    ([{"step": 1, "weights": [1, -0.5]}], 1, "dataset_weights[0].weights: weights must be ≥ 0 and finite"),
+    ([{"step": 1, "weights": [1, 1]}, {"step": 5, "weights": [0, 0]}], 1, "dataset_weights[1].weights: all zero"),
+    ([{"step": 1, "weight": [1, 1]}], 1, "dataset_weights[0].weight: unknown key; did you mean 'weights'?"),
+])
+def test_bad_schedules_are_one_line_naming_the_entry(weights, start, fragment):
+    with pytest.raises(ConfigError) as e:
+        build(schedule_config(weights, start))
+    assert fragment in str(e.value) and "\n" not in str(e.value)
+    assert "data_stages[" in str(e.value) and ".data.dataset.dataset_weights" in str(e.value)
