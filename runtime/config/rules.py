@@ -82,7 +82,7 @@ def _validate_rope_scaling(r: RopeScalingArgs | None) -> None:
 
 def _validate_parallelism(c: Config) -> None:
     p, m = c.parallelism, c.model
-    for name in ("dp", "tp", "pp", "pp_virtual_stages"):
+    for name in ("dp", "tp", "pp", "cp", "pp_virtual_stages"):
         _positive(getattr(p, name), f"parallelism.{name}")
     if m.num_attention_heads % p.tp or m.kv_heads % p.tp:
         raise ConfigError(f"parallelism.tp {p.tp} must divide model.num_attention_heads {m.num_attention_heads} "
@@ -130,6 +130,13 @@ def _validate_stages(c: Config) -> None:
         if seq > c.model.max_position_embeddings:
             raise ConfigError(f"{where}.sequence_length {seq} > model.max_position_embeddings "
                               f"{c.model.max_position_embeddings}")
+        cp = c.parallelism.cp
+        if cp > 1 and seq % (2 * cp):
+            own = s.sequence_length is not None
+            key = f"{where}.sequence_length" if own else f"tokens.sequence_length (of {where})"
+            raise ConfigError(f"{key} {seq} is not divisible by 2 × parallelism.cp = {2 * cp}: context parallelism "
+                              f"cuts each sample into 2·cp chunks, two per cp rank; use a multiple of {2 * cp} or "
+                              f"another cp")
         _positive(s.data.num_loading_workers, f"{where}.data.num_loading_workers", allow_zero=True)
         _positive(s.data.prefetch, f"{where}.data.prefetch", allow_zero=True)
         if c.model.attention == "document" and not s.data.use_position_ids:
