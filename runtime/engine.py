@@ -5,6 +5,11 @@ validation: the same inputs, targets and loss, forward only.
 The loss is the mean cross-entropy over the unmasked label tokens of the whole global batch:
 every micro-batch contributes ``sum / N`` with ``N`` counted over all micro-batches and dp
 ranks, so the value (and the gradient) is the same whatever the layout.
+
+With context parallelism the engine takes full-length micro-batches, like every other layout, and
+keeps this cp rank's chunks of the inputs and targets once they are on the device
+(``runtime/parallel/context_parallel.py``): each cp rank sums the token losses of its part, and the
+sums, like the gradients, reduce over dp × cp.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from torch import nn
 from runtime.config import Config
 from runtime.models.llama import LlamaChunk, init_weights
 from runtime.parallel.context import ParallelContext
+from runtime.parallel.context_parallel import ContextParallel
 from runtime.parallel.parallelize import parallelize
 from runtime.parallel.pipeline import build_schedule, chunk_layer_ranges, chunks_of_rank, forward_only, num_chunks
 from runtime.parallel.tied_embedding import TiedEmbeddingSync
@@ -50,19 +56,25 @@ class Engine:
         self.config = config
         self.ctx = ctx = parallel_context
         par, args = config.parallelism, config.model
+        if par.cp != ctx.cp_size:
+            raise ValueError(f"parallelism.cp is {par.cp} but the ParallelContext has cp {ctx.cp_size}; build it "
+                             f"with cp={par.cp}")
+        self.context_parallel = ContextParallel.of(ctx)
         self.device = ctx.device
         self.dtype = compute_dtype(config, self.device)
         total = num_chunks(ctx.pp_size, par.pp_engine, par.pp_virtual_stages)
         ranges = chunk_layer_ranges(args.num_hidden_layers, total)
         self.stage_ids = chunks_of_rank(ctx.pp_rank, ctx.pp_size, par.pp_engine, par.pp_virtual_stages)
         self.total_stages = total
-        # FSDP's mixed-precision policy is what casts to the compute dtype, so bf16 needs it even with dp = 1
-        self.use_fsdp = ctx.dp_size > 1 or self.device.type == "cuda" or self.dtype != torch.float32
+        # FSDP's mixed-precision policy is what casts to the compute dtype, so bf16 needs it even with dp = 1;
+        # cp ranks hold the same parameters as replicas do: FSDP shards and reduces them over dp × cp
+        self.use_fsdp = ctx.dp_cp_size > 1 or self.device.type == "cuda" or self.dtype != torch.float32
         self.chunks: list[LlamaChunk] = []
         for c in self.stage_ids:
             with torch.device("meta"):  # no memory until sharded: only this rank's shards are ever allocated
                 chunk = LlamaChunk(args, *ranges[c])
-            parallelize(chunk, args, ctx.mesh["tp"], ctx.mesh["dp"] if self.use_fsdp else None, self.dtype)
+            parallelize(chunk, args, ctx.mesh["tp"], ctx.dp_cp_mesh if self.use_fsdp else None, self.dtype,
+                        self.context_parallel)
             chunk.materialize(self.device)
             if initialize:
                 init_weights(chunk, args, config.general.seed)
@@ -124,7 +136,11 @@ class Engine:
         return t.to(self.device, non_blocking=True)
 
     # The loader's tensors are copied to the device as they are (pinned on CUDA, so the copies are
-    # asynchronous); concatenating or masking them on the host first would make pageable copies.
+    # asynchronous); concatenating or masking them on the host first would make pageable copies. With
+    # context parallelism this rank's chunks are taken on the device, from the full-length tensors.
+
+    def _local(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.context_parallel is None else self.context_parallel.shard(t)
 
     def _inputs(self, batches: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.cat([self._to_device(b["input_ids"]) for b in batches])
@@ -132,14 +148,16 @@ class Engine:
             pos = torch.cat([self._to_device(b["position_ids"]) for b in batches])
         else:
             pos = torch.arange(ids.shape[1], device=self.device).expand(ids.shape[0], -1)
-        return ids.contiguous(), pos.contiguous()
+        return self._local(ids).contiguous(), self._local(pos).contiguous()
 
     def _targets(self, batches: list[dict]) -> torch.Tensor:
         dev = self._to_device
-        return torch.cat([torch.where(dev(b["label_mask"]), dev(b["label_ids"]), IGNORE_INDEX) for b in batches])
+        return self._local(torch.cat([torch.where(dev(b["label_mask"]), dev(b["label_ids"]), IGNORE_INDEX)
+                                      for b in batches]))
 
     def _count_label_tokens(self, batches: list[dict]) -> int:
-        """Unmasked label tokens of the whole global batch (all micro-batches, all dp ranks)."""
+        """Unmasked label tokens of the whole global batch (all micro-batches, all dp ranks; each cp rank
+        counts its replica's full-length batches)."""
         n = torch.zeros((), dtype=torch.int64, device=self.device)
         if self.owns_loss:
             n += sum(int(b["label_mask"].sum()) for b in batches)
@@ -153,8 +171,8 @@ class Engine:
         ``sequence_length`` tells middle pipeline ranks (whose batches hold only TensorPointers) the
         shape of this step, so that a stage with another sequence length gets its own schedule."""
         n_tokens = self._count_label_tokens(batches) if self.owns_loss else 0
-        # FSDP averages gradients over dp; scaling by dp turns that into the sum we want
-        self._loss_scale = self.ctx.dp_size / max(n_tokens, 1)
+        # FSDP averages gradients over dp × cp; scaling by dp × cp turns that into the sum we want
+        self._loss_scale = self.ctx.dp_cp_size / max(n_tokens, 1)
         losses: list[torch.Tensor] = []
         with self._loss_context():
             if self.ctx.pp_size == 1:
@@ -195,14 +213,14 @@ class Engine:
             schedule.step()
 
     def _global_loss(self, losses: list[torch.Tensor], n_tokens: int) -> tuple[float, int]:
-        """Σ micro-batch losses / dp, summed over dp, then sent with the label-token count (already
-        global over dp) from the last pp rank to all."""
+        """Σ micro-batch losses / (dp × cp), summed over dp × cp, then sent with the label-token count
+        (already global) from the last pp rank to all."""
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         if self.owns_loss:
             # the pipeline schedule returns losses still attached to the graph: detach (no UserWarning)
-            total[0] += sum(float(x.detach()) for x in losses) / self.ctx.dp_size
-            if self.ctx.dp_size > 1:
-                dist.all_reduce(total, group=self.ctx.dp_pg)
+            total[0] += sum(float(x.detach()) for x in losses) / self.ctx.dp_cp_size
+            if self.ctx.dp_cp_size > 1:
+                dist.all_reduce(total, group=self.ctx.dp_cp_pg)
             total[1] = n_tokens
         self._from_last_stage(total)
         return float(total[0]), int(total[1])
@@ -240,10 +258,11 @@ class Engine:
             self._loss_scale = scale
         total = torch.zeros(2, dtype=torch.float64, device=self.device)  # Σ loss, label tokens
         if self.owns_loss:
-            total[0] = sum(float(x.detach()) for x in losses)
-            total[1] = sum(int(b["label_mask"].sum()) for b in batches)
-            if self.ctx.dp_size > 1:
-                dist.all_reduce(total, group=self.ctx.dp_pg)
+            total[0] = sum(float(x.detach()) for x in losses)  # this cp rank's part of the sequences
+            if self.ctx.cp_rank == 0:  # the full-length batches: every cp rank of a replica holds them
+                total[1] = sum(int(b["label_mask"].sum()) for b in batches)
+            if self.ctx.dp_cp_size > 1:
+                dist.all_reduce(total, group=self.ctx.dp_cp_pg)
         self._from_last_stage(total)
         return float(total[0]), int(total[1])
 

@@ -26,14 +26,14 @@ from runtime.config import Config
 from runtime.data.loading.prefetch import PrefetchIterator
 from runtime.data.loading.same_plan import check_same_plan
 from runtime.data.loading.sources import DataSource, data_source
-from runtime.data.loading.tp_broadcast import broadcast_batches
+from runtime.data.loading.tp_broadcast import broadcast_batches, needs_broadcast
 from runtime.data.order.plan import StagePlan, training_metadata
 from runtime.engine import Engine
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
 from runtime.hf.preflight import data_tokenizer
 from runtime.lr_schedule import LRSchedule
-from runtime.metrics import MetricsLogger, flops_per_token, peak_flops
+from runtime.metrics import MetricsLogger, model_flops_utilization, peak_flops, tokens_per_second
 from runtime.parallel.context import ParallelContext
 from runtime.preemption import StopOnSignal
 from runtime.startup import Startup, start_up
@@ -61,7 +61,7 @@ class Trainer:
         self.plan, self.start = startup.plan, startup.start
         self.validator = Validator(config, startup.heldout)
         p = config.parallelism
-        self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp)
+        self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp)
         self.is_main = self.parallel_context.world_rank == 0
         self.run_dir = config.general.run_path
         moved = move_aside(config) if self.is_main and self.start.replace_old_run else []
@@ -119,7 +119,7 @@ class Trainer:
                 lr = self.lr_schedule.apply(self.engine.optimizer, step)
                 result = self.engine.train_step(batches, stage.sequence_length)
                 now = time.perf_counter()
-                tokens_per_s = c.global_batch_size * stage.sequence_length / (now - prev_end)
+                tokens_per_s = tokens_per_second(c, stage.sequence_length, now - prev_end)
                 prev_end = now
                 self.last_step = step
                 summary.final_loss_per_stage[stage.name] = result.loss
@@ -188,7 +188,8 @@ class Trainer:
             raise NanosetError(f"the data loader of stage {stage.name!r} ran out at step {step}, but the stage runs "
                                f"steps {stage.start_step}-{stage.end_step - 1}; give it more micro-batches (a larger "
                                f"dataset or a looping sampler)") from None
-        if self._source.from_config and ctx.tp_size > 1 and (ctx.is_first_pp_rank or ctx.is_last_pp_rank):
+        # full-length batches, also for cp ranks (the engine keeps each one's part of the sequences)
+        if self._source.from_config and needs_broadcast(ctx):
             batches = broadcast_batches(batches, accum, self.config.tokens.micro_batch_size, stage.sequence_length,
                                         stage.use_position_ids, ctx)
         return batches
@@ -243,10 +244,7 @@ class Trainer:
     # ------------------------------------------------------------------ reporting ---------------
 
     def _mfu(self, tokens_per_s: float, sequence_length: int) -> float | None:
-        if self._peak is None:
-            return None
-        world = self.config.world_size
-        return tokens_per_s * flops_per_token(self.config.model, sequence_length) / (self._peak * world)
+        return model_flops_utilization(tokens_per_s, self.config, sequence_length, self._peak)
 
     def _print_summary(self, summary: TrainSummary, signal_name: str | None) -> None:
         if summary.stopped_by_signal:  # only `resume: latest` continues it (null starts over, a path rewinds)
