@@ -11,7 +11,7 @@ import torch
 
 from runtime.config import ConfigError
 from runtime.config.load import config_from_data
-from runtime.models.document_attention import document_ids, document_mask, may_attend, sequence_mask
+from runtime.models.document_attention import document_ids, sequence_mask
 from runtime.parallel.context_parallel import chunk_positions
 from tests.support import one_line_error
 from tests.support.configs import TINY, long_context_config, merged
@@ -62,16 +62,18 @@ def test_the_mask_drives_flex_and_sdpa_alike_for_every_cp_rank(cp, attention):
     q, k, v = (torch.randn(2, heads, length, dim, generator=g) for _ in range(3))
     pos = packed_positions(length, g)
     doc = document_ids(pos) if attention == "document" else None
-    full_mask = document_mask(pos, dim) if doc is not None else None
-    full = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full_mask, is_causal=doc is None)
+    # the whole sequence's mask, written out: earlier or same token, and (document) the same document
+    allowed = torch.ones(length, length, dtype=torch.bool).tril().expand(2, -1, -1)
+    if doc is not None:
+        allowed = allowed & (doc[:, :, None] == doc[:, None, :])
+    full = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
     kv_pos = torch.cat([chunk_positions(length, cp, r) for r in range(cp)])
     for rank in range(cp):
         q_pos = chunk_positions(length, cp, rank)
         q_doc, kv_doc = (None, None) if doc is None else (doc[:, q_pos], doc[:, kv_pos])
         dense = sequence_mask(q_pos, kv_pos, q_doc, kv_doc, flex=False)
         assert dense.shape == ((1 if doc is None else 2), 1, length // cp, length)
-        assert torch.equal(dense[:, 0], may_attend(q_pos[:, None], kv_pos[None], *(
-            (None, None) if doc is None else (q_doc[:, :, None], kv_doc[:, None]))).expand(dense.shape[0], -1, -1))
+        assert torch.equal(dense[:, 0].expand(2, -1, -1), allowed[:, q_pos][:, :, kv_pos])
         sdpa = torch.nn.functional.scaled_dot_product_attention(q[:, :, q_pos], k[:, :, kv_pos], v[:, :, kv_pos],
                                                                 attn_mask=dense)
         block = sequence_mask(q_pos, kv_pos, q_doc, kv_doc, flex=True, create_block_mask=create_block_mask)
@@ -112,12 +114,13 @@ def test_every_stage_length_must_split_into_two_chunks_per_cp_rank():
 
 
 def test_metrics_count_each_token_once_and_mfu_divides_by_every_gpu():
-    from runtime.metrics import model_flops_utilization, tokens_per_second
+    from runtime.metrics import flops_per_token, model_flops_utilization, tokens_per_second
 
     one, cp2 = cp_config(1), cp_config(2)
     assert tokens_per_second(cp2, 16, 2.0) == tokens_per_second(one, 16, 2.0) == 8 * 16 / 2.0
     peak = 100e12
     mfu_one, mfu_cp2 = (model_flops_utilization(1000.0, c, 16, peak) for c in (one, cp2))
+    assert mfu_one == 1000.0 * flops_per_token(one.model, 16) / peak
     assert mfu_cp2 == pytest.approx(mfu_one / 2, rel=1e-12)  # the same tokens/s from two GPUs
     assert model_flops_utilization(1000.0, cp2, 16, None) is None  # no known peak (CPU)
 
