@@ -61,6 +61,8 @@ LAYOUTS = {
     # pp in tests/runtime/test_context_parallel.py (whole runs) and test_document_attention.py
     "cp2": (2, {"cp": 2}),
     "cp2-dp2": (4, {"cp": 2, "dp": 2, "accum": 2}),  # FSDP over the 4 ranks of dp × cp
+    # compiled layers run the gather inside their graph; checkpointed ones run it again in the backward pass
+    "cp2-compile-checkpointing": (2, {"cp": 2, "compile": True, "activation_checkpointing": "full"}),
 }
 
 
