@@ -13,10 +13,11 @@ both times per step and the ratio (target ≤ 1.10). Runs alternate and the best
 
 ``--cp``: the same tiny Llama (hidden 256, 4 layers, GQA 4:1, vocab 8192) on one micro-batch of
 ``L = 4096`` tokens, causal and document attention (a row packed with documents of 64-1024 tokens),
-as one process (cp 1) and as two (cp 2, gloo), each run on the same cores (threads = cores /
-processes): the bytes of activations each rank saves for the backward pass (every tensor autograd
+as one process (cp 1) and as two (cp 2, gloo), one thread per rank (a core plays a GPU: cp 2 uses
+two, as it would two GPUs): the bytes of activations each rank saves for the backward pass (every tensor autograd
 saves, counted once per storage with ``torch.autograd.graph.saved_tensors_hooks``, parameters left
-out; target ≤ 0.6× of cp 1) and the step times (best of the timed steps).
+out; target ≤ 0.6× of cp 1) and the step times (best of the timed steps over ``--repeat`` rounds in
+which cp 1 and cp 2 alternate, so that bursts of other load on the machine count little).
 
     python tools/bench_engine.py --gpu-1b [--steps 20] [--gpu-compile both|on|off]
 
@@ -283,7 +284,7 @@ def cp_child(rank: int, world: int, port: int, args: argparse.Namespace, attenti
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(1)  # one core per rank, as one GPU per rank
     ctx = ParallelContext(cp=world)
     config = make_config(256, 4, args.seq, 1, 1, args.steps, kv_heads=1, cp=world, attention=attention)
     g = torch.Generator().manual_seed(1)
@@ -314,22 +315,27 @@ def compare_context_parallel(args: argparse.Namespace) -> None:
     import torch.multiprocessing as mp
 
     print(f"CPU, Llama hidden 256 × 4 layers, GQA 4:1, vocab 8192, one row of {args.seq} tokens, best of "
-          f"{args.steps} steps:", flush=True)
+          f"{args.steps} steps × {args.repeat} alternating rounds:", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for attention in ("causal", "document"):
-            rows = {}
-            for cp in (1, 2):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", 0))
-                    port = sock.getsockname()[1]
-                out = os.path.join(tmp, f"{attention}-cp{cp}")
-                mp.start_processes(cp_child, args=(cp, port, args, attention, out), nprocs=cp, start_method="spawn")
-                ranks = [json.loads(open(f"{out}.{r}").read()) for r in range(cp)]
-                rows[cp] = {"saved_bytes": max(r["saved_bytes"] for r in ranks),
-                            "step_s": max(r["step_s"] for r in ranks), "threads": ranks[0]["threads"]}
-                print(f"  {attention:>8} attention, cp {cp}: {rows[cp]['saved_bytes'] / 2**20:,.1f} MiB of activations "
-                      f"saved per rank, {1000 * rows[cp]['step_s']:.0f} ms/step ({cp} process(es) × "
-                      f"{rows[cp]['threads']} threads)", flush=True)
+            rows: dict[int, dict] = {}
+            for round_ in range(args.repeat):
+                for cp in (1, 2):
+                    with socket.socket() as sock:
+                        sock.bind(("127.0.0.1", 0))
+                        port = sock.getsockname()[1]
+                    out = os.path.join(tmp, f"{attention}-cp{cp}-{round_}")
+                    mp.start_processes(cp_child, args=(cp, port, args, attention, out), nprocs=cp,
+                                       start_method="spawn")
+                    ranks = [json.loads(open(f"{out}.{r}").read()) for r in range(cp)]
+                    row = {"saved_bytes": max(r["saved_bytes"] for r in ranks),
+                           "step_s": max(r["step_s"] for r in ranks), "threads": ranks[0]["threads"]}
+                    if cp not in rows or row["step_s"] < rows[cp]["step_s"]:
+                        rows[cp] = row
+            for cp, row in rows.items():
+                print(f"  {attention:>8} attention, cp {cp}: {row['saved_bytes'] / 2**20:,.1f} MiB of activations "
+                      f"saved per rank, {1000 * row['step_s']:.0f} ms/step ({cp} process(es) × {row['threads']} "
+                      f"threads)", flush=True)
             print(f"  {attention:>8} attention: saved activations cp 2 / cp 1 = "
                   f"{rows[2]['saved_bytes'] / rows[1]['saved_bytes']:.3f} (target <= 0.60), step time cp 2 / cp 1 = "
                   f"{rows[2]['step_s'] / rows[1]['step_s']:.3f}", flush=True)
