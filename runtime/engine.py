@@ -8,6 +8,11 @@ ranks, so the value (and the gradient) is the same whatever the layout. When the
 ``source_ids``, the last pipeline stage also sums its per-token losses, label tokens and rows per
 source; those few numbers ride in the step's one all-reduce of the loss, so they cost no extra
 collective and no extra host sync.
+
+With context parallelism the engine takes full-length micro-batches, like every other layout, and
+keeps this cp rank's chunks of the inputs and targets once they are on the device
+(``runtime/parallel/context_parallel.py``): each cp rank sums the token losses of its part, and the
+sums, like the gradients, reduce over dp × cp.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from runtime.config import Config
 from runtime.data.loading.collator import SOURCE_KEY
 from runtime.models.llama import LlamaChunk, init_weights
 from runtime.parallel.context import ParallelContext
+from runtime.parallel.context_parallel import ContextParallel
 from runtime.parallel.parallelize import parallelize
 from runtime.parallel.pipeline import build_schedule, chunk_layer_ranges, chunks_of_rank, forward_only, num_chunks
 from runtime.parallel.tied_embedding import TiedEmbeddingSync
@@ -59,19 +65,22 @@ class Engine:
         self.config = config
         self.ctx = ctx = parallel_context
         par, args = config.parallelism, config.model
+        self.context_parallel = ContextParallel.of(ctx)
         self.device = ctx.device
         self.dtype = compute_dtype(config, self.device)
         total = num_chunks(ctx.pp_size, par.pp_engine, par.pp_virtual_stages)
         ranges = chunk_layer_ranges(args.num_hidden_layers, total)
         self.stage_ids = chunks_of_rank(ctx.pp_rank, ctx.pp_size, par.pp_engine, par.pp_virtual_stages)
         self.total_stages = total
-        # FSDP's mixed-precision policy is what casts to the compute dtype, so bf16 needs it even with dp = 1
-        self.use_fsdp = ctx.dp_size > 1 or self.device.type == "cuda" or self.dtype != torch.float32
+        # FSDP's mixed-precision policy is what casts to the compute dtype, so bf16 needs it even with dp = 1;
+        # cp ranks hold the same parameters as replicas do: FSDP shards and reduces them over dp × cp
+        self.use_fsdp = ctx.dp_cp_size > 1 or self.device.type == "cuda" or self.dtype != torch.float32
         self.chunks: list[LlamaChunk] = []
         for c in self.stage_ids:
             with torch.device("meta"):  # no memory until sharded: only this rank's shards are ever allocated
                 chunk = LlamaChunk(args, *ranges[c])
-            parallelize(chunk, args, ctx.mesh["tp"], ctx.mesh["dp"] if self.use_fsdp else None, self.dtype)
+            parallelize(chunk, args, ctx.mesh["tp"], ctx.dp_cp_mesh if self.use_fsdp else None, self.dtype,
+                        self.context_parallel)
             chunk.materialize(self.device)
             if initialize:
                 init_weights(chunk, args, config.general.seed)
@@ -132,7 +141,8 @@ class Engine:
         if sources is not None:
             tokens = ce.full_tensor() if hasattr(ce, "full_tensor") else ce  # tp: replicated per-token losses
             rows = target.shape[0]
-            per_row = torch.stack([torch.ones(rows, dtype=torch.float64, device=target.device),
+            counted = 1.0 if self.ctx.cp_rank == 0 else 0.0  # every cp rank holds the rows; their tokens split
+            per_row = torch.stack([torch.full((rows,), counted, dtype=torch.float64, device=target.device),
                                    (target != IGNORE_INDEX).sum(1).double(),
                                    tokens.detach().view(rows, -1).double().sum(1)], dim=1)
             self._tally.append((sources, per_row))
@@ -149,7 +159,11 @@ class Engine:
         return t.to(self.device, non_blocking=True)
 
     # The loader's tensors are copied to the device as they are (pinned on CUDA, so the copies are
-    # asynchronous); concatenating or masking them on the host first would make pageable copies.
+    # asynchronous); concatenating or masking them on the host first would make pageable copies. With
+    # context parallelism this rank's chunks are taken on the device, from the full-length tensors.
+
+    def _local(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.context_parallel is None else self.context_parallel.shard(t)
 
     def _inputs(self, batches: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.cat([self._to_device(b["input_ids"]) for b in batches])
@@ -157,12 +171,14 @@ class Engine:
             pos = torch.cat([self._to_device(b["position_ids"]) for b in batches])
         else:
             pos = torch.arange(ids.shape[1], device=self.device).expand(ids.shape[0], -1)
-        return ids.contiguous(), pos.contiguous()
+        return self._local(ids).contiguous(), self._local(pos).contiguous()
 
     def _targets(self, batches: list[dict], sources: torch.Tensor | None = None) -> torch.Tensor:
-        """Label ids (masked ones ``IGNORE_INDEX``) of the micro-batches; with ``sources`` one more column."""
+        """Label ids (masked ones ``IGNORE_INDEX``) of this rank's part of the micro-batches; with ``sources``
+        one more column (after the cp chunks are taken: each row's source is the whole row's)."""
         dev = self._to_device
-        targets = torch.cat([torch.where(dev(b["label_mask"]), dev(b["label_ids"]), IGNORE_INDEX) for b in batches])
+        targets = self._local(torch.cat([torch.where(dev(b["label_mask"]), dev(b["label_ids"]), IGNORE_INDEX)
+                                         for b in batches]))
         return targets if sources is None else torch.cat([targets, sources[:, None]], dim=1)
 
     def _sources(self, batches: list[dict], num_sources: int) -> torch.Tensor | None:
@@ -178,7 +194,8 @@ class Engine:
         return torch.cat([self._to_device(t).long() for t in ids])
 
     def _count_label_tokens(self, batches: list[dict]) -> int:
-        """Unmasked label tokens of the whole global batch (all micro-batches, all dp ranks)."""
+        """Unmasked label tokens of the whole global batch (all micro-batches, all dp ranks; each cp rank
+        counts its replica's full-length batches)."""
         n = torch.zeros((), dtype=torch.int64, device=self.device)
         if self.owns_loss:
             n += sum(int(b["label_mask"].sum()) for b in batches)
@@ -197,8 +214,8 @@ class Engine:
         shape of this step, so that a stage with another sequence length gets its own schedule.
         ``num_sources``: the stage's datasets (the same on every rank); the batches' ``source_ids`` index them."""
         n_tokens = self._count_label_tokens(batches) if self.owns_loss else 0
-        # FSDP averages gradients over dp; scaling by dp turns that into the sum we want
-        self._loss_scale = self.ctx.dp_size / max(n_tokens, 1)
+        # FSDP averages gradients over dp × cp; scaling by dp × cp turns that into the sum we want
+        self._loss_scale = self.ctx.dp_cp_size / max(n_tokens, 1)
         sources = self._sources(batches, num_sources) if self.owns_loss else None
         self._tally = [] if sources is not None else None
         losses: list[torch.Tensor] = []
@@ -246,27 +263,27 @@ class Engine:
 
     def _global_loss(self, losses: list[torch.Tensor], n_tokens: int, num_sources: int = 0,
                      num_batches: int = 0) -> tuple[float, int, list[tuple[int, int, float]] | None]:
-        """Σ micro-batch losses / dp, summed over dp, then sent with the label-token count (already
-        global over dp) from the last pp rank to all; the per-source tally (and how many dp ranks had
+        """Σ micro-batch losses / (dp × cp), summed over dp × cp, then sent with the label-token count
+        (already global) from the last pp rank to all; the per-source tally (and how many dp × cp ranks had
         one) rides in the same tensor: ``[loss, tokens, ranks counted, (rows, tokens, Σ loss) per source]``."""
         total = torch.zeros(3 + 3 * num_sources, dtype=torch.float64, device=self.device)
         if self.owns_loss:
             # the pipeline schedule returns losses still attached to the graph: detach (no UserWarning)
-            total[0] += sum(float(x.detach()) for x in losses) / self.ctx.dp_size
+            total[0] += sum(float(x.detach()) for x in losses) / self.ctx.dp_cp_size
             if self._tally is not None:  # the step's own loss calls: one per micro-batch, the last ones
                 calls = self._tally[len(self._tally) - num_batches:]
                 tally = torch.zeros((num_sources, 3), dtype=torch.float64, device=self.device)
                 tally.index_add_(0, torch.cat([c[0] for c in calls]), torch.cat([c[1] for c in calls]))
                 total[2] = 1
                 total[3:] = tally.flatten()
-            if self.ctx.dp_size > 1:
-                dist.all_reduce(total, group=self.ctx.dp_pg)
+            if self.ctx.dp_cp_size > 1:
+                dist.all_reduce(total, group=self.ctx.dp_cp_pg)
             total[1] = n_tokens
         self._tally = None
         self._from_last_stage(total)
         values = total.tolist()  # the one read back to the host
         per_source = None
-        if num_sources and values[2] == self.ctx.dp_size:  # every dp rank counted its rows
+        if num_sources and values[2] == self.ctx.dp_cp_size:  # every dp × cp rank counted its rows
             per_source = [(int(values[3 + 3 * i]), int(values[4 + 3 * i]), values[5 + 3 * i])
                           for i in range(num_sources)]
         return values[0], int(values[1]), per_source
@@ -304,10 +321,11 @@ class Engine:
             self._loss_scale, self._tally = scale, tally
         total = torch.zeros(2, dtype=torch.float64, device=self.device)  # Σ loss, label tokens
         if self.owns_loss:
-            total[0] = sum(float(x.detach()) for x in losses)
-            total[1] = sum(int(b["label_mask"].sum()) for b in batches)
-            if self.ctx.dp_size > 1:
-                dist.all_reduce(total, group=self.ctx.dp_pg)
+            total[0] = sum(float(x.detach()) for x in losses)  # this cp rank's part of the sequences
+            if self.ctx.cp_rank == 0:  # the full-length batches: every cp rank of a replica holds them
+                total[1] = sum(int(b["label_mask"].sum()) for b in batches)
+            if self.ctx.dp_cp_size > 1:
+                dist.all_reduce(total, group=self.ctx.dp_cp_pg)
         self._from_last_stage(total)
         return float(total[0]), int(total[1])
 

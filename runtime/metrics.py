@@ -72,6 +72,19 @@ def short_names(labels: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def tokens_per_second(config, sequence_length: int, seconds: float) -> float:
+    """Tokens of one global batch per second, each token once: the tp and cp ranks of a replica share its
+    samples (cp ranks split their sequences), so neither adds a token."""
+    return config.global_batch_size * sequence_length / seconds
+
+
+def model_flops_utilization(tokens_per_s: float, config, sequence_length: int, peak: float | None) -> float | None:
+    """The job's share of its GPUs' peak: FLOPs per second over ``peak`` times every GPU (dp·cp·tp·pp)."""
+    if peak is None:
+        return None
+    return tokens_per_s * flops_per_token(config.model, sequence_length) / (peak * config.world_size)
+
+
 class MetricsLogger:
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, log_interval: int = 1) -> None:
         self.enabled = enabled

@@ -28,14 +28,21 @@ from runtime.data.loading.dataloader import from_loader_worker
 from runtime.data.loading.prefetch import PrefetchIterator
 from runtime.data.loading.same_plan import check_same_plan
 from runtime.data.loading.sources import DataSource, data_source
-from runtime.data.loading.tp_broadcast import broadcast_batches
+from runtime.data.loading.tp_broadcast import broadcast_batches, needs_broadcast
 from runtime.data.order.plan import StagePlan, training_metadata
 from runtime.engine import Engine, StepResult
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
 from runtime.hf.preflight import data_tokenizer
 from runtime.lr_schedule import LRSchedule
-from runtime.metrics import MetricsLogger, flops_per_token, peak_flops, short_names, source_metrics
+from runtime.metrics import (
+    MetricsLogger,
+    model_flops_utilization,
+    peak_flops,
+    short_names,
+    source_metrics,
+    tokens_per_second,
+)
 from runtime.parallel.context import ParallelContext
 from runtime.preemption import StopOnSignal
 from runtime.startup import Startup, start_up, startup_notes
@@ -64,7 +71,7 @@ class Trainer:
         self.plan, self.start = startup.plan, startup.start
         self.validator = Validator(config, startup.heldout)
         p = config.parallelism
-        self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp)
+        self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp)
         self.is_main = self.parallel_context.world_rank == 0
         self.run_dir = config.general.run_path
         moved = move_aside(config) if self.is_main and self.start.replace_old_run else []
@@ -163,7 +170,7 @@ class Trainer:
     def _log_step(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,
                   summary: TrainSummary) -> None:
         now = time.perf_counter()
-        tokens_per_s = self.config.global_batch_size * stage.sequence_length / (now - self._step_end)
+        tokens_per_s = tokens_per_second(self.config, stage.sequence_length, now - self._step_end)
         self._step_end = now
         if not result.skipped:
             summary.final_loss_per_stage[stage.name] = result.loss
@@ -242,7 +249,8 @@ class Trainer:
             for i, batch in enumerate(batches):
                 check_micro_batch(batch, ctx.is_first_pp_rank, ctx.is_last_pp_rank, mbs, stage.sequence_length,
                                   f"stage {stage.name!r} step {step} micro-batch {i}")
-        if self._source.from_config and ctx.tp_size > 1 and (ctx.is_first_pp_rank or ctx.is_last_pp_rank):
+        # full-length batches, also for cp ranks (the engine keeps each one's part of the sequences)
+        if self._source.from_config and needs_broadcast(ctx):
             batches = broadcast_batches(batches, accum, mbs, stage.sequence_length, stage.use_position_ids, ctx,
                                         with_sources=True)
         return batches
@@ -298,10 +306,7 @@ class Trainer:
     # ------------------------------------------------------------------ reporting ---------------
 
     def _mfu(self, tokens_per_s: float, sequence_length: int) -> float | None:
-        if self._peak is None:
-            return None
-        world = self.config.world_size
-        return tokens_per_s * flops_per_token(self.config.model, sequence_length) / (self._peak * world)
+        return model_flops_utilization(tokens_per_s, self.config, sequence_length, self._peak)
 
     def _print_summary(self, summary: TrainSummary, signal_name: str | None) -> None:
         if summary.stopped_by_signal:  # only `resume: latest` continues it (null starts over, a path rewinds)

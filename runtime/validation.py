@@ -1,9 +1,9 @@
 """Validation loss: when to evaluate (``validation.interval``, stage ends) and the evaluation itself.
 
-Each named held-out set is read in batches shaped like a training step (this rank's rows; with tp > 1
-tp rank 0 reads and broadcasts) and run forward-only through the engine (``Engine.eval_step``).
-The loss is Σ token losses / label tokens over the whole set, with the current stage's sequence
-length and position-id rule, so it is the same for every dp/tp/pp layout and for
+Each named held-out set is read in batches shaped like a training step (this rank's rows; with tp or
+cp > 1 one rank of the replica's cp × tp group reads and broadcasts) and run forward-only through the
+engine (``Engine.eval_step``). The loss is Σ token losses / label tokens over the whole set, with the
+current stage's sequence length and position-id rule, so it is the same for every dp/cp/tp/pp layout and for
 ``python -m runtime.evaluate``.
 """
 
@@ -13,7 +13,7 @@ import math
 
 from runtime.config import Config
 from runtime.data.heldout import HeldOutSet
-from runtime.data.loading.tp_broadcast import broadcast_batches
+from runtime.data.loading.tp_broadcast import broadcast_batches, needs_broadcast, reads_for_replica
 from runtime.engine import Engine
 
 
@@ -38,14 +38,14 @@ class Validator:
         """``{name: {"loss", "ppl", "tokens"}}`` for every set, identical on every rank."""
         ctx = engine.ctx
         tokens = self.config.tokens
-        broadcast = ctx.tp_size > 1
-        reads = ctx.tp_rank == 0 or not broadcast
+        broadcast = ctx.cp_size * ctx.tp_size > 1
+        reads = reads_for_replica(ctx) or not broadcast
         out = {}
         for held in self.sets:
             loss_sum, count = 0.0, 0
             for batches in held.batches(sequence_length, use_position_ids, ctx, tokens.micro_batch_size,
                                         tokens.batch_accumulation_per_replica, reads):
-                if broadcast and (ctx.is_first_pp_rank or ctx.is_last_pp_rank):
+                if needs_broadcast(ctx):
                     batches = broadcast_batches(batches, tokens.batch_accumulation_per_replica,
                                                 tokens.micro_batch_size, sequence_length, use_position_ids, ctx)
                 s, n = engine.eval_step(batches, sequence_length)

@@ -9,6 +9,16 @@ both times per step and the ratio (target ≤ 1.10). Runs alternate and the best
     python tools/bench_engine.py --compile [--steps 10]      # CPU: eager vs compiled layers
     python tools/bench_engine.py --checkpointing              # CPU: peak RSS per activation_checkpointing
 
+    python tools/bench_engine.py --cp [--seq 4096] [--steps 3]  # CPU: context parallelism, cp 1 vs 2
+
+``--cp``: the same tiny Llama (hidden 256, 4 layers, GQA 4:1, vocab 8192) on one micro-batch of
+``L = 4096`` tokens, causal and document attention (a row packed with documents of 64-1024 tokens),
+as one process (cp 1) and as two (cp 2, gloo), one thread per rank (a core plays a GPU: cp 2 uses
+two, as it would two GPUs): the bytes of activations each rank saves for the backward pass (every tensor autograd
+saves, counted once per storage with ``torch.autograd.graph.saved_tensors_hooks``, parameters left
+out; target ≤ 0.6× of cp 1) and the step times (best of the timed steps over ``--repeat`` rounds in
+which cp 1 and cp 2 alternate, so that bursts of other load on the machine count little).
+
     python tools/bench_engine.py --gpu-1b [--steps 20] [--gpu-compile both|on|off]
 
 On a CUDA machine: a ~1B-parameter Llama (hidden 2048, 16 layers, GQA, vocab 32000) in bf16 at
@@ -35,16 +45,19 @@ from runtime.parallel.context import ParallelContext
 
 
 def make_config(hidden: int, layers: int, seq: int, mbs: int, accum: int, steps: int, vocab: int = 8192,
-                intermediate: int | None = None, kv_heads: int | None = None) -> Config:
+                intermediate: int | None = None, kv_heads: int | None = None, cp: int = 1,
+                attention: str = "causal") -> Config:
     c = from_dict(Config, {
         "general": {"project": "bench", "run": "engine", "seed": 3},
+        "parallelism": {"cp": cp},
         "model": {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": hidden // 64,
                   "num_key_value_heads": kv_heads, "intermediate_size": intermediate or 4 * hidden,
-                  "vocab_size": vocab, "max_position_embeddings": seq},
+                  "vocab_size": vocab, "max_position_embeddings": seq, "attention": attention},
         "tokens": {"sequence_length": seq, "micro_batch_size": mbs, "batch_accumulation_per_replica": accum,
                    "train_steps": steps},
         "optimizer": {"learning_rate": 1e-3, "weight_decay": 0.1, "clip_grad": 1.0},
-        "data_stages": [{"name": "s", "start_training_step": 1, "data": {"dataset": {"dataset_folder": "unused"}}}],
+        "data_stages": [{"name": "s", "start_training_step": 1, "data": {
+            "use_position_ids": attention == "document", "dataset": {"dataset_folder": "unused"}}}],
     }, "config")
     validate_config(c)
     return c
@@ -241,6 +254,93 @@ def compare_checkpointing(args: argparse.Namespace) -> None:
               f"({r['peak_rss_mb'] - base['peak_rss_mb']:+.0f} MB)")
 
 
+class SavedActivations:
+    """Bytes autograd saves for the backward pass while active, each storage once, parameters (and views of
+    them: a linear layer saves its weight) left out."""
+
+    def __init__(self) -> None:
+        self.storages: dict[int, int] = {}
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        base = t
+        while base._base is not None:
+            base = base._base
+        if not isinstance(base, torch.nn.Parameter):
+            storage = t.untyped_storage()
+            self.storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.storages.values())
+
+
+def cp_child(rank: int, world: int, port: int, args: argparse.Namespace, attention: str, out: str) -> None:
+    """One rank of a cp = ``world`` run: saved activation bytes of one step, then the best time of the others."""
+    import json
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)  # one core per rank, as one GPU per rank
+    ctx = ParallelContext(cp=world)
+    config = make_config(256, 4, args.seq, 1, 1, args.steps, kv_heads=1, cp=world, attention=attention)
+    g = torch.Generator().manual_seed(1)
+    data = batches(config, args.steps + 1)
+    if attention == "document":
+        for step in data:
+            step[0]["position_ids"] = document_positions(1, args.seq, g)
+    engine = Engine(config, ctx)
+    saved = SavedActivations()
+    with saved.hooks():
+        engine.train_step(data[0])
+    times = []
+    for step in data[1:]:
+        t0 = time.perf_counter()
+        engine.train_step(step)
+        times.append(time.perf_counter() - t0)
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"saved_bytes": saved.bytes, "step_s": min(times), "threads": torch.get_num_threads()}, f)
+    ctx.destroy()
+
+
+def compare_context_parallel(args: argparse.Namespace) -> None:
+    """cp 1 (one process) and cp 2 (two processes, gloo): saved activation bytes per rank and step times."""
+    import json
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    print(f"CPU, Llama hidden 256 × 4 layers, GQA 4:1, vocab 8192, one row of {args.seq} tokens, best of "
+          f"{args.steps} steps × {args.repeat} alternating rounds:", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for attention in ("causal", "document"):
+            rows: dict[int, dict] = {}
+            for round_ in range(args.repeat):
+                for cp in (1, 2):
+                    with socket.socket() as sock:
+                        sock.bind(("127.0.0.1", 0))
+                        port = sock.getsockname()[1]
+                    out = os.path.join(tmp, f"{attention}-cp{cp}-{round_}")
+                    mp.start_processes(cp_child, args=(cp, port, args, attention, out), nprocs=cp,
+                                       start_method="spawn")
+                    ranks = [json.loads(open(f"{out}.{r}").read()) for r in range(cp)]
+                    row = {"saved_bytes": max(r["saved_bytes"] for r in ranks),
+                           "step_s": max(r["step_s"] for r in ranks), "threads": ranks[0]["threads"]}
+                    if cp not in rows or row["step_s"] < rows[cp]["step_s"]:
+                        rows[cp] = row
+            for cp, row in rows.items():
+                print(f"  {attention:>8} attention, cp {cp}: {row['saved_bytes'] / 2**20:,.1f} MiB of activations "
+                      f"saved per rank, {1000 * row['step_s']:.0f} ms/step ({cp} process(es) × {row['threads']} "
+                      f"threads)", flush=True)
+            print(f"  {attention:>8} attention: saved activations cp 2 / cp 1 = "
+                  f"{rows[2]['saved_bytes'] / rows[1]['saved_bytes']:.3f} (target <= 0.60), step time cp 2 / cp 1 = "
+                  f"{rows[2]['step_s'] / rows[1]['step_s']:.3f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpu-1b", action="store_true", help="the ~1B bf16 benchmark on one CUDA device")
@@ -250,6 +350,8 @@ def main() -> None:
     ap.add_argument("--checkpointing", action="store_true",
                     help="CPU: step time and peak RSS of activation_checkpointing none/selective/full")
     ap.add_argument("--checkpointing-child", help=argparse.SUPPRESS)
+    ap.add_argument("--cp", action="store_true",
+                    help="CPU: saved activation bytes per rank and step time, context parallel cp 1 vs 2")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
@@ -260,6 +362,12 @@ def main() -> None:
         return gpu_1b(args.steps, {"both": [False, True], "on": [True], "off": [False]}[args.gpu_compile])
     if args.checkpointing_child:
         return checkpointing_child(args.checkpointing_child, args)
+    if args.cp:
+        if args.seq == ap.get_default("seq"):
+            args.seq = 4096
+        if args.steps == ap.get_default("steps"):
+            args.steps = 3
+        return compare_context_parallel(args)
     header = (f"CPU, {torch.get_num_threads()} threads, Llama hidden {args.hidden} × {args.layers} layers, "
               f"seq {args.seq}, micro-batch 4 × 2 accumulation, {args.steps} steps:")
     if args.compile or args.checkpointing:

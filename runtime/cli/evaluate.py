@@ -23,7 +23,7 @@ from runtime.startup import world_size
 
 
 def layout_for_world(config: Config, world: int) -> Config:
-    """The config's parallelism under torchrun; dp = tp = pp = 1 for a single process."""
+    """The config's parallelism under torchrun; dp = tp = pp = cp = 1 for a single process."""
     if world == 1:
         return dataclasses.replace(config, parallelism=ParallelismArgs())
     config.parallelism.check_world(world)
@@ -49,7 +49,7 @@ def run(config: Config, path: Path, metadata: dict, heldout: list[HeldOutSet]) -
     from runtime.validation import Validator
 
     p = config.parallelism
-    engine = Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp), initialize=False)
+    engine = Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp), initialize=False)
     load_dcp({"model": model_state(engine)}, path, "choose another checkpoint")  # only the weights, in this layout
     step = last_step(metadata)
     stage = config.stage_at(max(step, 1))

@@ -137,6 +137,13 @@ def _validate_stages(c: Config) -> None:
         if seq > c.model.max_position_embeddings:
             raise ConfigError(f"{where}.sequence_length {seq} > model.max_position_embeddings "
                               f"{c.model.max_position_embeddings}")
+        cp = c.parallelism.cp
+        if cp > 1 and seq % (2 * cp):
+            own = s.sequence_length is not None
+            key = f"{where}.sequence_length" if own else f"tokens.sequence_length (of {where})"
+            raise ConfigError(f"{key} {seq} is not divisible by 2 × parallelism.cp = {2 * cp}: context parallelism "
+                              f"cuts each sample into 2·cp chunks, two per cp rank; use a multiple of {2 * cp} or "
+                              f"another cp")
         if c.model.attention == "document" and not s.data.use_position_ids:
             raise ConfigError(f"{where}.data.use_position_ids: model.attention: document finds document boundaries "
                               f"where position ids restart; set use_position_ids: true in every stage")

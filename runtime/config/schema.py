@@ -73,16 +73,19 @@ class ParallelismArgs:
     dp: int = key(1)  # data-parallel replicas (FSDP2 shards parameters over them)
     tp: int = key(1)  # tensor-parallel ranks per replica
     pp: int = key(1)  # pipeline stages
+    # context-parallel ranks per replica: each sample's sequence is split over them (head-tail chunks)
+    cp: int = key(1)
     pp_engine: PipelineEngine = "1f1b"  # the pipeline schedule: afab (GPipe), 1f1b or interleaved-1f1b
     pp_virtual_stages: int = key(2)  # model chunks per pipeline rank with interleaved-1f1b
 
     @property
     def world_size(self) -> int:
         """The processes this layout needs."""
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     def describe(self) -> str:
-        return f"tp {self.tp} × pp {self.pp} × dp {self.dp} = {self.world_size} processes"
+        cp = f" × cp {self.cp}" if self.cp > 1 else ""
+        return f"tp {self.tp}{cp} × pp {self.pp} × dp {self.dp} = {self.world_size} processes"
 
     def check_world(self, world: int, launched: bool = True) -> None:
         """Refuse a world of another size: ``launched`` by the launcher (known before any process group),

@@ -81,7 +81,7 @@ class HeldOutSet:
         """Per evaluation step, this rank's ``accumulation`` micro-batches of the set (padded at the end).
 
         ``ctx`` gives ``dp_rank``, ``dp_size``, ``pp_rank``, ``pp_size``. A rank that does not read
-        (``reads`` False: a tp rank that receives by broadcast) gets None per step; a middle
+        (``reads`` False: a tp or cp rank that receives by broadcast) gets None per step; a middle
         pipeline rank gets TensorPointers only."""
         ids = self.sample_ids(sequence_length)
         rows_per_step = ctx.dp_size * micro_batch_size * accumulation

@@ -5,6 +5,10 @@ A chunk owns a contiguous range of layers, kept in a ModuleDict under their glob
 parameter names (``layers.7.attn.q_proj.weight``) are the same in every layout: initialisation
 and checkpoints do not depend on how the model is cut. The first chunk embeds, the last one
 normalises and projects to the vocabulary; inner chunks pass ``(hidden, position_ids)`` on.
+
+With context parallelism (``context_parallel`` set by the parallelize recipe) a chunk sees this cp
+rank's tokens only, their position ids being the global ones (so RoPE is unchanged); attention
+gathers the keys and values of the whole sequence and masks them by global positions.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.config import ModelArgs, RopeScalingArgs
-from runtime.models.document_attention import attend, document_mask
+from runtime.models.document_attention import additive, attend, document_ids, document_mask, sequence_mask, use_flex
 from runtime.models.rope import rope_inv_freq
+from runtime.parallel.context_parallel import ContextParallel
 from runtime.parallel.shards import local_slices, local_tensor
 
 
@@ -52,6 +57,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(args.hidden_size, args.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(args.hidden_size, args.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(args.num_attention_heads * self.head_dim, args.hidden_size, bias=False)
+        self.context_parallel: ContextParallel | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
         b, s, _ = x.shape
@@ -60,12 +66,10 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, s, -1, self.head_dim)
         v = self.v_proj(x).view(b, s, -1, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.context_parallel is not None:  # the keys and values of the whole sequence, one gather
+            k, v = self.context_parallel.gather(torch.stack((k, v), dim=2)).unbind(dim=2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        groups = q.shape[1] // k.shape[1]
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-        out = attend(q, k, v, mask)
+        out = attend(q, k, v, mask)  # k and v keep their fewer heads (grouped-query attention)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -111,6 +115,7 @@ class LlamaChunk(nn.Module):
         # tied, but the embedding is on another pipeline stage: this head is a copy of it, kept equal
         # (runtime/parallel/tied_embedding.py) and stored, initialised and loaded under its name
         self.head_copies_embedding = args.tie_word_embeddings and self.has_head and not self.has_embedding
+        self.context_parallel: ContextParallel | None = None  # this chunk sees a cp rank's tokens only
 
     def materialize(self, device: torch.device) -> None:
         """Allocate this rank's shards on ``device`` for a chunk built on the meta device (and already
@@ -131,15 +136,41 @@ class LlamaChunk(nn.Module):
         chunk, else ``(hidden, position_ids)`` for the next one."""
         if self.embed_tokens is not None:
             if position_ids is None:
-                position_ids = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+                position_ids = self._token_positions(x.shape[1], x.device).expand(x.shape[0], -1)
             x = self.embed_tokens(x)
         cos, sin = rope_tables(position_ids, self.args.head_size, self.args.rope_theta, x.dtype, self.args.rope_scaling)
-        mask = document_mask(position_ids, self.args.head_size) if self.args.attention == "document" else None
+        mask = additive(self.attention_mask(position_ids), x.dtype)
         for layer in self.layers.values():
             x = layer(x, cos, sin, mask)
         if self.lm_head is None:
             return x, position_ids
         return self.lm_head(self.norm(x))
+
+    def _token_positions(self, local_length: int, device: torch.device) -> torch.Tensor:
+        """Global indices of the tokens this chunk sees (all of them without context parallelism)."""
+        cp = self.context_parallel
+        if cp is None:
+            return torch.arange(local_length, device=device)
+        return cp.local_positions(local_length * cp.size, device)
+
+    def attention_mask(self, position_ids: torch.Tensor):
+        """The mask shared by this chunk's layers (``runtime.models.document_attention``): None for causal
+        attention over whole sequences; with context parallelism, this rank's queries against the gathered
+        keys by global positions, the document ids taken from the gathered position ids of the sequence."""
+        document = self.args.attention == "document"
+        cp = self.context_parallel
+        if cp is None:
+            return document_mask(position_ids, self.args.head_size) if document else None
+        device = position_ids.device
+        length = position_ids.shape[1] * cp.size
+        q_pos, kv_pos = cp.local_positions(length, device), cp.gathered_positions(length, device)
+        q_doc = kv_doc = None
+        if document:
+            full = torch.empty(position_ids.shape[0], length, dtype=position_ids.dtype, device=device)
+            full[:, kv_pos] = cp.gather(position_ids)  # the sequence's position ids, in order
+            doc = document_ids(full)
+            q_doc, kv_doc = doc[:, q_pos], doc[:, kv_pos]
+        return sequence_mask(q_pos, kv_pos, q_doc, kv_doc, use_flex(device, self.args.head_size))
 
 
 def init_weights(chunk: LlamaChunk, args: ModelArgs, seed: int) -> None:

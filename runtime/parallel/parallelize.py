@@ -17,7 +17,11 @@ checkpointing, compile, then FSDP2. Each step changes the chunk in place and kee
   layer whatever the depth; a pipeline cut, FSDP's hooks (outside the graph, around each layer's
   call) and the loss (computed by the engine, eagerly) are untouched. A new sequence length (a stage
   switch) compiles once more.
-* **FSDP2** (``fully_shard``) over the dp axis: parameters, gradients and optimizer state sharded;
+* **Context parallelism** (``parallelism.cp``): the chunk and its attention layers learn their cp group,
+  so that attention gathers keys and values over it (``runtime/parallel/context_parallel.py``); no
+  parameter changes.
+* **FSDP2** (``fully_shard``) over the dp×cp ranks (the flattened ``dp_cp`` mesh: cp ranks hold the
+  same parameters as the replicas do): parameters, gradients and optimizer state sharded;
   bf16 compute with fp32 gradient reduction on CUDA. Applied last, so its hooks gather the parameters
   around the whole checkpointed layer, recomputation included.
 """
@@ -36,12 +40,15 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.utils.checkpoint import checkpoint
 
 from runtime.config import ModelArgs
+from runtime.parallel.context_parallel import ContextParallel
 
 
 def parallelize(chunk: nn.Module, args: ModelArgs, tp_mesh: DeviceMesh, dp_mesh: DeviceMesh | None,
-                param_dtype: torch.dtype) -> None:
-    """Apply the recipe to ``chunk`` (a ``LlamaChunk``, still on the meta device); ``dp_mesh`` None: no FSDP."""
+                param_dtype: torch.dtype, context_parallel: ContextParallel | None = None) -> None:
+    """Apply the recipe to ``chunk`` (a ``LlamaChunk``, still on the meta device); ``dp_mesh`` (the ranks
+    sharing parameters: dp × cp) None: no FSDP; ``context_parallel`` None: whole sequences."""
     apply_tensor_parallel(chunk, tp_mesh)
+    apply_context_parallel(chunk, context_parallel)
     apply_activation_checkpointing(chunk, args.num_hidden_layers, args.activation_checkpointing,
                                    args.activation_checkpointing_every)
     if args.compile:
@@ -73,6 +80,13 @@ def apply_tensor_parallel(chunk: nn.Module, tp_mesh: DeviceMesh) -> None:
         # parallelize_module gives each module its own DTensor copy; share the embedding's again
         # (before FSDP, as with tp = 1) so both uses' gradients add into one parameter
         chunk.lm_head.weight = chunk.embed_tokens.weight
+
+
+def apply_context_parallel(chunk: nn.Module, context_parallel: ContextParallel | None) -> None:
+    """Give ``chunk`` and its attention layers their cp group (None: whole sequences)."""
+    chunk.context_parallel = context_parallel
+    for layer in chunk.layers.values():
+        layer.attn.context_parallel = context_parallel
 
 
 def checkpointed_layers(num_layers: int, mode: str, every: int) -> set[int]:

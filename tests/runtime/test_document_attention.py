@@ -109,3 +109,40 @@ def test_flex_attention_only_on_cuda_for_head_sizes_its_kernels_take():
     cuda = torch.device("cuda")
     assert not use_flex(torch.device("cpu"), 64)
     assert [use_flex(cuda, d) for d in (8, 48, 16, 64, 128)] == [False, False, True, True, True]
+
+
+def run_packed_sft(tmp_path, world, layout):
+    from tests.support.docmask_workers import packed_sft_step
+
+    out = tmp_path / "sft"
+    run_distributed(world, packed_sft_step, layout, str(out))
+    parts = [torch.load(f"{out}.pp{r}") for r in range(layout.get("pp", 1))]
+    grads = {k: v for part in parts for k, v in part["grads"].items()}
+    return parts[0]["logits"], parts[-1]["loss"], parts[-1]["label_tokens"], grads
+
+
+@pytest.fixture(scope="module")
+def packed_sft_reference(tmp_path_factory):
+    return run_packed_sft(tmp_path_factory.mktemp("sft-ref"), 1, {})
+
+
+@pytest.mark.parametrize("name,world,layout", [
+    ("cp2", 2, {"cp": 2}),  # documents cross the chunk borders (rows of 5+7+3 and 9+7 tokens, chunks of 4)
+    ("cp2-tp2", 4, {"cp": 2, "tp": 2}),  # FSDP over cp beside tp: the flattened dp × cp mesh with tp
+])
+def test_packed_sft_batch_under_context_parallel_equals_one_process(tmp_path, packed_sft_reference, name, world,
+                                                                    layout):
+    """cp ranks hold the head and tail chunks of every packed row: their logits, gathered back in sequence
+    order, equal one process's (and each document alone); the loss over the label tokens and the gradients
+    before the first optimizer step are the same arithmetic in another order (float rounding)."""
+    ref_logits, ref_loss, ref_tokens, ref_grads = packed_sft_reference
+    logits, loss, tokens, grads = run_packed_sft(tmp_path, world, layout)
+    assert ref_tokens == tokens == 30  # a document of n ≥ 3 tokens has n - 3 labels: 2+4+0, 6+4, 13, 0+0+0+1
+    assert abs(loss - ref_loss) < 1e-5, (loss, ref_loss)
+    assert abs(ref_loss - torch.log(torch.tensor(128.0)).item()) < 0.1  # an untrained model: about uniform
+    assert sorted(grads) == sorted(ref_grads)
+    for k in ref_grads:
+        torch.testing.assert_close(grads[k], ref_grads[k], atol=1e-7, rtol=1e-4, msg=k)
+    if layout.get("pp", 1) == 1:
+        torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=0)
+        assert_each_document_alone(logits, packed_inputs()[0])

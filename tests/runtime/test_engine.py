@@ -56,6 +56,13 @@ LAYOUTS = {
     "dp2-pp2": (4, {"dp": 2, "pp": 2, "accum": 2}),
     "dp2-tp2": (4, {"dp": 2, "tp": 2, "accum": 2}),
     "tp2-pp2": (4, {"tp": 2, "pp": 2}),
+    # context parallel: each cp rank trains on its head and tail chunks of every row (windows whose
+    # position ids restart mid-row, inside a chunk), attention gathers K/V over the cp group; with tp and
+    # pp in tests/runtime/test_context_parallel.py (whole runs) and test_document_attention.py
+    "cp2": (2, {"cp": 2}),
+    "cp2-dp2": (4, {"cp": 2, "dp": 2, "accum": 2}),  # FSDP over the 4 ranks of dp × cp
+    # compiled layers run the gather inside their graph; checkpointed ones run it again in the backward pass
+    "cp2-compile-checkpointing": (2, {"cp": 2, "compile": True, "activation_checkpointing": "full"}),
 }
 
 
@@ -86,6 +93,7 @@ TIED_LAYOUTS = {  # tp alone is inside dp2-tp2 and tp2-pp2
     "pp4-1f1b": (4, {"pp": 4, "engine": "1f1b"}),  # the pair skips the middle ranks
     "dp2-pp2": (4, {"dp": 2, "pp": 2, "accum": 2}),
     "tp2-pp2": (4, {"tp": 2, "pp": 2}),
+    "cp2-pp2": (4, {"cp": 2, "pp": 2, "engine": "afab"}),  # a tied pair per cp rank; each stage gathers its K/V
 }
 
 

@@ -14,6 +14,7 @@ from runtime.config.load import config_from_data
 from tests.support import CONFIGS
 
 TWO_STAGE = yaml.safe_load((CONFIGS / "two-stage.yaml").read_text())
+LONG_CONTEXT = yaml.safe_load((CONFIGS / "long-context.yaml").read_text())
 # the engine tests' tiny Llama (GQA, 4 layers) on fixed batches
 TINY = {
     "general": {"project": "t", "run": "engine", "seed": 7},
@@ -83,15 +84,36 @@ def small_config(folder: Path, run_dir: Path, dp: int = 2, accum: int = 1, steps
     return path
 
 
-def tiny_config(dp=1, tp=1, pp=1, engine="1f1b", accum=4, virtual=2, **model) -> Config:
-    return build(merged(TINY, parallelism={"dp": dp, "tp": tp, "pp": pp, "pp_engine": engine,
+def long_context_config(folder: Path, run_dir: Path, parallelism: dict, accum: int = 2, steps: int = 6,
+                        boundary: int = 4, name: str = "cfg.yaml", **overrides) -> Path:
+    """The long-context fixture (a blend at seq 32, then at seq 128 from ``boundary``, document attention,
+    validation at each stage end) with small_config's tiny model, checkpoints every 3 steps."""
+    d = merged(LONG_CONTEXT, parallelism=parallelism)
+    d["general"]["run_dir"] = str(run_dir)
+    d["model"].update(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                      intermediate_size=64, vocab_size=1536, max_position_embeddings=128)
+    d["tokens"].update(sequence_length=32, micro_batch_size=2, batch_accumulation_per_replica=accum, train_steps=steps)
+    d["lr_scheduler"].update(warmup_steps=2)
+    d["checkpoints"].update(checkpoint_interval=3)
+    d["logging"] = {"tensorboard": False}
+    d["validation"].update(samples=4)
+    d["data_stages"][1].update(start_training_step=boundary, sequence_length=128)
+    d = merged(d, **overrides)
+    path = folder / name
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def tiny_config(dp=1, tp=1, pp=1, engine="1f1b", accum=4, virtual=2, cp=1, **model) -> Config:
+    return build(merged(TINY, parallelism={"dp": dp, "tp": tp, "pp": pp, "cp": cp, "pp_engine": engine,
                                            "pp_virtual_stages": virtual},
                         tokens={"batch_accumulation_per_replica": accum}, model=model))
 
 
-def docmask_config(attention: str = "document", dp=1, tp=1, pp=1, engine="1f1b") -> Config:
-    """The tiny model with position ids and ``attention``; four micro-batches per step."""
-    d = merged(TINY, parallelism={"dp": dp, "tp": tp, "pp": pp, "pp_engine": engine}, model={"attention": attention})
+def docmask_config(attention: str = "document", dp=1, tp=1, pp=1, engine="1f1b", cp=1, accum=4) -> Config:
+    """The tiny model with position ids and ``attention``; ``accum`` micro-batches per step."""
+    d = merged(TINY, parallelism={"dp": dp, "tp": tp, "pp": pp, "cp": cp, "pp_engine": engine},
+               model={"attention": attention}, tokens={"batch_accumulation_per_replica": accum})
     d["data_stages"][0]["data"]["use_position_ids"] = True
     return build(d)
 

@@ -53,7 +53,7 @@ def train_and_dump(rank: int, world: int, layout: dict, out_path: str) -> None:
 
     config = tiny_config(**layout)
     p = config.parallelism
-    ctx = ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp)
+    ctx = ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp)
     engine = Engine(config, ctx)
     first_grads: dict[str, torch.Tensor] = {}
     optimizer_step = engine.optimizer.step
@@ -88,7 +88,7 @@ def build_expecting_error(rank: int, world: int, layout: dict, fragment: str) ->
     try:
         config = tiny_config(**layout)
         p = config.parallelism
-        Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp))
+        Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp))
     except ValueError as e:
         assert fragment in str(e), str(e)
         return
@@ -146,7 +146,7 @@ def construction_memory(rank: int, world: int, layout: dict, out_path: str) -> N
     config = tiny_config(hidden_size=256, intermediate_size=16384, num_hidden_layers=8, num_attention_heads=4,
                          num_key_value_heads=4, **layout)
     p = config.parallelism
-    ctx = ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp)
+    ctx = ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp)
     page = resource.getpagesize()
     with open("/proc/self/statm") as f:
         before = int(f.read().split()[1]) * page

@@ -26,6 +26,7 @@ from typing import Any
 from nanoset.errors import ConfigError
 from runtime.data.loading.dataloader import get_train_dataloader
 from runtime.data.loading.dataset import StageDataset
+from runtime.data.loading.tp_broadcast import reads_for_replica
 from runtime.data.order.plan import DataPlan, StagePlan
 
 CONSUMED = "consumed_train_samples"
@@ -91,9 +92,9 @@ class ConfigStages(DataSource):
             use_position_ids=stage.use_position_ids, prefetch=stage.prefetch)
 
     def reads(self, ctx: Any) -> bool:
-        """With tp > 1 only tp rank 0 of a replica reads (and broadcasts); pipeline ranks that own no data build
-        a loader of TensorPointers, which reads nothing."""
-        return ctx.tp_rank == 0 or not (ctx.is_first_pp_rank or ctx.is_last_pp_rank)
+        """With tp or cp > 1 one rank of a replica's cp × tp group reads (and broadcasts); pipeline ranks that
+        own no data build a loader of TensorPointers, which reads nothing."""
+        return reads_for_replica(ctx) or not (ctx.is_first_pp_rank or ctx.is_last_pp_rank)
 
 
 class LoadersByStage(DataSource):

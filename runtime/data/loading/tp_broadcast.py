@@ -1,5 +1,6 @@
-"""Tensor-parallel ranks of a replica need identical batches: only tp rank 0 reads them from disk
-and broadcasts them over the tp group (Nanotron has every tp rank read the same data)."""
+"""The tensor- and context-parallel ranks of a replica need identical batches: only one of them (tp rank 0
+of cp rank 0) reads them from disk and broadcasts them over the cp × tp group (Nanotron has every tp
+rank read the same data). The batches are full-length: each cp rank keeps its part in the engine."""
 
 from __future__ import annotations
 
@@ -10,6 +11,17 @@ from runtime.data.loading.collator import INPUT_KEYS, LABEL_KEYS, SOURCE_KEY, po
 from runtime.parallel.tensor_pointer import TensorPointer
 
 INT_KEYS = ("input_ids", "label_ids", "position_ids")
+
+
+def reads_for_replica(ctx) -> bool:
+    """Whether this rank is the one of its cp × tp group that reads (and broadcasts) the batches."""
+    return ctx.tp_rank == 0 and ctx.cp_rank == 0
+
+
+def needs_broadcast(ctx) -> bool:
+    """Whether the replica's batches reach this rank by broadcast: cp × tp > 1 and it owns data (first or last
+    pipeline rank; the others hold TensorPointers only)."""
+    return ctx.cp_size * ctx.tp_size > 1 and (ctx.is_first_pp_rank or ctx.is_last_pp_rank)
 
 
 def owned_keys(pp_rank: int, pp_size: int, use_position_ids: bool) -> list[str]:
@@ -23,15 +35,16 @@ def owned_keys(pp_rank: int, pp_size: int, use_position_ids: bool) -> list[str]:
 
 def broadcast_batches(batches: list[dict] | None, num: int, rows: int, length: int, use_position_ids: bool,
                       ctx, with_sources: bool = False) -> list[dict]:
-    """tp rank 0 passes ``batches`` (``num`` micro-batches of ``[rows, length]``); every tp rank of
-    the replica returns the same micro-batches, on its device, TensorPointers where it owns nothing.
-    ``with_sources``: the batches carry ``source_ids`` (``[rows]``, sent to the ranks owning the labels)."""
+    """The reading rank (``reads_for_replica``) passes ``batches`` (``num`` micro-batches of ``[rows, length]``);
+    every cp and tp rank of the replica returns the same micro-batches, on its device, TensorPointers where
+    it owns nothing. ``with_sources``: the batches carry ``source_ids`` (``[rows]``, sent to the ranks owning
+    the labels)."""
     keys = owned_keys(ctx.pp_rank, ctx.pp_size, use_position_ids)
     int_keys = [k for k in keys if k in INT_KEYS]
     bool_keys = [k for k in keys if k not in INT_KEYS]
     ints = torch.empty((len(int_keys), num, rows, length), dtype=torch.int64, device=ctx.device)
     bools = torch.empty((len(bool_keys), num, rows, length), dtype=torch.bool, device=ctx.device)
-    if ctx.tp_rank == 0:
+    if reads_for_replica(ctx):
         for i, b in enumerate(batches):
             for j, k in enumerate(int_keys):
                 ints[j, i] = b[k]
@@ -39,13 +52,13 @@ def broadcast_batches(batches: list[dict] | None, num: int, rows: int, length: i
                 bools[j, i] = b[k]
     owns_labels = ctx.pp_rank == ctx.pp_size - 1
     sources = torch.empty((num, rows) if with_sources and owns_labels else (0,), dtype=torch.int64, device=ctx.device)
-    if ctx.tp_rank == 0 and sources.numel():
+    if reads_for_replica(ctx) and sources.numel():
         for i, b in enumerate(batches):
             sources[i] = b[SOURCE_KEY]
-    src = ctx.global_rank_of(ctx.pp_rank, ctx.dp_rank, 0)
+    src = ctx.global_rank_of(ctx.pp_rank, ctx.dp_rank, 0, cp_rank=0)
     for t in (ints, bools, sources):
         if t.numel():
-            dist.broadcast(t, src=src, group=ctx.tp_pg)
+            dist.broadcast(t, src=src, group=ctx.cp_tp_pg)
     out = []
     for i in range(num):
         b: dict = pointer_batch(0, ctx.pp_size - 1, use_position_ids)
