@@ -21,7 +21,7 @@ from tests.support.harness import metrics, torchrun
 
 SCHEDULE = [{"step": 1, "weights": [0.9, 0.1]}, {"step": 4, "weights": [0.2, 0.8]}]
 LAYOUTS = {"dp1-accum4": ({"dp": 1}, 4, 1), "dp2-accum2": ({"dp": 2}, 2, 2), "tp2": ({"dp": 1, "tp": 2}, 4, 2),
-           "pp2": ({"dp": 1, "pp": 2, "pp_engine": "1f1b"}, 4, 2)}
+           "cp2": ({"dp": 1, "cp": 2}, 4, 2), "pp2": ({"dp": 1, "pp": 2, "pp_engine": "1f1b"}, 4, 2)}
 
 
 def layout_config(folder, run, name, **kw):
@@ -37,11 +37,12 @@ def layout_config(folder, run, name, **kw):
 
 @pytest.fixture(scope="module")
 def runs(shards, tmp_path_factory):
-    """The same run uninterrupted as dp=1 × accum 4, dp=2 × accum 2 and tp=2 (tp rank 0 reads and broadcasts
-    the source ids too), and as pp=2 killed after step 4 (its checkpoint: step 3) then resumed as dp=2 × 2."""
+    """The same run uninterrupted as dp=1 × accum 4, dp=2 × accum 2, tp=2 (tp rank 0 reads and broadcasts the
+    source ids too) and cp=2 (each cp rank sums its part of the sequences; the rows count once), and as pp=2
+    killed after step 4 (its checkpoint: step 3) then resumed as dp=2 × 2."""
     root = tmp_path_factory.mktemp("sources")
     out = {}
-    for name in ("dp1-accum4", "dp2-accum2", "tp2"):
+    for name in ("dp1-accum4", "dp2-accum2", "tp2", "cp2"):
         cfg = layout_config(root, root / name, name)
         torchrun(cfg, LAYOUTS[name][2], cwd=shards)
         out[name] = metrics(root / name)
@@ -80,7 +81,7 @@ def test_sources_add_up_to_the_step_and_equal_explain(runs, shards, monkeypatch)
     assert mix == [4, 2, 2, 1]  # the schedule: web 0.9 → 0.2 over steps 1-4 (cumulative 3.6, 6.27, 8.0, 8.8)
 
 
-@pytest.mark.parametrize("name", ["dp2-accum2", "tp2", "pp2, then dp2"])
+@pytest.mark.parametrize("name", ["dp2-accum2", "tp2", "cp2", "pp2, then dp2"])
 def test_sources_are_the_same_in_every_layout_and_after_a_resume_with_another_dp(runs, name):
     reference, rows = runs["dp1-accum4"], runs[name]
     assert [r["step"] for r in rows] == list(range(1, 7))
