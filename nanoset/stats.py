@@ -12,7 +12,7 @@ import numpy as np
 from nanoset.errors import NanosetError
 from nanoset.format.open import open_dataset
 from nanoset.format.reader import NanosetReader
-from nanoset.format.spec import TokenizerInfo
+from nanoset.format.spec import UNRECORDED, TokenizerInfo
 
 SAMPLE_CHARS = 400
 OPEN, CLOSE = "[[", "]]"
@@ -21,9 +21,9 @@ CHUNK = 1 << 24
 
 def count_loss_tokens(ds: NanosetReader) -> int:
     """Tokens with loss 1: from the manifest when it records them per shard, else counted (a full read)."""
-    recorded = [s.loss_tokens for s in ds.manifest.shards] if ds.manifest is not None else [None]
-    if None not in recorded:
-        return int(sum(recorded))
+    recorded = ds.manifest.table.loss_tokens if ds.manifest is not None else None
+    if recorded is not None and not (recorded == UNRECORDED).any():
+        return int(recorded.sum())
     total = 0
     for shard in ds.shards:
         for start in range(0, shard.num_tokens, CHUNK):

@@ -7,14 +7,19 @@ holds ``nanoset.json``, written last, which makes it a complete Nanoset dataset.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from array import array
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 
 from nanoset.errors import NanosetError
+from nanoset.format.jsonstream import read_object
 
 FORMAT_NAME = "nanoset"
 FORMAT_VERSION = 1
@@ -136,13 +141,118 @@ class ShardInfo:
         return d
 
 
+UNRECORDED = -2  # a ShardTable column's value for a shard whose manifest entry does not record it
+
+
+class FingerprintHasher:
+    """The content fingerprint of a folder with a manifest, fed shard by shard: a short sha256 of the JSON list
+    of (name, tokens, documents, sha256 of the tokens and of the index), computed both without and with the
+    loss mask's sha256 last (``NanosetReader.fingerprint`` says which applies)."""
+
+    def __init__(self) -> None:
+        self._hashes = (hashlib.sha256(b"["), hashlib.sha256(b"["))
+        self._count = 0
+
+    def add(self, name: Any, num_tokens: Any, num_documents: Any, sha256: dict[str, Any]) -> None:
+        base = (f"{', ' if self._count else ''}[{_json(name)}, {_json(num_tokens)}, {_json(num_documents)}, "
+                f"{_json(sha256.get('ds'))}, {_json(sha256.get('index'))}")
+        self._hashes[0].update(f"{base}]".encode())
+        self._hashes[1].update(f"{base}, {_json(sha256.get('loss'))}]".encode())
+        self._count += 1
+
+    def digests(self) -> tuple[str, str]:
+        """(without loss masks, with them)."""
+        out = []
+        for h in self._hashes:
+            h = h.copy()
+            h.update(b"]")
+            out.append(h.hexdigest()[:16])
+        return out[0], out[1]
+
+
+def _json(value: Any) -> str:
+    """``json.dumps(value)``, fast for the strings and integers of a manifest."""
+    kind = type(value)
+    if kind is str:
+        return encode_basestring_ascii(value)
+    if kind is int:
+        return repr(value)
+    return "null" if value is None else json.dumps(value, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class ShardTable:
+    """The shards of a manifest as columns: all that opening and reading a dataset need, for any number of
+    shards (records and paths cost ~5 KB a shard; 100,000 shards are a few MB here). ``max_token_id`` and
+    ``loss_tokens`` hold ``UNRECORDED`` where the manifest has no value."""
+
+    names: list[str]
+    num_tokens: np.ndarray  # int64
+    num_documents: np.ndarray
+    max_token_id: np.ndarray
+    loss_tokens: np.ndarray
+    fingerprints: tuple[str, str]  # FingerprintHasher.digests()
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @staticmethod
+    def of(shards: Sequence[ShardInfo]) -> ShardTable:
+        builder = _TableBuilder()
+        for s in shards:
+            builder.add(s.name, s.num_tokens, s.num_documents, s.max_token_id, s.loss_tokens, s.sha256)
+        return builder.table()
+
+
+class _TableBuilder:
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.columns = [array("q") for _ in range(4)]
+        self.hasher = FingerprintHasher()
+
+    def add(self, name: str, num_tokens: int, num_documents: int, max_token_id: int | None,
+            loss_tokens: int | None, sha256: dict[str, Any]) -> None:
+        self.names.append(name)
+        for column, value in zip(self.columns, (num_tokens, num_documents, max_token_id, loss_tokens)):
+            column.append(UNRECORDED if value is None else value)
+        self.hasher.add(name, num_tokens, num_documents, sha256)
+
+    def table(self) -> ShardTable:
+        cols = [np.frombuffer(c, dtype=np.int64) if len(c) else np.empty(0, np.int64) for c in self.columns]
+        return ShardTable(self.names, *cols, self.hasher.digests())
+
+
+_SHARD_KEYS = frozenset(f.name for f in fields(ShardInfo))
+
+
+class ManifestShards(Sequence[ShardInfo]):
+    """The shard records of a loaded manifest: its ShardTable at once; the full records (checksums,
+    sources: ``verify`` and ``convert`` need them) are read from the file on first use."""
+
+    def __init__(self, path: Path, table: ShardTable, records: list[ShardInfo] | None = None) -> None:
+        self.path = path
+        self.table = table
+        self._records = records
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if self._records is None:
+            records = list(_load_whole(self.path).shards)
+            if [s.name for s in records] != self.table.names:
+                raise NanosetError(f"{self.path}: changed while in use; rerun")
+            self._records = records
+        return self._records[i]
+
+
 @dataclass
 class Manifest:
     """``nanoset.json``: the dataset's table of contents; its presence means 'complete'."""
 
     tokenizer: TokenizerInfo
     dtype: str
-    shards: list[ShardInfo]
+    shards: Sequence[ShardInfo]
     build: dict[str, Any] = field(default_factory=dict)
     skipped_lines: int = 0
     loss_masks: bool = False  # every shard has a NAME.ds.loss
@@ -151,18 +261,29 @@ class Manifest:
     version: int = FORMAT_VERSION
 
     @property
+    def table(self) -> ShardTable:
+        """The shards as columns (read with the manifest, or computed from the records given)."""
+        return self.shards.table if isinstance(self.shards, ManifestShards) else ShardTable.of(self.shards)
+
+    def _column(self, name: str) -> np.ndarray:
+        if isinstance(self.shards, ManifestShards):
+            return getattr(self.shards.table, name)
+        values = (getattr(s, name) for s in self.shards)
+        return np.fromiter((UNRECORDED if v is None else v for v in values), np.int64, len(self.shards))
+
+    @property
     def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.shards)
+        return int(self._column("num_tokens").sum())
 
     @property
     def num_documents(self) -> int:
-        return sum(s.num_documents for s in self.shards)
+        return int(self._column("num_documents").sum())
 
     @property
     def max_token_id(self) -> int | None:
         """The largest id of the dataset, None when a shard's is not recorded (an older manifest)."""
-        ids = [s.max_token_id for s in self.shards]
-        return None if None in ids else max(ids, default=-1)
+        ids = self._column("max_token_id")
+        return None if (ids == UNRECORDED).any() else int(ids.max(initial=-1))
 
     def to_json(self) -> str:
         d = {
@@ -184,36 +305,78 @@ class Manifest:
 
     @staticmethod
     def load(folder: Path) -> Manifest:
+        """The manifest of ``folder``, its shards read as a ShardTable (the records stay on disk until
+        needed). A file that is not a well-formed manifest is read again the plain way, whose checks name
+        the problem."""
         path = Path(folder) / MANIFEST_NAME
         try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
-            raise NanosetError(f"{path}: cannot read the manifest ({e}); re-run `nanoset tokenize`") from e
-        if not isinstance(d, dict):
-            raise NanosetError(f"{path}: malformed manifest (a JSON {type(d).__name__}, not an object); "
-                               f"re-run `nanoset tokenize`")
-        if d.get("format") != FORMAT_NAME or d.get("version") != FORMAT_VERSION:
-            raise NanosetError(
-                f"{path}: format {d.get('format')!r} version {d.get('version')!r} is not supported "
-                f"(this nanoset reads {FORMAT_NAME} version {FORMAT_VERSION})"
-            )
-        try:
-            manifest = Manifest(
-                tokenizer=TokenizerInfo(**d["tokenizer"]),
-                dtype=d["dtype"],
-                shards=[ShardInfo.from_json(s) for s in d["shards"]],
-                build=d.get("build", {}),
-                skipped_lines=d.get("skipped_lines", 0),
-                loss_masks=bool(d.get("loss_masks", False)),
-                chat_template_sha256=d.get("chat_template_sha256"),
-            )
-            for s in manifest.shards:
-                if not (isinstance(s.name, str) and _count(s.num_tokens) and _count(s.num_documents)):
-                    raise TypeError(f"shard {s.name!r}: name, num_tokens or num_documents is not a name or a count")
-            return manifest
-        except (KeyError, TypeError) as e:  # a key missing, unknown or of the wrong type (edited by hand?)
-            raise NanosetError(f"{path}: malformed manifest ({type(e).__name__}: {e}); "
-                               f"re-run `nanoset tokenize`") from None
+            return _load_streamed(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            return _load_whole(path)
+
+
+def _load_streamed(path: Path) -> Manifest:
+    """The manifest with its shard records turned into columns as they are read (bounded memory);
+    ValueError/KeyError/TypeError for anything unusual (the plain read then says what)."""
+    builder = _TableBuilder()
+
+    def shard(d: Any) -> None:
+        if type(d) is not dict or not d.keys() <= _SHARD_KEYS or type(d.get("sha256", {})) is not dict:
+            raise ValueError("not a shard record")
+        name, ntok, ndoc = d["name"], d["num_tokens"], d["num_documents"]
+        top, loss = d.get("max_token_id"), d.get("loss_tokens")
+        if type(name) is not str or not (_count(ntok) and _count(ndoc)) or not all(
+                v is None or (type(v) is int and v >= -1) for v in (top, loss)):
+            raise ValueError("not a shard record")
+        builder.add(name, ntok, ndoc, top, loss, d.get("sha256", {}))
+
+    d = read_object(path, "shards", shard)
+    if d.get("format") != FORMAT_NAME or d.get("version") != FORMAT_VERSION:
+        raise ValueError("another format or version")
+    return Manifest(
+        tokenizer=TokenizerInfo(**d["tokenizer"]),
+        dtype=d["dtype"],
+        shards=ManifestShards(path, builder.table()),
+        build=d.get("build", {}),
+        skipped_lines=d.get("skipped_lines", 0),
+        loss_masks=bool(d.get("loss_masks", False)),
+        chat_template_sha256=d.get("chat_template_sha256"),
+    )
+
+
+def _load_whole(path: Path) -> Manifest:
+    """The manifest read in one ``json.loads``, every record built; each problem in one line."""
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise NanosetError(f"{path}: cannot read the manifest ({e}); re-run `nanoset tokenize`") from e
+    if not isinstance(d, dict):
+        raise NanosetError(f"{path}: malformed manifest (a JSON {type(d).__name__}, not an object); "
+                           f"re-run `nanoset tokenize`")
+    if d.get("format") != FORMAT_NAME or d.get("version") != FORMAT_VERSION:
+        raise NanosetError(
+            f"{path}: format {d.get('format')!r} version {d.get('version')!r} is not supported "
+            f"(this nanoset reads {FORMAT_NAME} version {FORMAT_VERSION})"
+        )
+    try:
+        tokenizer, dtype = TokenizerInfo(**d["tokenizer"]), d["dtype"]
+        records = [ShardInfo.from_json(s) for s in d["shards"]]
+        for s in records:
+            if not (isinstance(s.name, str) and _count(s.num_tokens) and _count(s.num_documents)):
+                raise TypeError(f"shard {s.name!r}: name, num_tokens or num_documents is not a name or a count")
+        return Manifest(
+            tokenizer=tokenizer,
+            dtype=dtype,
+            shards=ManifestShards(path, ShardTable.of(records), records),
+            build=d.get("build", {}),
+            skipped_lines=d.get("skipped_lines", 0),
+            loss_masks=bool(d.get("loss_masks", False)),
+            chat_template_sha256=d.get("chat_template_sha256"),
+        )
+    except (KeyError, TypeError, AttributeError, OverflowError) as e:  # a key missing, unknown or of the wrong
+        # type (edited by hand?)
+        raise NanosetError(f"{path}: malformed manifest ({type(e).__name__}: {e}); "
+                           f"re-run `nanoset tokenize`") from None
 
 
 def _count(value: Any) -> bool:
