@@ -73,7 +73,7 @@ def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: s
         chat=chat, chat_template=chat_template, messages_column=messages_column, prompt_column=prompt_column,
         completion_column=completion_column,
     ))
-    click.echo(summary.line())
+    click.echo("\n".join([summary.line(), *summary.details()]))
 
 
 @cli.command()

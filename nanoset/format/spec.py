@@ -29,6 +29,8 @@ INDEX_SUFFIX = ".ds.index"
 METADATA_SUFFIX = ".ds.metadata"
 WORK_DIR = ".nanoset-work"  # an unfinished tokenize output: its plan and the markers of finished tasks
 WORK_PLAN = "plan.json"
+SKIPPED_NAME = "nanoset-skipped.txt"  # every row --skip-bad-lines skipped, one "file:line: why" a line
+SKIPPED_EXAMPLES = 5  # the first skipped rows the manifest keeps (inspect and tokenize show them)
 TASK_MARKER_GLOB = "task-*.json"
 LOSS_SUFFIX = ".ds.loss"  # one byte per token, 1 = trained on (datatrove's loss-mask side file)
 LOSS_DTYPE = np.dtype("u1")
@@ -141,6 +143,13 @@ class ShardInfo:
         return d
 
 
+# How ``nanoset tokenize --chat`` made a dataset's ids and loss masks (the manifest's ``loss_mask_rule``; chat
+# manifests written before it was recorded were made with rule 1).
+LOSS_MASK_RULES = {
+    1: "a token is trained when its first character lies in an assistant span",
+    2: "a token is trained when any of its characters lies in an assistant span (transformers ≥ 5), with the "
+       "special tokens declared beside tokenizer.json registered as transformers registers them",
+}
 UNRECORDED = -2  # a ShardTable column's value for a shard whose manifest entry does not record it
 
 
@@ -255,8 +264,10 @@ class Manifest:
     shards: Sequence[ShardInfo]
     build: dict[str, Any] = field(default_factory=dict)
     skipped_lines: int = 0
+    skipped_examples: list[str] = field(default_factory=list)  # the first rows skipped ("file:line: why")
     loss_masks: bool = False  # every shard has a NAME.ds.loss
     chat_template_sha256: str | None = None  # the chat template that rendered the conversations
+    loss_mask_rule: int | None = None  # LOSS_MASK_RULES: how tokenize --chat made the masks (None: not by it)
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
 
@@ -298,9 +309,13 @@ class Manifest:
             "skipped_lines": self.skipped_lines,
             "shards": [s.to_json() for s in self.shards],
         }
+        if self.skipped_examples:  # only where rows were skipped: other manifests keep their bytes
+            d["skipped_examples"] = list(self.skipped_examples)
         if self.loss_masks:  # only in chat datasets: plain manifests keep their bytes
             d["loss_masks"] = True
             d["chat_template_sha256"] = self.chat_template_sha256
+            if self.loss_mask_rule is not None:
+                d["loss_mask_rule"] = self.loss_mask_rule
         return json.dumps(d, indent=1, sort_keys=True) + "\n"
 
     @staticmethod
@@ -339,9 +354,19 @@ def _load_streamed(path: Path) -> Manifest:
         shards=ManifestShards(path, builder.table()),
         build=d.get("build", {}),
         skipped_lines=d.get("skipped_lines", 0),
+        skipped_examples=d.get("skipped_examples", []),
         loss_masks=bool(d.get("loss_masks", False)),
         chat_template_sha256=d.get("chat_template_sha256"),
+        loss_mask_rule=_loss_mask_rule(d),
     )
+
+
+def _loss_mask_rule(d: dict[str, Any]) -> int | None:
+    """The recorded rule; a chat dataset made before rules were recorded was made with rule 1."""
+    if "loss_mask_rule" in d or not d.get("loss_masks"):
+        return d.get("loss_mask_rule")
+    build = d.get("build")
+    return 1 if isinstance(build, dict) and "chat" in build else None
 
 
 def _load_whole(path: Path) -> Manifest:
@@ -370,8 +395,10 @@ def _load_whole(path: Path) -> Manifest:
             shards=ManifestShards(path, ShardTable.of(records), records),
             build=d.get("build", {}),
             skipped_lines=d.get("skipped_lines", 0),
+            skipped_examples=d.get("skipped_examples", []),
             loss_masks=bool(d.get("loss_masks", False)),
             chat_template_sha256=d.get("chat_template_sha256"),
+            loss_mask_rule=_loss_mask_rule(d),
         )
     except (KeyError, TypeError, AttributeError, OverflowError) as e:  # a key missing, unknown or of the wrong
         # type (edited by hand?)

@@ -12,17 +12,18 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from nanoset.errors import NanosetError
-from nanoset.format.spec import Manifest, dtype_for_vocab, dtype_name
+from nanoset.format.spec import SKIPPED_EXAMPLES, SKIPPED_NAME, Manifest, dtype_for_vocab, dtype_name
 from nanoset.format.writer import ShardWriter, write_manifest
-from nanoset.tokenize.chat import ChatColumns, ChatReader, encode_chats
+from nanoset.tokenize.chat import MASK_RULE, ChatColumns, ChatReader, encode_chats
 from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate, load_chat_template, special_token_strings
 from nanoset.tokenize.inputs import Piece, discover
 from nanoset.tokenize.rows import TextReader
@@ -69,6 +70,14 @@ class TokenizeSummary:
     shards: int
     skipped_lines: int
     seconds: float
+    skipped_examples: list[str] = field(default_factory=list)
+
+    def details(self) -> list[str]:
+        """Lines after the summary: the first rows skipped, and where the full list is."""
+        if not self.skipped_examples:
+            return []
+        return ([f"  the first rows skipped (all {self.skipped_lines:,} in {self.output / SKIPPED_NAME}):"]
+                + [f"    {e}" for e in self.skipped_examples])
 
     def line(self) -> str:
         rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
@@ -141,6 +150,34 @@ def _write_split(writers: list[ShardWriter], new_writer, flat: np.ndarray, lengt
         i, base = i + k, stop
 
 
+class SkipLog:
+    """The rows a task skipped: all of them in its list in the work folder (renamed into place when the task
+    is done), the first few kept for the manifest."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        self.examples: list[str] = []
+        self._file = None
+
+    def __call__(self, message: str) -> None:
+        if len(self.examples) < SKIPPED_EXAMPLES:
+            self.examples.append(message)
+        if self._file is None:
+            self._file = open(self.tmp, "w", encoding="utf-8")
+        self._file.write(message.replace("\n", " ") + "\n")
+
+    def publish(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self.tmp.unlink(missing_ok=True)
+
+
 def run_task(task: Task, out: str, prefix: str) -> TaskResult:
     """Tokenize one task into shards ``PREFIX_00000...`` (called in a worker process)."""
     if os.environ.get(FAULT_ENV) == str(task.index):
@@ -158,13 +195,14 @@ def run_task(task: Task, out: str, prefix: str) -> TaskResult:
     writers.append(new_writer())
     sources: dict[str, list[dict]] = {}  # shard name -> the pieces its documents came from
     skipped = 0
+    log = SkipLog(OutputFolder(Path(out)).skipped_log(task.index))
     try:
         for piece in task.pieces:
             if chat:
                 reader: TextReader = ChatReader(piece, ChatColumns(**chat["columns"]), _worker["renderer"],
-                                                cfg["skip_bad_lines"])
+                                                cfg["skip_bad_lines"], log)
             else:
-                reader = TextReader(piece, cfg["text_column"], cfg["skip_bad_lines"])
+                reader = TextReader(piece, cfg["text_column"], cfg["skip_bad_lines"], log)
             for texts in reader.batches():
                 if chat:
                     flat, loss, lengths = encode_chats(tok, texts, cfg["eos_id"])
@@ -181,8 +219,11 @@ def run_task(task: Task, out: str, prefix: str) -> TaskResult:
                 with tokens_counter.get_lock():
                     tokens_counter.value += len(flat)
             skipped += reader.skipped
-        return TaskResult([w.finalize(sources[w.name]) for w in writers if w.num_documents > 0], skipped)
+        shards = [w.finalize(sources[w.name]) for w in writers if w.num_documents > 0]
+        log.publish()
+        return TaskResult(shards, skipped, log.examples)
     finally:
+        log.abort()
         for w in writers:
             if not w.finalized:
                 w.abort()
@@ -250,7 +291,7 @@ def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: dict |
     if chat is not None:  # only chat plans carry the key: plain plans (and manifests) keep their bytes
         del options["text_column"]
         options["chat"] = {"template_sha256": chat["template_sha256"], "special_tokens": chat["special_tokens"],
-                           **{f"{k}_column": v for k, v in chat["columns"].items()}}
+                           "mask_rule": MASK_RULE, **{f"{k}_column": v for k, v in chat["columns"].items()}}
     sources = discover(opts.inputs, exclude=opts.output)
     if opts.splits is not None:
         sources = [s for s in sources if s.split is None or s.split in opts.splits]
@@ -277,7 +318,10 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
     chat = chat_config(opts, tokenizer)
     plan = build_plan(opts, tokenizer, chat)
     folder = OutputFolder(opts.output)
-    if folder.prepare(plan, opts.overwrite):
+    complete = folder.prepare(plan, opts.overwrite)
+    for note in folder.notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    if complete:
         return _summary(opts, plan, folder.completed_manifest(), 0, len(plan.tasks), True, t0)
 
     itemsize = np.dtype(plan.build["dtype"]).itemsize
@@ -323,8 +367,11 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         return _summary(opts, plan, partial, len(todo), len(mine) - len(todo), False, t0)
     manifest = Manifest(tokenizer=tokenizer.info, dtype=plan.build["dtype"],
                         shards=[s for r in results for s in r.shards], build=plan.build,
-                        skipped_lines=sum(r.skipped_lines for r in results), loss_masks=chat is not None,
-                        chat_template_sha256=chat["template_sha256"] if chat else None)
+                        skipped_lines=sum(r.skipped_lines for r in results),
+                        skipped_examples=[e for r in results for e in r.skipped_examples][:SKIPPED_EXAMPLES],
+                        loss_masks=chat is not None,
+                        chat_template_sha256=chat["template_sha256"] if chat else None,
+                        loss_mask_rule=MASK_RULE if chat else None)
     if manifest.num_documents == 0 and manifest.skipped_lines:
         raise NanosetError(f"{', '.join(opts.inputs)}: all {manifest.skipped_lines:,} rows were bad and skipped "
                            f"(--skip-bad-lines); nothing to tokenize: rerun with --overwrite and without "
@@ -332,6 +379,7 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
     if manifest.num_documents == 0:
         raise NanosetError(f"{', '.join(opts.inputs)}: no documents found in the input; nothing to tokenize")
     try:
+        folder.write_skipped_list(plan.tasks, results)
         write_manifest(opts.output, manifest)
     except FileNotFoundError:  # another machine finished at the same time and removed our temporary file
         finished = folder.completed_manifest()
@@ -347,6 +395,7 @@ def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: int, re
         output=opts.output, complete=complete, num_tasks=len(plan.tasks), tasks_run=ran, tasks_resumed=resumed,
         documents=manifest.num_documents, tokens=manifest.num_tokens, shards=len(manifest.shards),
         skipped_lines=manifest.skipped_lines, seconds=time.perf_counter() - t0,
+        skipped_examples=list(manifest.skipped_examples) if complete else [],
     )
 
 

@@ -129,6 +129,6 @@ def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokeni
         eos_token=eos_token,
         bos_id=tok.token_to_id(bos) if bos else None,
         sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
-        path=str(path),
+        path=str(path.resolve()),  # absolute: the manifest is read from other folders (inspect, export)
     )
     return ResolvedTokenizer(spec=spec, path=path, info=info)
