@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from nanoset.errors import NanosetError
+from nanoset.tokenize.special_tokens import declared_tokens
 
 CONTENT_MARK = "\ue000nanoset-content\ue001"  # stands for an assistant's content to find the text written before it
-SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 class ChatRenderError(NanosetError):
@@ -52,16 +52,15 @@ def _config(folder: Path) -> dict[str, Any]:
 
 
 def load_chat_template(tokenizer_file: Path, override: str | Path | None = None) -> ChatTemplate:
-    """``override`` (a Jinja file) if given, else ``chat_template`` of the ``tokenizer_config.json``
-    beside the tokenizer (a string, or a list of named templates: the one named ``default``), else a
-    ``chat_template.jinja`` there (where recent ``transformers`` saves it)."""
+    """``override`` (a Jinja file) if given, else what ``transformers`` uses: a ``chat_template.jinja`` beside
+    the tokenizer (where recent ``transformers`` saves it; it wins over the config), else ``chat_template`` of
+    the ``tokenizer_config.json`` there (a string, or a list of named templates: the one named ``default``)."""
     if override is not None:
-        path = Path(override)
-        try:
-            return ChatTemplate(path.read_text(encoding="utf-8"), str(path))
-        except (OSError, UnicodeDecodeError) as e:
-            raise NanosetError(f"--chat-template {path}: cannot read it ({e})") from e
+        return _read_template(Path(override), f"--chat-template {override}")
     folder = tokenizer_file.parent
+    jinja_file = folder / "chat_template.jinja"
+    if jinja_file.is_file():
+        return _read_template(jinja_file, str(jinja_file))
     cfg_path = folder / "tokenizer_config.json"
     value = _config(folder).get("chat_template")
     if isinstance(value, list):
@@ -75,22 +74,26 @@ def load_chat_template(tokenizer_file: Path, override: str | Path | None = None)
     if value is not None:
         raise NanosetError(f"{cfg_path}: chat_template is {type(value).__name__}, expected a string or a list "
                            f"of named templates; pass --chat-template FILE")
-    jinja_file = folder / "chat_template.jinja"
-    if jinja_file.is_file():
-        return ChatTemplate(jinja_file.read_text(encoding="utf-8"), str(jinja_file))
     raise NanosetError(f"tokenizer {tokenizer_file}: no chat template (no chat_template in {cfg_path}, no "
                        f"{jinja_file.name} beside it); pass --chat-template FILE")
 
 
+def _read_template(path: Path, what: str) -> ChatTemplate:
+    """A Jinja template file; one that cannot be read (or is not UTF-8 text) is one line naming it."""
+    try:
+        return ChatTemplate(path.read_text(encoding="utf-8"), str(path))
+    except UnicodeDecodeError as e:
+        raise NanosetError(f"{what}: not UTF-8 text (byte {e.start} is {e.object[e.start:e.start + 1]!r}); save the "
+                           f"template as UTF-8") from None
+    except OSError as e:
+        raise NanosetError(f"{what}: cannot read it ({e.strerror or e})") from None
+
+
 def special_token_strings(tokenizer_file: Path, eos_token: str | None) -> dict[str, str]:
-    """The special-token globals ``transformers`` gives a template (its ``special_tokens_map``): the strings
-    of ``tokenizer_config.json``; ``eos_token`` is the EOS the dataset appends (``--eos-token`` wins)."""
-    out = {}
-    for key, value in _config(tokenizer_file.parent).items():
-        if key in SPECIAL_TOKEN_KEYS:
-            value = value.get("content") if isinstance(value, dict) else value
-            if isinstance(value, str):
-                out[key] = value
+    """The special-token globals ``transformers`` gives a template (its ``special_tokens_map``: named tokens of
+    ``tokenizer_config.json``, or of ``special_tokens_map.json`` for a folder of the older layout, and
+    model-specific ``*_token`` keys); ``eos_token`` is the EOS the dataset appends (``--eos-token`` wins)."""
+    out = dict(declared_tokens(tokenizer_file.parent, set()).named)
     if eos_token is not None:
         out["eos_token"] = eos_token
     return out

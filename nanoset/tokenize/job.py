@@ -29,7 +29,7 @@ from nanoset.tokenize.inputs import Piece, discover
 from nanoset.tokenize.rows import TextReader
 from nanoset.tokenize.taskpool import TaskPool, WorkerDied
 from nanoset.tokenize.tasks import OutputFolder, Plan, Task, TaskResult, make_plan
-from nanoset.tokenize.tokenizer import ResolvedTokenizer, load_tokenizer, resolve_tokenizer
+from nanoset.tokenize.tokenizer import ResolvedTokenizer, load_tokenizer, registered_tokens, resolve_tokenizer
 
 
 @dataclass
@@ -288,6 +288,8 @@ def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: dict |
         "max_tokens_per_shard": opts.max_tokens_per_shard,
         "skip_bad_lines": opts.skip_bad_lines,
     }
+    if registered := registered_tokens(tokenizer.path):  # they change the ids; none: plain plans keep their bytes
+        options["registered_tokens"] = registered
     if chat is not None:  # only chat plans carry the key: plain plans (and manifests) keep their bytes
         del options["text_column"]
         options["chat"] = {"template_sha256": chat["template_sha256"], "special_tokens": chat["special_tokens"],

@@ -145,6 +145,8 @@ def test_template_lookup(tmp_path):
     assert load_chat_template(tmp_path / "tokenizer.json").source == "J"
     cfg.write_text(json.dumps({"chat_template": [{"name": "tool_use", "template": "T"},
                                                  {"name": "default", "template": "D"}]}))
+    assert load_chat_template(tmp_path / "tokenizer.json").source == "J"  # the .jinja file wins, as in transformers
+    (tmp_path / "chat_template.jinja").unlink()
     assert load_chat_template(tmp_path / "tokenizer.json").source == "D"
     cfg.write_text(json.dumps({"chat_template": [{"name": "tool_use", "template": "T"}]}))
     with pytest.raises(NanosetError, match="chat_template holds templates named \\['tool_use'\\] but none named"):
