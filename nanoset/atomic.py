@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 from nanoset.errors import NanosetError
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary name in the same folder, fsync, then rename: old or new, never half."""
+    """Write to a temporary name in the same folder, fsync, then rename: old or new, never half. The name is
+    unique across the machines sharing a folder (a PID alone is not: two nodes' writers of one manifest
+    wrote into one file)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from array import array
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -416,6 +417,24 @@ def shard_files(name: str, loss: bool = False) -> dict[str, str]:
     if loss:
         files["loss"] = name + LOSS_SUFFIX
     return files
+
+
+def is_dataset_entry(path: Path) -> bool:
+    """Whether ``path``, inside a dataset folder, is what tokenize or convert writes there (a file of its
+    dataset, or the work folder of an unfinished job): what ``--overwrite`` may replace."""
+    if path.is_dir() and not path.is_symlink():
+        return path.name == WORK_DIR or path.name.startswith(WORK_DIR + ".tmp-")
+    return is_dataset_file(path.name)
+
+
+def is_dataset_file(name: str) -> bool:
+    """A shard file or the manifest, or the temporary name of one (``.NAME.partial-PID``,
+    ``.NAME.tmp-PID-HEX``): matched by suffix, never by substring, so that ``--overwrite`` spares ``notes.dsv``
+    or ``a.ds.txt``."""
+    if name.startswith("."):
+        name = re.sub(r"\.(partial|tmp)-\d+(-[0-9a-f]+)?$", "", name[1:])
+    return name in (MANIFEST_NAME, SKIPPED_NAME) or name.endswith((TOKENS_SUFFIX, INDEX_SUFFIX, METADATA_SUFFIX,
+                                                                     LOSS_SUFFIX))
 
 
 def task_marker_name(task: int) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -23,7 +22,6 @@ from nanoset.format.spec import (
     INDEX_SUFFIX,
     LOSS_SUFFIX,
     MANIFEST_NAME,
-    METADATA_SUFFIX,
     SKIPPED_NAME,
     TASK_MARKER_GLOB,
     TOKENS_SUFFIX,
@@ -31,6 +29,7 @@ from nanoset.format.spec import (
     WORK_PLAN,
     Manifest,
     ShardInfo,
+    is_dataset_file,
     task_marker_name,
 )
 from nanoset.tokenize.inputs import Piece, Source, split_source
@@ -220,7 +219,7 @@ class OutputFolder:
         """Remove what a tokenize job writes (shards, manifest, work files); leave anything else."""
         self._remove_work()
         for p in self.path.iterdir():
-            if p.is_file() and _written_by_tokenize(p.name):
+            if p.is_file() and is_dataset_file(p.name):
                 p.unlink()
 
     def remove_partials(self, prefixes: list[str]) -> None:
@@ -291,15 +290,6 @@ def _modified_input(plan: Plan, saved: str | None) -> str | None:
     if not isinstance(old, dict) or old.get("build") != plan.build or len(old.get("mtimes", [])) != len(plan.sources):
         return None
     return next((s.path for s, m in zip(plan.sources, old["mtimes"]) if s.mtime_ns != m), None)
-
-
-def _written_by_tokenize(name: str) -> bool:
-    """A shard file or the manifest, or the temporary name of one (``.NAME.partial-PID``, ``.NAME.tmp-PID``):
-    matched by suffix, never by substring, so that ``--overwrite`` spares ``notes.dsv`` or ``a.ds.txt``."""
-    if name.startswith("."):
-        name = re.sub(r"\.(partial|tmp)-\d+$", "", name[1:])
-    return name in (MANIFEST_NAME, SKIPPED_NAME) or name.endswith((TOKENS_SUFFIX, INDEX_SUFFIX, METADATA_SUFFIX,
-                                                                     LOSS_SUFFIX))
 
 
 def _read_text(path: Path) -> str | None:
