@@ -56,6 +56,7 @@ class TokenizeOptions:
 
 
 FAULT_ENV = "NANOSET_FAULT_KILL_TASK"  # fault injection for tests: a worker SIGKILLs itself on this task
+PROGRESS_SECONDS = 30.0  # between progress lines when stderr is not a terminal
 
 
 @dataclass
@@ -71,6 +72,7 @@ class TokenizeSummary:
     skipped_lines: int
     seconds: float
     skipped_examples: list[str] = field(default_factory=list)
+    tokens_run: int = 0  # tokens of the tasks this run tokenized (the rate counts these, not resumed ones)
 
     def details(self) -> list[str]:
         """Lines after the summary: the first rows skipped, and where the full list is."""
@@ -80,12 +82,12 @@ class TokenizeSummary:
                 + [f"    {e}" for e in self.skipped_examples])
 
     def line(self) -> str:
-        rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        rate = self.tokens_run / self.seconds if self.seconds > 0 else 0.0
         state = "complete" if self.complete else "partial: other task indices still to run"
         return (
             f"{self.output}: {self.documents:,} documents, {self.tokens:,} tokens in {self.shards} shards; "
             f"ran {self.tasks_run} of {self.num_tasks} tasks ({self.tasks_resumed} already done) "
-            f"in {self.seconds:.1f}s, {rate:,.0f} tokens/s; skipped {self.skipped_lines} bad lines; {state}"
+            f"in {self.seconds:.1f}s, {rate:,.0f} tokens/s tokenized; skipped {self.skipped_lines} bad lines; {state}"
         )
 
 
@@ -324,7 +326,7 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
     for note in folder.notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
     if complete:
-        return _summary(opts, plan, folder.completed_manifest(), 0, len(plan.tasks), True, t0)
+        return _summary(opts, plan, folder.completed_manifest(), [], len(plan.tasks), True, t0)
 
     itemsize = np.dtype(plan.build["dtype"]).itemsize
     mine = [t for t in plan.tasks if t.index % opts.num_tasks == opts.task_index]
@@ -340,7 +342,7 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         "chat": chat,
     }
     try:
-        _run_tasks(todo, plan, folder, tokenizer, config, opts)
+        ran = _run_tasks(todo, plan, folder, tokenizer, config, opts)
     except WorkerDied as e:
         raise NanosetError(
             f"task {e.task.index} ({describe_task(e.task)}): its worker process {e.cause()}; the tasks finished "
@@ -361,12 +363,12 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         finished = folder.completed_manifest()
         if finished is not None and finished.build == plan.build:  # another machine finished it meanwhile
             folder.finish()
-            return _summary(opts, plan, finished, len(todo), len(mine) - len(todo), True, t0)
+            return _summary(opts, plan, finished, ran, len(mine) - len(todo), True, t0)
         # other --task-index runs have work left
         partial = Manifest(tokenizer.info, plan.build["dtype"],
                            [s for t in mine if results[t.index] is not None for s in results[t.index].shards],
                            loss_masks=chat is not None)
-        return _summary(opts, plan, partial, len(todo), len(mine) - len(todo), False, t0)
+        return _summary(opts, plan, partial, ran, len(mine) - len(todo), False, t0)
     manifest = Manifest(tokenizer=tokenizer.info, dtype=plan.build["dtype"],
                         shards=[s for r in results for s in r.shards], build=plan.build,
                         skipped_lines=sum(r.skipped_lines for r in results),
@@ -388,22 +390,43 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         if finished is None or finished.build != plan.build:
             raise
     folder.finish()
-    return _summary(opts, plan, manifest, len(todo), len(mine) - len(todo), True, t0)
+    return _summary(opts, plan, manifest, ran, len(mine) - len(todo), True, t0)
 
 
-def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: int, resumed: int,
+def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: list[TaskResult], resumed: int,
              complete: bool, t0: float) -> TokenizeSummary:
     return TokenizeSummary(
-        output=opts.output, complete=complete, num_tasks=len(plan.tasks), tasks_run=ran, tasks_resumed=resumed,
+        output=opts.output, complete=complete, num_tasks=len(plan.tasks), tasks_run=len(ran), tasks_resumed=resumed,
+        tokens_run=sum(s.num_tokens for r in ran for s in r.shards),
         documents=manifest.num_documents, tokens=manifest.num_tokens, shards=len(manifest.shards),
         skipped_lines=manifest.skipped_lines, seconds=time.perf_counter() - t0,
         skipped_examples=list(manifest.skipped_examples) if complete else [],
     )
 
 
+class ProgressLog:
+    """Progress as a line on stderr every ``$NANOSET_PROGRESS_SECONDS`` (default 30) seconds, for a stderr that
+    is no terminal (a batch system's log), where a progress bar would write nothing or a mess of redraws."""
+
+    def __init__(self, output: Path, total: int) -> None:
+        self.output, self.total = output, total
+        self.interval = float(os.environ.get("NANOSET_PROGRESS_SECONDS") or PROGRESS_SECONDS)
+        self.start = self.last = time.perf_counter()
+
+    def update(self, done: int, documents: int, tokens: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < self.interval and done < self.total:
+            return
+        self.last = now
+        elapsed = now - self.start
+        print(f"{self.output}: {done} of {self.total} tasks, {documents:,} documents, {tokens:,} tokens, "
+              f"{tokens / max(elapsed, 1e-9):,.0f} tokens/s, {elapsed:.0f}s", file=sys.stderr, flush=True)
+
+
 def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: ResolvedTokenizer,
-               config: dict, opts: TokenizeOptions) -> None:
-    """Run tasks in a process pool (or inline for one worker), with a progress bar on a terminal."""
+               config: dict, opts: TokenizeOptions) -> list[TaskResult]:
+    """Run tasks in a process pool (or inline for one worker), with a progress bar on a terminal (else a line
+    now and then); returns their results."""
     from tqdm import tqdm
 
     ctx = mp.get_context("spawn")
@@ -411,15 +434,21 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
     workers = min(opts.workers, max(1, len(todo)))
     folder.remove_partials([task.shard_prefix(plan.width) for task in todo])
     initargs = (str(tokenizer.path), config, counters, workers > 1)
-    bar = tqdm(total=len(todo), unit="task", disable=not opts.progress or None, dynamic_ncols=True)
+    terminal = sys.stderr.isatty()
+    bar = tqdm(total=len(todo), unit="task", disable=not (opts.progress and terminal), dynamic_ncols=True)
+    log = ProgressLog(opts.output, len(todo)) if opts.progress and not terminal else None
     start = time.perf_counter()
+    ran: list[TaskResult] = []
 
     def refresh() -> None:
         rate = counters[1].value / max(time.perf_counter() - start, 1e-9)
         bar.set_postfix_str(f"{counters[0].value:,} docs, {counters[1].value:,} tokens, {rate:,.0f} tok/s")
+        if log is not None:
+            log.update(len(ran), counters[0].value, counters[1].value)
 
     def record(task: Task, result: TaskResult) -> None:
         folder.mark_done(task, result)
+        ran.append(result)
         bar.update(1)
         refresh()
 
@@ -428,7 +457,7 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
             _init_worker(*initargs[:3], False)
             for task in todo:
                 record(task, run_task(task, str(folder.path), task.shard_prefix(plan.width)))
-            return
+            return ran
         pool = TaskPool(ctx, workers, _init_worker, initargs, run_task)
         try:
             for task, result in pool.run(todo, lambda t: (t, str(folder.path), t.shard_prefix(plan.width)), refresh):
@@ -437,3 +466,4 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
             pool.close()
     finally:
         bar.close()
+    return ran
