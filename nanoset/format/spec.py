@@ -1,7 +1,8 @@
 """The Nanoset on-disk format, version 1: file names, dtypes, metadata lines, the manifest.
 
-A dataset is a folder. Each shard ``NAME`` is three files that datatrove writes and Nanotron
-reads byte for byte (``NAME.ds``, ``NAME.ds.index``, ``NAME.ds.metadata``); the folder also
+A dataset is a folder. Each shard ``NAME`` is three files in the layout datatrove writes and Nanotron
+reads (``NAME.ds``, ``NAME.ds.index``, ``NAME.ds.metadata``; the metadata's third line is our own
+short count, not datatrove's, and no reader uses it); the folder also
 holds ``nanoset.json``, written last, which makes it a complete Nanoset dataset.
 """
 
@@ -56,7 +57,8 @@ def dtype_from_name(name: str) -> np.dtype:
 
 
 def human_count(n: int) -> str:
-    """1234567 -> '1.23M': the third line of a datatrove metadata file."""
+    """1234567 -> '1.23M': the third line of a metadata file, for people (datatrove writes humanize's
+    '1.23 MT' there; no reader uses the line)."""
     for unit, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
         if n >= scale:
             return f"{n / scale:.2f}{unit}"
