@@ -406,7 +406,8 @@ def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: list[Ta
 
 class ProgressLog:
     """Progress as a line on stderr every ``$NANOSET_PROGRESS_SECONDS`` (default 30) seconds, for a stderr that
-    is no terminal (a batch system's log), where a progress bar would write nothing or a mess of redraws."""
+    is no terminal (a batch system's log), where a progress bar would write nothing or a mess of redraws; the
+    summary line ends the run."""
 
     def __init__(self, output: Path, total: int) -> None:
         self.output, self.total = output, total
@@ -415,7 +416,7 @@ class ProgressLog:
 
     def update(self, done: int, documents: int, tokens: int) -> None:
         now = time.perf_counter()
-        if now - self.last < self.interval and done < self.total:
+        if now - self.last < self.interval:
             return
         self.last = now
         elapsed = now - self.start
