@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 BLOCK = 1 << 20  # characters read at a time
+BATCH = 1024  # array elements handed over at a time
 _SPACE = re.compile(r"[ \t\n\r]*")
+_AFTER_ELEMENT = re.compile(r"[ \t\n\r]*([,\]])[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 
 
@@ -66,11 +68,45 @@ class _Reader:
                     raise
             self._more(len(self.text))
 
+    def _separator(self) -> re.Match:
+        """The ``,`` or ``]`` after an element (read on when the block ends before it)."""
+        while (m := _AFTER_ELEMENT.match(self.text, self.pos)) is None:
+            if not self._more(0):
+                raise ValueError(f"expected ',' or ']' at character {self.pos}")
+        return m
 
-def read_object(path: Path, array_key: str, on_element: Callable[[Any], None]) -> dict[str, Any]:
-    """The JSON object in ``path``, less ``array_key``: each element of that array is passed to
-    ``on_element`` in order instead. ValueError when the file is not a JSON object, ``array_key`` is
-    missing, repeated or not an array, or anything follows the object."""
+    def elements(self, on_batch: Callable[[list[Any]], None]) -> None:
+        """The elements of the array whose ``[`` was just read, up to its ``]``, in batches; the loop of a
+        large manifest (one regex and one decode per element, text read ahead a block at a time)."""
+        batch: list[Any] = []
+        if self.peek() == "]":
+            self.pos += 1
+            return
+        decode, after = _DECODER.raw_decode, _AFTER_ELEMENT.match
+        while True:
+            if len(self.text) - self.pos < BLOCK // 2 and not self.eof:
+                self._more(0)
+            try:
+                value, end = decode(self.text, self.pos)
+                m = after(self.text, end)
+            except json.JSONDecodeError:
+                m = None
+            if m is None:  # the element or its separator cut by the block's end (or not JSON: raised below)
+                value = self.value()
+                m = self._separator()
+            batch.append(value)
+            self.pos = m.end()
+            if len(batch) == BATCH or m.group(1) == "]":
+                on_batch(batch)
+                batch = []
+            if m.group(1) == "]":
+                return
+
+
+def read_object(path: Path, array_key: str, on_batch: Callable[[list[Any]], None]) -> dict[str, Any]:
+    """The JSON object in ``path``, less ``array_key``: the elements of that array are passed to ``on_batch``
+    in order instead, a list of up to ``BATCH`` at a time. ValueError when the file is not a JSON object,
+    ``array_key`` is missing, repeated or not an array, or anything follows the object."""
     out: dict[str, Any] = {}
     seen = False
     with open(path, encoding="utf-8") as f:
@@ -90,13 +126,7 @@ def read_object(path: Path, array_key: str, on_element: Callable[[Any], None]) -
                 continue
             seen = True
             r.expect("[")
-            count = 0
-            while r.peek() != "]":
-                if count:
-                    r.expect(",")
-                on_element(r.value())
-                count += 1
-            r.expect("]")
+            r.elements(on_batch)
         r.expect("}")
         if r.peek() != "":
             raise ValueError("text after the object")

@@ -70,7 +70,8 @@ def test_opening_many_shards_makes_no_reader_per_shard_and_holds_less_than_the_m
         real_init(self, *args, **kwargs)
 
     monkeypatch.setattr(reader_module.ShardReader, "__init__", counting_init)
-    monkeypatch.setattr(jsonstream, "BLOCK", 1 << 14)  # the text read at a time: a constant, kept small here
+    monkeypatch.setattr(jsonstream, "BLOCK", 1 << 14)  # the text read at a time and ...
+    monkeypatch.setattr(jsonstream, "BATCH", 64)  # ... the records handed over at once: constants, kept small here
     (_, peak_few), (ds, peak_many) = opened(few), opened(many)
     more_manifest = (many / "nanoset.json").stat().st_size - (few / "nanoset.json").stat().st_size
     # json.loads held the whole text and a record, a sha256 dict, a sources list and 4 paths per shard
@@ -130,3 +131,24 @@ def test_megatron_ends_are_derived_again_when_the_index_is_rewritten_keeping_siz
         f.write(other.with_name("e.idx").read_bytes())
     os.utime(idx, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert open_dataset(prefix).document_ends.tolist() == [2, 5]
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 7, 64])
+def test_streamed_object_equals_json_loads_at_any_block_size(tmp_path, monkeypatch, block):
+    """Elements, numbers and separators cut by the end of a block read the same as json.loads reads them."""
+    monkeypatch.setattr(jsonstream, "BLOCK", block)
+    monkeypatch.setattr(jsonstream, "BATCH", 2)
+    value = {"a": 12345, "shards": [1234567, {"x": [1, 2.5, None]}, "s\u00e9\"q", [], 0, True, -7e3],
+             "z": {"shards": [9]}, "b": "end"}
+    for text in (json.dumps(value), json.dumps(value, indent=3), json.dumps({"shards": []}), '{"shards":[1] }\n'):
+        path = tmp_path / "m.json"
+        path.write_text(text)
+        got = []
+        rest = jsonstream.read_object(path, "shards", got.extend)
+        expected = json.loads(text)
+        assert got == expected.pop("shards") and rest == expected
+    for bad in ('{"shards": [1,]}', '{"shards": [1] "x": 2}', '[1]', '{"shards": 1}', '{"a": 1}', '{"shards": []} x',
+                '{"shards": [], "shards": []}'):
+        path.write_text(bad)
+        with pytest.raises(ValueError):
+            jsonstream.read_object(path, "shards", got.extend)
