@@ -165,7 +165,6 @@ class ChatRenderer:
         self.special_tokens = dict(special_tokens)
         self._compiled = _compile(template.source, template.origin)
         self._closing: str | None = None
-        self.renders = 0  # how many times a conversation was rendered (the cost of locating spans)
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
         return "".join(self._generate(messages, add_generation_prompt))
@@ -183,7 +182,6 @@ class ChatRenderer:
     def _generate(self, messages, add_generation_prompt: bool):
         import jinja2
 
-        self.renders += 1
         try:
             yield from self._compiled.generate(messages=messages, tools=None, documents=None,
                                                add_generation_prompt=add_generation_prompt, **self.special_tokens)
