@@ -4,21 +4,32 @@ markers, checkpoint metadata, caches, metrics)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 from nanoset.errors import NanosetError
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary name in the same folder, fsync, then rename: old or new, never half."""
+    """Write to a temporary name in the same folder, fsync, then rename: old or new, never half. The name is
+    unique across the machines sharing a folder (a PID alone is not: two nodes' writers of one manifest
+    wrote into one file)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+            raise
+        tmp.unlink(missing_ok=True)
+        raise NanosetError(f"{path}: cannot write it ({e.strerror}); free some space (or fix the cause) and rerun "
+                           f"the same command") from None
     os.replace(tmp, path)
 
 

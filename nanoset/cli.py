@@ -34,7 +34,8 @@ def _env_int(name: str, default: int) -> int:
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Output dataset folder.")
 @click.option("--tokenizer", required=True, help="tokenizer.json, a folder holding one, or a locally cached hub name.")
-@click.option("--eos-token", default=None, help="EOS token to append when the tokenizer declares none.")
+@click.option("--eos-token", default=None,
+              help="The EOS token appended to every document (default: the tokenizer's own; this one wins).")
 @click.option("--text-column", default="text", show_default=True)
 @click.option("--workers", default=1, show_default=True, type=int, help="Worker processes.")
 @click.option("--max-tokens-per-shard", default=None, type=int, help="Start a new shard past this many tokens.")
@@ -73,7 +74,7 @@ def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: s
         chat=chat, chat_template=chat_template, messages_column=messages_column, prompt_column=prompt_column,
         completion_column=completion_column,
     ))
-    click.echo(summary.line())
+    click.echo("\n".join([summary.line(), *summary.details()]))
 
 
 @cli.command()
@@ -105,7 +106,8 @@ def verify(path: Path) -> None:
 @click.option("--tokenizer", default=None,
               help="The tokenizer the data was made with, recorded in the manifest (default: the name in the "
                    "datatrove metadata, or 'unknown').")
-@click.option("--eos-token", default=None, help="EOS token, when the tokenizer declares none.")
+@click.option("--eos-token", default=None,
+              help="The data's EOS token, recorded with --tokenizer (default: the tokenizer's own; this one wins).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 def convert(src: Path, output: Path, tokenizer: str | None, eos_token: str | None, overwrite: bool) -> None:
     """Convert SRC (a Megatron PREFIX, a folder of Megatron pairs, or a datatrove folder) into a Nanoset

@@ -6,13 +6,19 @@ bounded chunks, cast to the narrowest Nanoset dtype (uint16 when the vocabulary,
 largest id, allows); document ends and a datatrove folder's loss masks (``NAME.ds.loss``) are copied;
 checksums are computed while writing. The folder
 is built under a temporary name beside OUT and renamed into place: OUT is never half written.
+``--overwrite`` replaces only a dataset folder (one holding nothing but what ``tokenize`` and
+``convert`` write), the folder a symbolic link OUT points to in place; what a killed conversion
+left beside OUT (``.OUT.convert-HOST-PID``, ``.OUT.old-HOST-PID``) is removed by the next one.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
+import re
 import shutil
+import socket
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -30,11 +36,14 @@ from nanoset.format.spec import (
     TokenizerInfo,
     dtype_for_vocab,
     dtype_name,
+    is_dataset_entry,
     metadata_text,
     shard_files,
 )
 from nanoset.format.writer import write_manifest
 
+HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())
+LEFTOVER = re.compile(r"(convert|old)-(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)")  # after ".OUT."
 CHUNK = 1 << 22  # tokens (or document ends) per copy step: bounded memory whatever the shard size
 UINT32_LIMIT = 1 << 32
 
@@ -66,11 +75,25 @@ def _tokenizer_info(ds: NanosetReader, spec: str | None, eos_token: str | None, 
 
 
 def _check_output(src: Path, out: Path, overwrite: bool) -> None:
+    """OUT may be made, or replaced: it is missing or an empty folder, or with ``--overwrite`` a dataset
+    folder (nothing in it but what tokenize and convert write: never a home folder or a thesis)."""
     real_src, real_out = Path(os.path.realpath(src)), Path(os.path.realpath(out))
     if real_out == real_src or real_out in real_src.parents:
         raise NanosetError(f"{out}: holds the data being converted ({src}); choose another output folder")
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise NanosetError(f"{out}: is a file, not a folder; choose another output folder")
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return
+    if not overwrite:
         raise NanosetError(f"{out}: exists; pass --overwrite to replace it, or choose another output folder")
+    others = [name for name in entries if not is_dataset_entry(out / name)]
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise NanosetError(f"{out}: holds files that are not a dataset's ({shown}); --overwrite replaces only a "
+                           f"dataset folder: choose another output folder")
 
 
 def _copy_loss(shard: ShardReader, path: Path, h: Any) -> int:
@@ -128,18 +151,35 @@ def _copy_shard(shard: ShardReader, folder: Path, dtype: np.dtype, tok: Tokenize
     return info, eos_ok
 
 
-def _publish(tmp: Path, out: Path) -> None:
-    """Rename the finished folder to ``out``; an old ``out`` is moved aside first and removed after."""
+def _publish(tmp: Path, out: Path, old: Path) -> None:
+    """Rename the finished folder to ``out`` (a real folder: a link to it is resolved first); an old ``out``
+    is moved aside to ``old`` first and removed after."""
     if not out.exists():
         os.rename(tmp, out)
         return
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
     os.rename(out, old)
     os.rename(tmp, out)
-    if old.is_dir():
-        shutil.rmtree(old)
-    else:
-        old.unlink()
+    shutil.rmtree(old)
+
+
+def _leftovers(out: Path) -> list[Path]:
+    """What conversions into ``out`` that were killed on this machine left beside it (their process is gone)."""
+    found = []
+    for p in out.parent.glob(f".{glob.escape(out.name)}.*-*"):
+        m = LEFTOVER.fullmatch(p.name[len(out.name) + 2 :])
+        if m and m["host"] == HOST and not _alive(int(m["pid"])):
+            found.append(p)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def convert(src: str | Path, out: str | Path, tokenizer: str | None = None, eos_token: str | None = None,
@@ -159,14 +199,18 @@ def convert(src: str | Path, out: str | Path, tokenizer: str | None = None, eos_
     shards = [s for s in ds.shards if s.num_documents]
     if not shards:
         raise NanosetError(f"{src}: holds no documents; nothing to convert")
-    tmp = fresh_folder_beside(out, f".{out.name}.convert-{os.getpid()}")
+    out = Path(os.path.realpath(out)) if out.is_symlink() else out  # replace the folder the link points to
+    for left in _leftovers(out):
+        shutil.rmtree(left, ignore_errors=True)
+    tag = f"{HOST}-{os.getpid()}"
+    tmp = fresh_folder_beside(out, f".{out.name}.convert-{tag}")
     try:
         copied = [_copy_shard(s, tmp, dtype, tok) for s in shards]
         eos_ok = all(ok for _, ok in copied) if tok.eos_id is not None else None
         build = {"converted_from": ds.format, "source": str(src), "documents_end_with_eos": eos_ok}
         write_manifest(tmp, Manifest(tokenizer=tok, dtype=dtype_name(dtype), shards=[s for s, _ in copied],
                                      build=build, loss_masks=ds.has_loss_masks))
-        _publish(tmp, out)
+        _publish(tmp, out, out.with_name(f".{out.name}.old-{tag}"))
     except OSError as e:  # e.g. the disk filled up: nothing of OUT is left half written
         shutil.rmtree(tmp, ignore_errors=True)
         raise NanosetError(f"{out}: writing the converted dataset failed ({e})") from None

@@ -12,18 +12,19 @@ import numpy as np
 from nanoset.errors import NanosetError
 from nanoset.format.open import open_dataset
 from nanoset.format.reader import NanosetReader
-from nanoset.format.spec import TokenizerInfo
+from nanoset.format.spec import LOSS_MASK_RULES, SKIPPED_NAME, UNRECORDED, TokenizerInfo
 
 SAMPLE_CHARS = 400
+CUT = "…"  # ends a sample cut at SAMPLE_CHARS
 OPEN, CLOSE = "[[", "]]"
 CHUNK = 1 << 24
 
 
 def count_loss_tokens(ds: NanosetReader) -> int:
     """Tokens with loss 1: from the manifest when it records them per shard, else counted (a full read)."""
-    recorded = [s.loss_tokens for s in ds.manifest.shards] if ds.manifest is not None else [None]
-    if None not in recorded:
-        return int(sum(recorded))
+    recorded = ds.manifest.table.loss_tokens if ds.manifest is not None else None
+    if recorded is not None and not (recorded == UNRECORDED).any():
+        return int(recorded.sum())
     total = 0
     for shard in ds.shards:
         for start in range(0, shard.num_tokens, CHUNK):
@@ -43,12 +44,18 @@ def mark_trained(decoder, ids: list[int], loss: np.ndarray) -> str:
     return "".join(out)
 
 
+def truncate(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, ending with "…" when it was cut."""
+    return text if len(text) <= limit else text[:limit] + CUT
+
+
 def truncate_marked(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters, closing a trained span the cut leaves open."""
+    """``text`` cut to ``limit`` characters, closing a trained span the cut leaves open, ending with "…"
+    when it was cut."""
     if len(text) <= limit:
         return text
     cut = text[:limit]
-    return cut + CLOSE if cut.rfind(OPEN) > cut.rfind(CLOSE) else cut
+    return (cut + CLOSE if cut.rfind(OPEN) > cut.rfind(CLOSE) else cut) + CUT
 
 
 def _length_stats(lengths: np.ndarray) -> dict[str, float]:
@@ -64,26 +71,43 @@ def _histogram(lengths: np.ndarray) -> list[dict[str, int]]:
     return [{"lo": 1 << k, "hi": (1 << (k + 1)) - 1, "count": int(c)} for k, c in enumerate(counts) if c]
 
 
-def _decoder(given: str | None, recorded: TokenizerInfo | None) -> tuple[Any, str | None]:
-    """The tokenizer to decode samples with, or None and why not: ``--tokenizer`` (an error if it cannot be
-    loaded), else the one the dataset records if it is still there unchanged (another file at its path
-    would decode the ids into the wrong text)."""
+def _decoder(given: str | None, recorded: TokenizerInfo | None, max_id: int) -> tuple[Any, str | None, str | None]:
+    """The tokenizer to decode samples with, or None and why not, and a warning when ``--tokenizer`` is not
+    the dataset's: ``--tokenizer`` (an error if it cannot be loaded), else the one the dataset records if it is
+    still there unchanged (another file at its path would decode the ids into the wrong text)."""
     from nanoset.tokenize.tokenizer import find_tokenizer_file, load_tokenizer
 
     if given is not None:
-        return load_tokenizer(find_tokenizer_file(given)), None
+        path = find_tokenizer_file(given)
+        tok = load_tokenizer(path)
+        return tok, None, _other_vocabulary(given, tok.get_vocab_size(with_added_tokens=True), path, recorded, max_id)
     if recorded is None:
-        return None, "tokenizer unknown: pass --tokenizer to decode"
+        return None, "tokenizer unknown: pass --tokenizer to decode", None
     try:
         path = find_tokenizer_file(recorded.path or recorded.name)
     except NanosetError:
-        return None, "tokenizer not found: pass --tokenizer to decode"
+        return None, "tokenizer not found: pass --tokenizer to decode", None
     if recorded.sha256 and hashlib.sha256(path.read_bytes()).hexdigest() != recorded.sha256:
-        return None, f"{path} is not the tokenizer the data was made with (sha256 differs): pass --tokenizer to decode"
+        return None, (f"{path} is not the tokenizer the data was made with (sha256 differs): pass --tokenizer to "
+                      f"decode"), None
     try:
-        return load_tokenizer(path), None
+        return load_tokenizer(path), None, None
     except NanosetError:
-        return None, f"{path} cannot be loaded: pass --tokenizer to decode"
+        return None, f"{path} cannot be loaded: pass --tokenizer to decode", None
+
+
+def _other_vocabulary(given: str, vocab: int, path: Path, recorded: TokenizerInfo | None, max_id: int) -> str | None:
+    """Why ``--tokenizer`` may decode the ids into the wrong text, if it may: ids past its vocabulary, another
+    vocabulary size or another tokenizer file than the dataset records."""
+    if max_id >= vocab:
+        return (f"--tokenizer {given} has {vocab:,} ids, but the data holds id {max_id:,}: it is not the tokenizer "
+                f"the data was made with, the samples are garbage")
+    if recorded is not None and recorded.vocab_size is not None and recorded.vocab_size != vocab:
+        return (f"--tokenizer {given} has {vocab:,} ids, the data's tokenizer {recorded.vocab_size:,}: another "
+                f"vocabulary, the samples are likely garbage")
+    if recorded is not None and recorded.sha256 and hashlib.sha256(path.read_bytes()).hexdigest() != recorded.sha256:
+        return f"--tokenizer {given} is not the tokenizer file the data was made with (sha256 differs)"
+    return None
 
 
 def _document_lengths(ds) -> np.ndarray:
@@ -108,7 +132,7 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
     lengths = _document_lengths(ds)
     max_id = ds.max_token_id
     tok_info = ds.tokenizer
-    decoder, undecoded = _decoder(tokenizer, tok_info)
+    decoder, undecoded, decoder_warning = _decoder(tokenizer, tok_info, max_id)
     count = min(samples, ds.num_documents)  # --samples 1000000000 allocated that many positions
     picks = sorted(set(np.linspace(0, ds.num_documents - 1, count).round().astype(int).tolist())) if count else []
     sample_docs = []
@@ -117,7 +141,7 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
         entry: dict[str, Any] = {"document": i, "num_tokens": len(ids)}
         loss = ds.loss_mask(*ds.document_bounds(i))
         if decoder is not None:
-            entry["text"] = decoder.decode(ids, skip_special_tokens=False)[:SAMPLE_CHARS]
+            entry["text"] = truncate(decoder.decode(ids, skip_special_tokens=False), SAMPLE_CHARS)
             if loss is not None:
                 entry["marked"] = truncate_marked(mark_trained(decoder, ids, loss), SAMPLE_CHARS)
         else:
@@ -143,6 +167,9 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
         "skipped_lines": ds.manifest.skipped_lines if ds.manifest else None,
         "loss_tokens": loss_tokens,
         "loss_share": round(loss_tokens / ds.num_tokens, 4) if loss_tokens is not None and ds.num_tokens else None,
+        "loss_mask_rule": ds.manifest.loss_mask_rule if ds.manifest is not None and ds.has_loss_masks else None,
+        "skipped_examples": list(ds.manifest.skipped_examples) if ds.manifest else [],
+        "decoder_warning": decoder_warning,
         "document_length": _length_stats(lengths) if len(lengths) else None,
         "histogram": _histogram(lengths) if len(lengths) else [],
         "shards": [{"name": s.name, "num_tokens": s.num_tokens, "num_documents": s.num_documents,
@@ -163,13 +190,20 @@ def render_text(st: dict[str, Any]) -> str:
     out = [
         f"{st['path']}  ({st['format']})",
         f"  shards {st['num_shards']:,}   documents {st['num_documents']:,}   tokens {st['num_tokens']:,}",
-        f"  dtype {st['dtype']}   tokenizer {st['tokenizer'] or 'unknown'}   " + _vocab_text(st),
+        f"  dtype {st['dtype']}   tokenizer {repr(st['tokenizer']) if st['tokenizer'] else 'unknown'}   "
+        + _vocab_text(st),
     ]
     if st["skipped_lines"]:
-        out.append(f"  skipped bad lines while tokenizing: {st['skipped_lines']:,}")
+        out.append(f"  skipped bad lines while tokenizing: {st['skipped_lines']:,}"
+                   + (f" (all of them in {Path(st['path']) / SKIPPED_NAME}); the first:" if st["skipped_examples"]
+                      else ""))
+        out.extend(f"    {line}" for line in st["skipped_examples"])
     if st.get("loss_tokens") is not None:
         out.append(f"  loss masks: {st['loss_tokens']:,} of {st['num_tokens']:,} tokens trained on "
                    f"({100 * st['loss_share']:.1f}%); samples mark them [[...]]")
+        rule = st.get("loss_mask_rule")
+        out.append(f"  loss-mask rule {rule}: {LOSS_MASK_RULES.get(rule, 'unknown to this nanoset')}" if rule
+                   else "  loss-mask rule: not recorded (masks not made by nanoset tokenize --chat)")
     if st["document_length"]:
         dl = st["document_length"]
         out.append("  document length (tokens): " + "  ".join(f"{k} {dl[k]:,}" for k in
@@ -183,6 +217,8 @@ def render_text(st: dict[str, Any]) -> str:
         out.append(f"  {s['name']:<28} {s['num_documents']:>11,} {s['num_tokens']:>15,} {s['bytes']:>12,}")
     if len(st["shards"]) > 50:
         out.append(f"  ... {len(st['shards']) - 50} more shards (see --json)")
+    if st.get("decoder_warning"):
+        out.append(f"  warning: {st['decoder_warning']}")
     for smp in st["samples"]:
         body = smp.get("marked", smp.get("text", f"ids {smp.get('ids')} ({smp.get('undecoded')})"))
         trained = f", {smp['loss_tokens']} with loss" if "loss_tokens" in smp else ""

@@ -2,8 +2,10 @@
 
 Nanoset manifests record it per shard. A datatrove folder (or a manifest older than that field)
 does not: its shards are scanned once and the result recorded in a small JSON file keyed by the
-token files' names, sizes and modification times, so an unchanged folder is never rescanned and
-a changed one always is. The record lives in the user's cache (``$NANOSET_CACHE_DIR``, else
+token files' names, sizes, modification and status-change times and inode numbers, so an unchanged
+folder is never rescanned and a changed one always is (a file rewritten with its size and
+modification time kept, as ``cp -p`` or ``rsync -a`` do, still has a new inode or status-change
+time, which no tool sets back). The record lives in the user's cache (``$NANOSET_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/nanoset``, else ``~/.cache/nanoset``) because dataset folders are often
 read-only; when that is not writable either, the scan is simply not recorded.
 """
@@ -21,6 +23,7 @@ import numpy as np
 
 from nanoset.atomic import atomic_write_text
 from nanoset.errors import NanosetError
+from nanoset.format.spec import UNRECORDED
 
 SCAN_CHUNK = 1 << 24  # tokens per max() call: bounded memory whatever the shard size
 
@@ -60,19 +63,26 @@ def _load(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def file_stamp(path: Path) -> list[int]:
+    """What tells a file's content changed without reading it: size, modification and status-change times,
+    inode number."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
 def dataset_max_token_id(reader: Any) -> int:
     """The largest id of a ``NanosetReader``'s data: from the manifest, else a recorded or new scan."""
     shards = reader.shards
-    recorded = [s.max_token_id for s in reader.manifest.shards] if reader.manifest else [None] * len(shards)
-    unknown = [i for i, v in enumerate(recorded) if v is None]
-    known = [v for v in recorded if v is not None]
+    if reader.manifest is not None:
+        recorded = reader.manifest.table.max_token_id
+        unknown = np.flatnonzero(recorded == UNRECORDED).tolist()
+        known = recorded[recorded != UNRECORDED].tolist()
+    else:
+        unknown, known = list(range(len(shards))), []
     if not unknown:
         return max(known, default=-1)
     folder = Path(reader.folder).resolve()
-    files = []
-    for i in unknown:
-        st = shards[i].tokens_path.stat()
-        files.append([shards[i].name, st.st_size, st.st_mtime_ns])
+    files = [[shards[i].name, *file_stamp(shards[i].tokens_path)] for i in unknown]
     path = _record_path(folder)
     saved = _load(path)
     if saved and saved.get("folder") == str(folder) and saved.get("files") == files:

@@ -8,8 +8,9 @@ is the ``.bin`` file itself, mapped with its dtype: nothing is copied.
 
 Our readers need each document's cumulative token end. Megatron stores sequence boundaries, so
 the ends are derived once from the pointers (in bounded chunks, checking every pointer and index
-on the way) and kept in a small file in the user's cache, keyed by the ``.idx`` file's path, size
-and modification time; dataset folders are often read-only. Documents without tokens are dropped
+on the way) and kept in a small file in the user's cache, keyed by the ``.idx`` file's path, size,
+modification and status-change times and inode (``maxid.file_stamp``); dataset folders are often
+read-only. Documents without tokens are dropped
 from the ends: they add nothing to the stream. The tokenizer is unknown, as for datatrove folders,
 and Megatron data need not end its documents with EOS, so nothing checks for one.
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.errors import NanosetError
-from nanoset.format.maxid import cache_dir
+from nanoset.format.maxid import cache_dir, file_stamp
 from nanoset.format.reader import NanosetReader, ShardReader
 from nanoset.format.spec import INDEX_DTYPE, MANIFEST_NAME, TOKENS_SUFFIX
 
@@ -170,8 +171,7 @@ def iter_document_ends(index: MegatronIndex, bin_size: int) -> Iterator[np.ndarr
 
 
 def _cache_file(index_path: Path) -> Path:
-    st = index_path.stat()
-    key = f"{index_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    key = "|".join(map(str, [index_path.resolve(), *file_stamp(index_path)]))
     return cache_dir() / "megatron-ends" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".ends")
 
 

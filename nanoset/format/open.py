@@ -10,35 +10,33 @@ from pathlib import Path
 from nanoset.errors import NanosetError
 from nanoset.format.datatrove import open_datatrove
 from nanoset.format.megatron import megatron_prefixes, open_megatron
-from nanoset.format.reader import NanosetReader, ShardReader
-from nanoset.format.spec import MANIFEST_NAME, Manifest, TokenizerInfo, dtype_from_name, work_progress
+from nanoset.format.reader import NanosetReader, ShardList
+from nanoset.format.spec import MANIFEST_NAME, Manifest, dtype_from_name, work_progress
 
 
 def open_dataset(path: str | Path) -> NanosetReader:
     """Open a Nanoset folder (with ``nanoset.json``), a plain datatrove folder of ``*.ds`` shards, or a
     Megatron dataset (a ``PREFIX`` of ``PREFIX.bin`` + ``PREFIX.idx``, or a folder of such pairs)."""
     folder = Path(path)
+    if (folder / MANIFEST_NAME).is_file():  # what the manifest lists is the dataset: no listing of the folder
+        manifest = Manifest.load(folder)
+        shards = ShardList(folder, manifest.table, dtype_from_name(manifest.dtype), manifest.loss_masks)
+        if not len(shards):
+            raise NanosetError(f"{folder}: the dataset has no shards")
+        shards.check_sizes()
+        return NanosetReader(folder, shards, manifest.tokenizer, manifest)
     prefixes = megatron_prefixes(folder)
     if prefixes is not None:
         return open_megatron(folder, prefixes)
     if not folder.is_dir():
         raise NanosetError(f"{folder}: no such dataset folder (create it with `nanoset tokenize ... -o {folder}`)")
-    if not (folder / MANIFEST_NAME).is_file():
-        _refuse_unfinished(folder)
-    if (folder / MANIFEST_NAME).is_file():
-        manifest = Manifest.load(folder)
-        dtype = dtype_from_name(manifest.dtype)
-        shards = [ShardReader(folder, s.name, dtype, s.num_tokens, s.num_documents, has_loss=manifest.loss_masks)
-                  for s in manifest.shards]
-        tokenizer: TokenizerInfo | None = manifest.tokenizer
-    else:
-        manifest = None
-        shards, tokenizer = open_datatrove(folder)
-    if not shards:
+    _refuse_unfinished(folder)
+    readers, tokenizer = open_datatrove(folder)
+    if not readers:
         raise NanosetError(f"{folder}: the dataset has no shards")
-    for shard in shards:
+    for shard in readers:
         shard.check_sizes()
-    return NanosetReader(folder, shards, tokenizer, manifest)
+    return NanosetReader(folder, readers, tokenizer, None)
 
 
 def _refuse_unfinished(folder: Path) -> None:

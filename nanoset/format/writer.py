@@ -9,6 +9,7 @@ final name, so a crash never leaves a partial shard that looks complete. A write
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections.abc import Sequence
@@ -30,6 +31,15 @@ from nanoset.format.spec import (
     shard_files,
 )
 
+# errors of writing to a file that is open: the machine's, and the OSError names no file
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
+def write_error(path: Path, error: OSError) -> NanosetError:
+    """The one line for a write that failed (a full disk): which file, and what to do."""
+    return NanosetError(f"{path}: cannot write it ({error.strerror or error}); free some space (or fix the cause) "
+                        f"and rerun the same command: finished work is kept")
+
 
 class _HashedFile:
     """A binary file opened for writing that hashes what passes through it."""
@@ -41,15 +51,34 @@ class _HashedFile:
 
     def write(self, data: bytes | memoryview) -> None:
         self.hash.update(data)
-        self.file.write(data)
+        try:
+            self.file.write(data)
+        except OSError as e:
+            if e.errno not in WRITE_ERRNOS:
+                raise
+            raise write_error(self.path, e) from None
 
     def close(self, sync: bool) -> None:
         if self.file.closed:
             return
-        self.file.flush()
-        if sync:
-            os.fsync(self.file.fileno())
+        try:
+            self.file.flush()
+            if sync:
+                os.fsync(self.file.fileno())
+        except OSError as e:
+            self._drop()
+            if not sync:  # an abort: the file is discarded, whatever went wrong
+                return
+            if e.errno in WRITE_ERRNOS:
+                raise write_error(self.path, e) from None
+            raise
         self.file.close()
+
+    def _drop(self) -> None:
+        try:
+            self.file.close()
+        except OSError:
+            pass
 
 
 class ShardWriter:
@@ -128,10 +157,9 @@ class ShardWriter:
         if self._loss is not None:
             self._loss.close(sync=True)
         meta = metadata_text(self.tokenizer_name, self.dtype.itemsize, self.num_tokens).encode("utf-8")
-        with open(self._tmp["metadata"], "wb") as f:
-            f.write(meta)
-            f.flush()
-            os.fsync(f.fileno())
+        meta_file = _HashedFile(self._tmp["metadata"])
+        meta_file.write(meta)
+        meta_file.close(sync=True)
         for role in self._final:  # the loss mask (if any) before the metadata, which is renamed last
             if role != "metadata":
                 os.replace(self._tmp[role], self._final[role])

@@ -4,7 +4,9 @@ A row holds a ``messages`` list of ``{role, content}`` (roles system, user, assi
 ``prompt`` and a ``completion`` (one user turn, one assistant turn). The template renders it
 (``nanoset.tokenize.chat_template``), the rendered text is encoded as ``transformers`` encodes a chat
 (``add_special_tokens=False``: a BOS the template writes is not doubled), and each token gets
-``1`` when the first character it covers lies in an assistant span, else ``0``.
+``1`` when any character it covers lies in an assistant span, else ``0`` (``transformers`` ≥ 5's
+``return_assistant_tokens_mask`` rule: the token that merges a template's space with the answer's
+first word is the answer's first token, and is trained).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from nanoset.tokenize.chat_template import ChatRenderer, ChatRenderError
 from nanoset.tokenize.rows import TextReader
 
 ROLES = ("system", "user", "assistant")
+# The rule this code turns conversations into ids and masks with (``nanoset.format.spec.LOSS_MASK_RULES`` says
+# what each means), recorded in chat plans and manifests: a job resumed after a change of rule starts afresh
+# instead of mixing shards of two rules, and ``inspect`` says which rule made a dataset.
+MASK_RULE = 2
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -85,8 +91,9 @@ def conversation_from_row(row: dict, columns: ChatColumns, where: str = "row") -
 class ChatReader(TextReader):
     """Yields the rendered conversations of one piece in batches; bad rows name their file and line."""
 
-    def __init__(self, piece, columns: ChatColumns, renderer: ChatRenderer, skip_bad: bool) -> None:
-        super().__init__(piece, columns.messages, skip_bad)
+    def __init__(self, piece, columns: ChatColumns, renderer: ChatRenderer, skip_bad: bool,
+                 on_skip: Callable[[str], None] | None = None) -> None:
+        super().__init__(piece, columns.messages, skip_bad, on_skip)
         self.columns = columns
         self.renderer = renderer
 
@@ -135,16 +142,16 @@ class ChatReader(TextReader):
 
 
 def token_loss_mask(offsets: np.ndarray, spans: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> np.ndarray:
-    """1 for each token whose first character (``offsets[:, 0]``) lies in one of the sorted, disjoint
-    character ``spans`` ``[start, end)``, else 0: a token straddling a span's edge goes with the side
-    holding its first character."""
-    starts = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
+    """1 for each token whose characters ``[offsets[:, 0], offsets[:, 1])`` overlap one of the sorted,
+    disjoint character ``spans`` ``[start, end)``, else 0: a token straddling a span's edge is trained (an
+    empty token counts when it sits strictly inside a span), as transformers' assistant mask does."""
+    pairs = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
     if not len(spans):
-        return np.zeros(len(starts), dtype=np.uint8)
+        return np.zeros(len(pairs), dtype=np.uint8)
     s = np.array([a for a, _ in spans], dtype=np.int64)
     e = np.array([b for _, b in spans], dtype=np.int64)
-    k = np.searchsorted(s, starts, side="right") - 1
-    inside = (k >= 0) & (starts < e[np.maximum(k, 0)])
+    k = np.searchsorted(e, pairs[:, 0], side="right")  # the first span that ends after the token starts
+    inside = (k < len(e)) & (pairs[:, 1] > s[np.minimum(k, len(s) - 1)])
     return inside.astype(np.uint8)
 
 

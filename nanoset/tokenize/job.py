@@ -12,23 +12,24 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from nanoset.errors import NanosetError
-from nanoset.format.spec import Manifest, dtype_for_vocab, dtype_name
+from nanoset.format.spec import SKIPPED_EXAMPLES, SKIPPED_NAME, Manifest, dtype_for_vocab, dtype_name
 from nanoset.format.writer import ShardWriter, write_manifest
-from nanoset.tokenize.chat import ChatColumns, ChatReader, encode_chats
+from nanoset.tokenize.chat import MASK_RULE, ChatColumns, ChatReader, encode_chats
 from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate, load_chat_template, special_token_strings
 from nanoset.tokenize.inputs import Piece, discover
 from nanoset.tokenize.rows import TextReader
 from nanoset.tokenize.taskpool import TaskPool, WorkerDied
 from nanoset.tokenize.tasks import OutputFolder, Plan, Task, TaskResult, make_plan
-from nanoset.tokenize.tokenizer import ResolvedTokenizer, load_tokenizer, resolve_tokenizer
+from nanoset.tokenize.tokenizer import ResolvedTokenizer, load_tokenizer, registered_tokens, resolve_tokenizer
 
 
 @dataclass
@@ -55,6 +56,7 @@ class TokenizeOptions:
 
 
 FAULT_ENV = "NANOSET_FAULT_KILL_TASK"  # fault injection for tests: a worker SIGKILLs itself on this task
+PROGRESS_SECONDS = 30.0  # between progress lines when stderr is not a terminal
 
 
 @dataclass
@@ -69,14 +71,23 @@ class TokenizeSummary:
     shards: int
     skipped_lines: int
     seconds: float
+    skipped_examples: list[str] = field(default_factory=list)
+    tokens_run: int = 0  # tokens of the tasks this run tokenized (the rate counts these, not resumed ones)
+
+    def details(self) -> list[str]:
+        """Lines after the summary: the first rows skipped, and where the full list is."""
+        if not self.skipped_examples:
+            return []
+        return ([f"  the first rows skipped (all {self.skipped_lines:,} in {self.output / SKIPPED_NAME}):"]
+                + [f"    {e}" for e in self.skipped_examples])
 
     def line(self) -> str:
-        rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        rate = self.tokens_run / self.seconds if self.seconds > 0 else 0.0
         state = "complete" if self.complete else "partial: other task indices still to run"
         return (
             f"{self.output}: {self.documents:,} documents, {self.tokens:,} tokens in {self.shards} shards; "
             f"ran {self.tasks_run} of {self.num_tasks} tasks ({self.tasks_resumed} already done) "
-            f"in {self.seconds:.1f}s, {rate:,.0f} tokens/s; skipped {self.skipped_lines} bad lines; {state}"
+            f"in {self.seconds:.1f}s, {rate:,.0f} tokens/s tokenized; skipped {self.skipped_lines} bad lines; {state}"
         )
 
 
@@ -141,6 +152,34 @@ def _write_split(writers: list[ShardWriter], new_writer, flat: np.ndarray, lengt
         i, base = i + k, stop
 
 
+class SkipLog:
+    """The rows a task skipped: all of them in its list in the work folder (renamed into place when the task
+    is done), the first few kept for the manifest."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        self.examples: list[str] = []
+        self._file = None
+
+    def __call__(self, message: str) -> None:
+        if len(self.examples) < SKIPPED_EXAMPLES:
+            self.examples.append(message)
+        if self._file is None:
+            self._file = open(self.tmp, "w", encoding="utf-8")
+        self._file.write(message.replace("\n", " ") + "\n")
+
+    def publish(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self.tmp.unlink(missing_ok=True)
+
+
 def run_task(task: Task, out: str, prefix: str) -> TaskResult:
     """Tokenize one task into shards ``PREFIX_00000...`` (called in a worker process)."""
     if os.environ.get(FAULT_ENV) == str(task.index):
@@ -158,13 +197,14 @@ def run_task(task: Task, out: str, prefix: str) -> TaskResult:
     writers.append(new_writer())
     sources: dict[str, list[dict]] = {}  # shard name -> the pieces its documents came from
     skipped = 0
+    log = SkipLog(OutputFolder(Path(out)).skipped_log(task.index))
     try:
         for piece in task.pieces:
             if chat:
                 reader: TextReader = ChatReader(piece, ChatColumns(**chat["columns"]), _worker["renderer"],
-                                                cfg["skip_bad_lines"])
+                                                cfg["skip_bad_lines"], log)
             else:
-                reader = TextReader(piece, cfg["text_column"], cfg["skip_bad_lines"])
+                reader = TextReader(piece, cfg["text_column"], cfg["skip_bad_lines"], log)
             for texts in reader.batches():
                 if chat:
                     flat, loss, lengths = encode_chats(tok, texts, cfg["eos_id"])
@@ -181,8 +221,11 @@ def run_task(task: Task, out: str, prefix: str) -> TaskResult:
                 with tokens_counter.get_lock():
                     tokens_counter.value += len(flat)
             skipped += reader.skipped
-        return TaskResult([w.finalize(sources[w.name]) for w in writers if w.num_documents > 0], skipped)
+        shards = [w.finalize(sources[w.name]) for w in writers if w.num_documents > 0]
+        log.publish()
+        return TaskResult(shards, skipped, log.examples)
     finally:
+        log.abort()
         for w in writers:
             if not w.finalized:
                 w.abort()
@@ -247,10 +290,12 @@ def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: dict |
         "max_tokens_per_shard": opts.max_tokens_per_shard,
         "skip_bad_lines": opts.skip_bad_lines,
     }
+    if registered := registered_tokens(tokenizer.path):  # they change the ids; none: plain plans keep their bytes
+        options["registered_tokens"] = registered
     if chat is not None:  # only chat plans carry the key: plain plans (and manifests) keep their bytes
         del options["text_column"]
         options["chat"] = {"template_sha256": chat["template_sha256"], "special_tokens": chat["special_tokens"],
-                           **{f"{k}_column": v for k, v in chat["columns"].items()}}
+                           "mask_rule": MASK_RULE, **{f"{k}_column": v for k, v in chat["columns"].items()}}
     sources = discover(opts.inputs, exclude=opts.output)
     if opts.splits is not None:
         sources = [s for s in sources if s.split is None or s.split in opts.splits]
@@ -277,8 +322,11 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
     chat = chat_config(opts, tokenizer)
     plan = build_plan(opts, tokenizer, chat)
     folder = OutputFolder(opts.output)
-    if folder.prepare(plan, opts.overwrite):
-        return _summary(opts, plan, folder.completed_manifest(), 0, len(plan.tasks), True, t0)
+    complete = folder.prepare(plan, opts.overwrite)
+    for note in folder.notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    if complete:
+        return _summary(opts, plan, folder.completed_manifest(), [], len(plan.tasks), True, t0)
 
     itemsize = np.dtype(plan.build["dtype"]).itemsize
     mine = [t for t in plan.tasks if t.index % opts.num_tasks == opts.task_index]
@@ -294,7 +342,7 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         "chat": chat,
     }
     try:
-        _run_tasks(todo, plan, folder, tokenizer, config, opts)
+        ran = _run_tasks(todo, plan, folder, tokenizer, config, opts)
     except WorkerDied as e:
         raise NanosetError(
             f"task {e.task.index} ({describe_task(e.task)}): its worker process {e.cause()}; the tasks finished "
@@ -315,16 +363,19 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         finished = folder.completed_manifest()
         if finished is not None and finished.build == plan.build:  # another machine finished it meanwhile
             folder.finish()
-            return _summary(opts, plan, finished, len(todo), len(mine) - len(todo), True, t0)
+            return _summary(opts, plan, finished, ran, len(mine) - len(todo), True, t0)
         # other --task-index runs have work left
         partial = Manifest(tokenizer.info, plan.build["dtype"],
                            [s for t in mine if results[t.index] is not None for s in results[t.index].shards],
                            loss_masks=chat is not None)
-        return _summary(opts, plan, partial, len(todo), len(mine) - len(todo), False, t0)
+        return _summary(opts, plan, partial, ran, len(mine) - len(todo), False, t0)
     manifest = Manifest(tokenizer=tokenizer.info, dtype=plan.build["dtype"],
                         shards=[s for r in results for s in r.shards], build=plan.build,
-                        skipped_lines=sum(r.skipped_lines for r in results), loss_masks=chat is not None,
-                        chat_template_sha256=chat["template_sha256"] if chat else None)
+                        skipped_lines=sum(r.skipped_lines for r in results),
+                        skipped_examples=[e for r in results for e in r.skipped_examples][:SKIPPED_EXAMPLES],
+                        loss_masks=chat is not None,
+                        chat_template_sha256=chat["template_sha256"] if chat else None,
+                        loss_mask_rule=MASK_RULE if chat else None)
     if manifest.num_documents == 0 and manifest.skipped_lines:
         raise NanosetError(f"{', '.join(opts.inputs)}: all {manifest.skipped_lines:,} rows were bad and skipped "
                            f"(--skip-bad-lines); nothing to tokenize: rerun with --overwrite and without "
@@ -332,27 +383,51 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
     if manifest.num_documents == 0:
         raise NanosetError(f"{', '.join(opts.inputs)}: no documents found in the input; nothing to tokenize")
     try:
+        folder.write_skipped_list(plan.tasks, results)
         write_manifest(opts.output, manifest)
     except FileNotFoundError:  # another machine finished at the same time and removed our temporary file
         finished = folder.completed_manifest()
         if finished is None or finished.build != plan.build:
             raise
     folder.finish()
-    return _summary(opts, plan, manifest, len(todo), len(mine) - len(todo), True, t0)
+    return _summary(opts, plan, manifest, ran, len(mine) - len(todo), True, t0)
 
 
-def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: int, resumed: int,
+def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: list[TaskResult], resumed: int,
              complete: bool, t0: float) -> TokenizeSummary:
     return TokenizeSummary(
-        output=opts.output, complete=complete, num_tasks=len(plan.tasks), tasks_run=ran, tasks_resumed=resumed,
+        output=opts.output, complete=complete, num_tasks=len(plan.tasks), tasks_run=len(ran), tasks_resumed=resumed,
+        tokens_run=sum(s.num_tokens for r in ran for s in r.shards),
         documents=manifest.num_documents, tokens=manifest.num_tokens, shards=len(manifest.shards),
         skipped_lines=manifest.skipped_lines, seconds=time.perf_counter() - t0,
+        skipped_examples=list(manifest.skipped_examples) if complete else [],
     )
 
 
+class ProgressLog:
+    """Progress as a line on stderr every ``$NANOSET_PROGRESS_SECONDS`` (default 30) seconds, for a stderr that
+    is no terminal (a batch system's log), where a progress bar would write nothing or a mess of redraws; the
+    summary line ends the run."""
+
+    def __init__(self, output: Path, total: int) -> None:
+        self.output, self.total = output, total
+        self.interval = float(os.environ.get("NANOSET_PROGRESS_SECONDS") or PROGRESS_SECONDS)
+        self.start = self.last = time.perf_counter()
+
+    def update(self, done: int, documents: int, tokens: int) -> None:
+        now = time.perf_counter()
+        if now - self.last < self.interval:
+            return
+        self.last = now
+        elapsed = now - self.start
+        print(f"{self.output}: {done} of {self.total} tasks, {documents:,} documents, {tokens:,} tokens, "
+              f"{tokens / max(elapsed, 1e-9):,.0f} tokens/s, {elapsed:.0f}s", file=sys.stderr, flush=True)
+
+
 def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: ResolvedTokenizer,
-               config: dict, opts: TokenizeOptions) -> None:
-    """Run tasks in a process pool (or inline for one worker), with a progress bar on a terminal."""
+               config: dict, opts: TokenizeOptions) -> list[TaskResult]:
+    """Run tasks in a process pool (or inline for one worker), with a progress bar on a terminal (else a line
+    now and then); returns their results."""
     from tqdm import tqdm
 
     ctx = mp.get_context("spawn")
@@ -360,15 +435,21 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
     workers = min(opts.workers, max(1, len(todo)))
     folder.remove_partials([task.shard_prefix(plan.width) for task in todo])
     initargs = (str(tokenizer.path), config, counters, workers > 1)
-    bar = tqdm(total=len(todo), unit="task", disable=not opts.progress or None, dynamic_ncols=True)
+    terminal = sys.stderr.isatty()
+    bar = tqdm(total=len(todo), unit="task", disable=not (opts.progress and terminal), dynamic_ncols=True)
+    log = ProgressLog(opts.output, len(todo)) if opts.progress and not terminal else None
     start = time.perf_counter()
+    ran: list[TaskResult] = []
 
     def refresh() -> None:
         rate = counters[1].value / max(time.perf_counter() - start, 1e-9)
         bar.set_postfix_str(f"{counters[0].value:,} docs, {counters[1].value:,} tokens, {rate:,.0f} tok/s")
+        if log is not None:
+            log.update(len(ran), counters[0].value, counters[1].value)
 
     def record(task: Task, result: TaskResult) -> None:
         folder.mark_done(task, result)
+        ran.append(result)
         bar.update(1)
         refresh()
 
@@ -377,7 +458,7 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
             _init_worker(*initargs[:3], False)
             for task in todo:
                 record(task, run_task(task, str(folder.path), task.shard_prefix(plan.width)))
-            return
+            return ran
         pool = TaskPool(ctx, workers, _init_worker, initargs, run_task)
         try:
             for task, result in pool.run(todo, lambda t: (t, str(folder.path), t.shard_prefix(plan.width)), refresh):
@@ -386,3 +467,4 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
             pool.close()
     finally:
         bar.close()
+    return ran

@@ -97,10 +97,12 @@ class TextReader:
     The row-level hooks (``_value``, ``_table_columns``, ``_table_values``, ``_weight``) are what a reader of
     other values overrides (``nanoset.tokenize.chat.ChatReader``: conversations); the file handling stays here."""
 
-    def __init__(self, piece: Piece, text_column: str, skip_bad: bool) -> None:
+    def __init__(self, piece: Piece, text_column: str, skip_bad: bool,
+                 on_skip: Callable[[str], None] | None = None) -> None:
         self.piece = piece
         self.column = text_column
         self.skip_bad = skip_bad
+        self.on_skip = on_skip  # told each skipped row's "file:line: why" (the task's list of skipped rows)
         self.skipped = 0
         self._start = 0  # byte offset of the piece's first line
         self._lines_before: int | None = None  # lines of the file before it: counted when an error needs it
@@ -121,10 +123,12 @@ class TextReader:
     # --- helpers -------------------------------------------------------------------------------
 
     def _bad(self, message: Callable[[], str]) -> None:
-        """Raise the error ``message()`` names, or only count it: skipping never builds the message."""
+        """Raise the error ``message()`` names, or count it (and hand the message to ``on_skip``)."""
         if not self.skip_bad:
             raise NanosetError(message() + SKIP_HINT)
         self.skipped += 1
+        if self.on_skip is not None:
+            self.on_skip(message())
 
     @staticmethod
     def _weight(value: str) -> int:

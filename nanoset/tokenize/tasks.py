@@ -11,10 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanoset.atomic import atomic_write_text
@@ -23,12 +22,14 @@ from nanoset.format.spec import (
     INDEX_SUFFIX,
     LOSS_SUFFIX,
     MANIFEST_NAME,
-    METADATA_SUFFIX,
+    SKIPPED_NAME,
+    TASK_MARKER_GLOB,
     TOKENS_SUFFIX,
     WORK_DIR,
     WORK_PLAN,
     Manifest,
     ShardInfo,
+    is_dataset_file,
     task_marker_name,
 )
 from nanoset.tokenize.inputs import Piece, Source, split_source
@@ -104,9 +105,31 @@ class OutputFolder:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.work = self.path / WORK_DIR
+        self.notes: list[str] = []  # what prepare did that the user should hear of
 
     def marker(self, task: int) -> Path:
         return self.work / task_marker_name(task)
+
+    def skipped_log(self, task: int) -> Path:
+        """Where task ``task`` lists the rows it skipped (written beside its marker, under a temporary name until
+        the task is done)."""
+        return self.work / f"skipped-{task:06d}.txt"
+
+    def write_skipped_list(self, tasks: list[Task], results: list[TaskResult]) -> None:
+        """``SKIPPED_NAME``: every task's skipped rows, in task order (before the manifest; none when no row was
+        skipped)."""
+        path = self.path / SKIPPED_NAME
+        if not any(r.skipped_lines for r in results):
+            path.unlink(missing_ok=True)
+            return
+        parts = []
+        for task, result in zip(tasks, results):
+            log = self.skipped_log(task.index)
+            if result.skipped_lines:
+                parts.append(log.read_text(encoding="utf-8") if log.is_file() else
+                             f"task {task.index}: {result.skipped_lines} rows skipped (list lost; rerun with "
+                             f"--overwrite to list them)\n")
+        atomic_write_text(path, "".join(parts))
 
     def completed_manifest(self) -> Manifest | None:
         return Manifest.load(self.path) if (self.path / MANIFEST_NAME).is_file() else None
@@ -117,7 +140,9 @@ class OutputFolder:
         Several machines may start, run and finish at the same time. Each creates the work folder with
         its plan in one rename, writes the manifest before it removes the work folder, and reads the
         folder's listing, then the saved plan, then the manifest: whatever another machine is doing,
-        a folder that is ours is seen as ours."""
+        a folder that is ours is seen as ours. An unfinished job of other options (a run that failed on
+        a bad row, a changed flag, a new rule version) is replaced, and ``notes`` says so; a complete
+        dataset of another plan needs ``--overwrite``."""
         state = plan.state_json()
         entries = self._entries()
         saved = _read_text(self.work / WORK_PLAN)
@@ -128,17 +153,38 @@ class OutputFolder:
             return True
         if not ours and entries:
             if not overwrite:
-                if touched := _modified_input(plan, saved):
+                touched = _modified_input(plan, saved)
+                if touched and any(self.work.glob(TASK_MARKER_GLOB)):  # its tasks cannot be reused: say which
                     raise NanosetError(f"{self.path}: holds an unfinished job on these inputs, but {touched} was "
                                        f"modified since it began; pass --overwrite to start over")
-                what = "a different dataset" if manifest or self.work.exists() else "other files"
-                raise NanosetError(
-                    f"{self.path}: holds {what}; pass --overwrite to replace it, or choose another output folder"
-                )
+                if manifest is not None and _changed_keys(manifest.build, plan.build) == ["chat.mask_rule"]:
+                    raise NanosetError(f"{self.path}: was made with loss-mask rule {manifest.loss_mask_rule}; this "
+                                       f"nanoset writes rule {plan.build['chat']['mask_rule']} (see `nanoset inspect`)"
+                                       f": pass --overwrite to make it again, or keep using it as it is")
+                if manifest is not None or not self.work.is_dir():
+                    what = "a different dataset" if manifest else "other files"
+                    raise NanosetError(f"{self.path}: holds {what}; pass --overwrite to replace it, or choose "
+                                       f"another output folder")
+                self.notes.append(self._replaced_job(plan, saved))
             self.clear()
         if not ours:
             self._create_work(state)
         return False
+
+    def _replaced_job(self, plan: Plan, saved: str | None) -> str:
+        """The note for an unfinished job of another plan that this one replaces: what differed, how far it got."""
+        try:
+            old = json.loads(saved) if saved else {}
+        except ValueError:
+            old = {}
+        old_build = old.get("build") if isinstance(old, dict) and isinstance(old.get("build"), dict) else {}
+        changed = _changed_keys(old_build, plan.build)
+        done = sum(1 for _ in self.work.glob(TASK_MARKER_GLOB))
+        total = old.get("num_tasks", "?") if isinstance(old, dict) else "?"
+        touched = _modified_input(plan, saved) or _resized_input(old_build, plan.build, changed)
+        reason = (f"whose input {touched} changed since it began" if touched
+                  else f"with other {', '.join(changed)}" if changed and old_build else "of another plan")
+        return f"{self.path}: replaced an unfinished job {reason} ({done} of {total} tasks done) by this one"
 
     def _remove_work(self) -> None:
         """The work folder, and any a killed run left half created."""
@@ -173,7 +219,7 @@ class OutputFolder:
         """Remove what a tokenize job writes (shards, manifest, work files); leave anything else."""
         self._remove_work()
         for p in self.path.iterdir():
-            if p.is_file() and _written_by_tokenize(p.name):
+            if p.is_file() and is_dataset_file(p.name):
                 p.unlink()
 
     def remove_partials(self, prefixes: list[str]) -> None:
@@ -211,6 +257,29 @@ class OutputFolder:
             p.unlink(missing_ok=True)
 
 
+def _changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """The keys whose values differ (``chat.mask_rule`` inside a nested option)."""
+    out = []
+    for k in sorted({*old, *new}):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _changed_keys(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(prefix + k)
+    return out
+
+
+def _resized_input(old: dict, new: dict, changed: list[str]) -> str | None:
+    """The input whose size changed when the same inputs are listed and nothing else changed but the cut
+    into tasks (which follows the corpus size)."""
+    a, b = old.get("inputs"), new.get("inputs")
+    if not set(changed) <= {"inputs", "task_bytes"} or not isinstance(a, list) or len(a) != len(b):
+        return None
+    if any(not isinstance(x, dict) or x.get("path") != y["path"] for x, y in zip(a, b)):
+        return None
+    return next((y["path"] for x, y in zip(a, b) if x != y), None)
+
+
 def _modified_input(plan: Plan, saved: str | None) -> str | None:
     """The first input whose modification time differs from the saved plan's when all else is the same:
     'holds a different dataset' would send the user looking for a change they did not make."""
@@ -221,14 +290,6 @@ def _modified_input(plan: Plan, saved: str | None) -> str | None:
     if not isinstance(old, dict) or old.get("build") != plan.build or len(old.get("mtimes", [])) != len(plan.sources):
         return None
     return next((s.path for s, m in zip(plan.sources, old["mtimes"]) if s.mtime_ns != m), None)
-
-
-def _written_by_tokenize(name: str) -> bool:
-    """A shard file or the manifest, or the temporary name of one (``.NAME.partial-PID``, ``.NAME.tmp-PID``):
-    matched by suffix, never by substring, so that ``--overwrite`` spares ``notes.dsv`` or ``a.ds.txt``."""
-    if name.startswith("."):
-        name = re.sub(r"\.(partial|tmp)-\d+$", "", name[1:])
-    return name == MANIFEST_NAME or name.endswith((TOKENS_SUFFIX, INDEX_SUFFIX, METADATA_SUFFIX, LOSS_SUFFIX))
 
 
 def _read_text(path: Path) -> str | None:
@@ -242,10 +303,15 @@ def _read_text(path: Path) -> str | None:
 class TaskResult:
     shards: list[ShardInfo]
     skipped_lines: int
+    skipped_examples: list[str] = field(default_factory=list)  # the first rows skipped (all: skipped_log)
 
     def to_json(self) -> dict:
-        return {"shards": [s.to_json() for s in self.shards], "skipped_lines": self.skipped_lines}
+        d = {"shards": [s.to_json() for s in self.shards], "skipped_lines": self.skipped_lines}
+        if self.skipped_examples:
+            d["skipped_examples"] = self.skipped_examples
+        return d
 
     @staticmethod
     def from_json(d: dict) -> TaskResult:
-        return TaskResult([ShardInfo.from_json(s) for s in d["shards"]], d["skipped_lines"])
+        return TaskResult([ShardInfo.from_json(s) for s in d["shards"]], d["skipped_lines"],
+                          d.get("skipped_examples", []))

@@ -1,15 +1,16 @@
-"""Find and load a Hugging Face ``tokenizers`` tokenizer offline, and decide its EOS token."""
+"""Find and load a Hugging Face ``tokenizers`` tokenizer offline (with the special tokens declared beside it),
+and decide its EOS token."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from nanoset.errors import NanosetError
 from nanoset.format.spec import TokenizerInfo
+from nanoset.tokenize.special_tokens import CONFIG, SPECIAL_TOKENS_MAP, declared_tokens, read_json_object
 
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>", "[SEP]")
 BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
@@ -55,34 +56,36 @@ def find_tokenizer_file(spec: str) -> Path:
 
 
 def load_tokenizer(path: Path):  # -> tokenizers.Tokenizer
-    """The tokenizer at ``path``, set to encode whole documents: a ``truncation`` or ``padding`` section
-    in the file (meant for model inputs) would otherwise cut documents short or fill them with pad ids."""
-    from tokenizers import Tokenizer
-
-    try:
-        tok = Tokenizer.from_file(str(path))
-    except Exception as e:  # the Rust side raises a plain Exception for bad JSON
-        raise NanosetError(f"{path}: not a valid tokenizers JSON file ({e})") from e
+    """The tokenizer at ``path`` as ``transformers`` loads its folder: the special tokens declared beside it but
+    missing from its added tokens are registered (``nanoset.tokenize.special_tokens``), and it is set to encode
+    whole documents: a ``truncation`` or ``padding`` section in the file (meant for model inputs) would
+    otherwise cut documents short or fill them with pad ids."""
+    tok = _read_tokenizer(path)
+    registered = declared_tokens(path.parent, _added_contents(tok)).to_register
+    if registered:
+        tok.add_tokens([t.added_token() for t in registered])
     tok.no_truncation()
     tok.no_padding()
     return tok
 
 
-def _config_token(folder: Path, key: str) -> str | None:
-    """``eos_token`` / ``bos_token`` from a tokenizer_config.json beside the tokenizer, if any."""
-    cfg = folder / "tokenizer_config.json"
-    if not cfg.is_file():
-        return None
+def _read_tokenizer(path: Path):
+    from tokenizers import Tokenizer
+
     try:
-        config = json.loads(cfg.read_text(encoding="utf-8"))
-    except ValueError as e:  # ignoring it would choose another EOS without a word
-        raise NanosetError(f"{cfg}: not valid JSON ({e}); fix or remove it") from None
-    if not isinstance(config, dict):
-        raise NanosetError(f"{cfg}: a JSON {type(config).__name__}, not an object; fix or remove it")
-    value = config.get(key)
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the Rust side raises a plain Exception for bad JSON
+        raise NanosetError(f"{path}: not a valid tokenizers JSON file ({e})") from e
+
+
+def _added_contents(tok) -> set[str]:
+    return {t.content for t in tok.get_added_tokens_decoder().values()}
+
+
+def registered_tokens(path: Path) -> list[dict]:
+    """The tokens ``load_tokenizer`` registers for the tokenizer at ``path`` (records for the tokenize plan:
+    they change the ids written, so a changed declaration is another dataset)."""
+    return [t.to_json() for t in declared_tokens(path.parent, _added_contents(_read_tokenizer(path))).to_register]
 
 
 def _special_tokens(tok) -> list[str]:
@@ -98,30 +101,39 @@ def canonical_name(spec: str, path: Path) -> str:
 
 
 def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokenizer:
-    """Load ``spec`` and settle the EOS id: ``--eos-token``, else the tokenizer's own, else an error."""
+    """Load ``spec`` and settle the EOS id: ``--eos-token``, else the tokenizer's own (declared beside it, as
+    transformers reads it, or a well-known special token), else an error."""
     path = find_tokenizer_file(spec)
+    base_vocab = _read_tokenizer(path).get_vocab_size(with_added_tokens=True)
     tok = load_tokenizer(path)
+    declared = declared_tokens(path.parent, set()).named
     specials = _special_tokens(tok)
+
+    def known(token: str) -> bool:  # in the tokenizer itself, not only added by the declarations beside it
+        token_id = tok.token_to_id(token)
+        return token_id is not None and token_id < base_vocab
+
     if eos_token is not None:
-        eos_id = tok.token_to_id(eos_token)
-        if eos_id is None:
+        if not known(eos_token):
             raise NanosetError(
                 f"--eos-token {eos_token!r} is not in tokenizer {path}; its special tokens are: {specials}"
             )
     else:
-        declared = _config_token(path.parent, "eos_token")
-        candidates = [declared] if declared else [n for n in EOS_NAMES if n in specials]
-        if declared and tok.token_to_id(declared) is None:
-            raise NanosetError(f"{path.parent / 'tokenizer_config.json'}: eos_token {declared!r} is not in the "
-                               f"tokenizer {path}; fix it or pass --eos-token TOKEN")
-        if not candidates or tok.token_to_id(candidates[0]) is None:
+        where = path.parent / CONFIG if "eos_token" in read_json_object(path.parent / CONFIG) else \
+            path.parent / SPECIAL_TOKENS_MAP
+        declared_eos = declared.get("eos_token")
+        if declared_eos and not known(declared_eos):
+            raise NanosetError(f"{where}: eos_token {declared_eos!r} is not in the tokenizer {path}; fix it or pass "
+                               f"--eos-token TOKEN")
+        candidates = [declared_eos] if declared_eos else [n for n in EOS_NAMES if n in specials]
+        if not candidates:
             raise NanosetError(
                 f"tokenizer {path} declares no EOS token; pass --eos-token TOKEN "
                 f"(its special tokens are: {specials or 'none'})"
             )
         eos_token = candidates[0]
-        eos_id = tok.token_to_id(eos_token)
-    bos = _config_token(path.parent, "bos_token") or next((n for n in BOS_NAMES if n in specials), None)
+    eos_id = tok.token_to_id(eos_token)
+    bos = declared.get("bos_token") or next((n for n in BOS_NAMES if n in specials), None)
     info = TokenizerInfo(
         name=canonical_name(spec, path),
         vocab_size=tok.get_vocab_size(with_added_tokens=True),
@@ -129,7 +141,7 @@ def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokeni
         eos_token=eos_token,
         bos_id=tok.token_to_id(bos) if bos else None,
         sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
-        path=str(path),
+        path=str(path.resolve()),  # absolute: the manifest is read from other folders (inspect, export)
     )
     return ResolvedTokenizer(spec=spec, path=path, info=info)
 

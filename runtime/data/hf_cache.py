@@ -27,6 +27,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from nanoset.errors import MissingColumnError, NanosetError, WaitTimeout
+from nanoset.tokenize.chat import MASK_RULE
+from nanoset.tokenize.chat_template import load_chat_template, special_token_strings
+from nanoset.tokenize.rows import SKIP_HINT
+from nanoset.tokenize.tokenizer import find_tokenizer_file, registered_tokens
 from runtime.config import Config, ConfigError, HFDatasetArgs
 
 HEARTBEAT_SECONDS = 30  # the lock holder touches the lock file this often while it tokenizes
@@ -45,8 +49,6 @@ def _files_fingerprint(path: Path) -> list:
 
 def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset") -> Path:
     """Where the tokenized copy of ``ds`` lives; the name changes when anything that matters does."""
-    from nanoset.tokenize.tokenizer import find_tokenizer_file
-
     src = Path(ds.hf_dataset_or_datasets)
     if not src.exists():
         raise ConfigError(f"{where}.hf_dataset_or_datasets: {str(src)!r}: no such local file or folder (nothing is "
@@ -55,11 +57,13 @@ def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset")
     tok_file = find_tokenizer_file(tok.tokenizer_name_or_path)
     parts = [str(src.resolve()), _files_fingerprint(src), ds.hf_dataset_splits, ds.text_column_name,
              hashlib.sha256(tok_file.read_bytes()).hexdigest(), tok.eos_token]
+    registered = registered_tokens(tok_file)  # declared beside tokenizer.json, encoded as transformers does
+    if registered:  # only then: the caches of other tokenizers keep their folders
+        parts.append(registered)
     if ds.sft:  # only conversation stages add these: plain stages keep their cache folders
-        from nanoset.tokenize.chat_template import special_token_strings
-
         parts += ["sft", _chat_template_sha256(tok_file, ds, where), ds.messages_column_name, ds.prompt_column_name,
-                  ds.completion_column_name, special_token_strings(tok_file, tok.eos_token)]  # the template's globals
+                  ds.completion_column_name, special_token_strings(tok_file, tok.eos_token),  # the template's globals
+                  MASK_RULE]  # which tokens a mask trains: another rule is another dataset
     key = json.dumps(parts)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(config.general.cache_dir) / f"{src.name}-{digest}"
@@ -67,9 +71,6 @@ def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset")
 
 def _chat_template_sha256(tok_file: Path, ds: HFDatasetArgs, where: str) -> str:
     """The template a conversation stage renders with (its own file, else the tokenizer's), by content."""
-    from nanoset.errors import NanosetError
-    from nanoset.tokenize.chat_template import load_chat_template
-
     try:
         return load_chat_template(tok_file, ds.chat_template).sha256
     except NanosetError as e:
@@ -200,8 +201,6 @@ def resolve_stage_folders(config: Config) -> list[list[str]]:
 def _in_config_terms(message: str) -> str:
     """A tokenize error says what to do in the config, not with a flag the config lacks (--eos-token is the
     config's tokenizer.eos_token; --skip-bad-lines has no config key: tokenize the data by hand then)."""
-    from nanoset.tokenize.rows import SKIP_HINT
-
     message = message.replace("pass --eos-token TOKEN", "set tokenizer.eos_token: TOKEN in the config")
     message = message.replace("--eos-token ", "tokenizer.eos_token ")
     if not message.endswith(SKIP_HINT):

@@ -32,7 +32,7 @@ def fixture_conversations() -> list[list[dict]]:
 
 def reference(tokenizer, eos_id: int, messages: list[dict]) -> tuple[list[int], list[int]]:
     """ChatML written piece by piece: each assistant content plus its '<|im_end|>\\n' is trained on; a token
-    counts when its first character does; EOS appended (trained after an assistant turn)."""
+    counts when any of its characters does; EOS appended (trained after an assistant turn)."""
     text, spans = "", []
     for m in messages:
         text += f"<|im_start|>{m['role']}\n"
@@ -40,7 +40,7 @@ def reference(tokenizer, eos_id: int, messages: list[dict]) -> tuple[list[int], 
             spans.append((len(text), len(text) + len(m["content"]) + len("<|im_end|>\n")))
         text += m["content"] + "<|im_end|>\n"
     enc = tokenizer.encode(text, add_special_tokens=False)
-    mask = [int(any(a <= s < b for a, b in spans)) for s, _ in enc.offsets]
+    mask = [int(any(s < b and e > a for a, b in spans)) for s, e in enc.offsets]
     return enc.ids + [eos_id], mask + [int(messages[-1]["role"] == "assistant")]
 
 
@@ -83,12 +83,15 @@ def test_exact_ids_and_mask_of_a_tiny_conversation(tmp_path):
 
 
 def test_char_to_token_rule_at_boundaries():
+    """A token is trained when any of its characters lies in a span (transformers ≥ 5's assistant mask)."""
     offsets = np.array([(0, 2), (2, 5), (5, 6), (6, 6), (6, 9), (9, 9)])
-    # span [3, 6): the token at (2, 5) straddles its start and starts outside: 0; (5, 6) starts inside: 1;
-    # the zero-width token at 6 is outside; span [6, 9) takes the token starting at 6 and the empty one at 9 is out
-    assert token_loss_mask(offsets, [(3, 6)]).tolist() == [0, 0, 1, 0, 0, 0]
-    assert token_loss_mask(offsets, [(3, 6), (6, 9)]).tolist() == [0, 0, 1, 1, 1, 0]
-    assert token_loss_mask(offsets, [(0, 1), (8, 10)]).tolist() == [1, 0, 0, 0, 0, 1]
+    # span [3, 6): the token at (2, 5) straddles its start: 1 (the first-character rule gave it 0); (5, 6) is
+    # inside; the empty token at 6 is outside; span [6, 9) takes the token (6, 9), and the empty one at 9 is out
+    assert token_loss_mask(offsets, [(3, 6)]).tolist() == [0, 1, 1, 0, 0, 0]
+    assert token_loss_mask(offsets, [(3, 6), (6, 9)]).tolist() == [0, 1, 1, 0, 1, 0]
+    assert token_loss_mask(offsets, [(0, 1), (8, 10)]).tolist() == [1, 0, 0, 0, 1, 1]
+    # an empty token strictly inside a span is in it; one at a span's edge is not
+    assert token_loss_mask(np.array([(4, 4), (3, 3), (6, 6)]), [(3, 6)]).tolist() == [1, 0, 0]
     assert token_loss_mask(offsets, []).tolist() == [0] * 6
 
 
@@ -103,13 +106,13 @@ def chat_folder(tmp_path, template: str, messages: list[dict]):
 
 def test_straddling_and_multibyte_tokens_in_a_real_encoding(tmp_path, tokenizer):
     # plain-text markers: "assistant: world" encodes as ... ":" "Ġwor" "ld": "Ġwor" holds the template's space
-    # and the content's "wor", so it goes with its first character, the template's (0)
+    # and the content's "wor": it is the answer's first token, trained (the first-character rule left it out)
     ds = chat_folder(tmp_path, "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}",
                      [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "world, 日本é"}])
     pieces = [tokenizer.id_to_token(i) for i in ds.document(0).tolist()]
     assert pieces == ["us", "er", ":", "Ġ", "H", "i", "Ċ", "as", "s", "istant", ":", "Ġwor", "ld", ",", "Ġ",
                       "æ", "Ĺ", "¥", "æ", "ľ", "¬", "Ã", "©", "Ċ", "<|endoftext|>"]  # 日, 本, é: byte tokens
-    assert ds.loss_mask(0, ds.num_tokens).tolist() == [0] * 12 + [1] * 13
+    assert ds.loss_mask(0, ds.num_tokens).tolist() == [0] * 11 + [1] * 14
 
     # no separators: "Hi" + " wo" + "rld" encodes as "H" "i" "Ġwor" "ld": "Ġwor" starts in the assistant's
     # content and ends in the next (user) message: it is trained; the EOS after a final user turn is not

@@ -108,8 +108,8 @@ def test_files_removed_by_another_job_on_the_folder_are_explained(tmp_path, monk
         real(self, task, result)
 
     monkeypatch.setattr(OutputFolder, "mark_done", other_job_clears_first)
-    with pytest.raises(NanosetError, match=f"^{out}: .task-000000.json.tmp-[0-9]+ was removed while this run wrote "
-                                           f"it: is another `nanoset tokenize` writing to this folder"):
+    with pytest.raises(NanosetError, match=f"^{out}: .task-000000.json.tmp-[0-9]+-[0-9a-f]+ was removed while this "
+                                           f"run wrote it: is another `nanoset tokenize` writing to this folder"):
         tokenize(TokenizeOptions(inputs=[str(data)], output=out, tokenizer=str(TOKENIZER), progress=False))
 
 

@@ -149,6 +149,6 @@ def test_inspect_of_a_datatrove_folder_says_vocab_unknown(tmp_path, shards):
     datatrove_copy(shards / "shards" / "sft", dt, "tokenizer")
     largest = max(int(np.fromfile(p, dtype="<u2").max()) for p in dt.glob("*.ds"))
     out = run_cli("inspect", dt, "--samples", 0).stdout
-    assert f"tokenizer tokenizer   vocab unknown (datatrove folder; largest id {largest})   eos unknown" in out
+    assert f"tokenizer 'tokenizer'   vocab unknown (datatrove folder; largest id {largest})   eos unknown" in out
     report = run_cli("verify", dt).stdout
     assert report.startswith(f"OK: {dt}: ") and f"largest id {largest} verified" in report

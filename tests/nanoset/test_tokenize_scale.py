@@ -151,9 +151,10 @@ def test_a_machine_finding_the_job_finished_meanwhile_reports_it_complete(tmp_pa
     real = tokenize_mod._run_tasks
 
     def run_then_other_machine_finishes(*a, **k):
-        real(*a, **k)
+        results = real(*a, **k)
         assert "; complete" in run_cli(*base, "--num-tasks", 2, "--task-index", 0).stdout
         assert not (out / ".nanoset-work").exists()
+        return results
 
     monkeypatch.setattr(tokenize_mod, "_run_tasks", run_then_other_machine_finishes)
     summary = tokenize_mod.tokenize(TokenizeOptions(inputs=[str(CORPUS)], output=out, tokenizer=str(TOKENIZER),

@@ -1,0 +1,121 @@
+"""Benchmark the start-up cost per shard: ``python -m runtime.explain --step 1`` on a folder of many shards
+against the same on a folder of few, in one run.
+
+    python tools/bench_shards.py [--work bench_work/shards] [--shards 100000] [--baseline 100] [--repeat 3]
+
+Both folders hold one short document per shard (what ``nanoset tokenize --max-tokens-per-shard 1`` writes
+for short documents) and a manifest as ``nanoset tokenize`` writes it (checksums, sources, largest ids).
+Each ``explain`` is its own process; its wall time and peak RSS are measured (best of ``--repeat``).
+Targets: the many-shard folder costs < 1.5 s and < 100 MB more than the baseline folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nanoset import Manifest, ShardInfo, TokenizerInfo, write_manifest  # noqa: E402
+from nanoset.format.spec import metadata_text, shard_files  # noqa: E402
+
+DOC_TOKENS = 12
+VOCAB = 8192
+TARGET_SECONDS, TARGET_MB = 1.5, 100
+
+
+def write_folder(folder: Path, shards: int) -> None:
+    """``shards`` one-document shards and their manifest (written without fsync: a benchmark fixture)."""
+    if (folder / "nanoset.json").is_file():
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    source = str(folder.parent / "input.jsonl")
+    infos = []
+    for k in range(shards):
+        name = f"{k // 1000:05d}_{k % 1000:05d}"
+        tokens = rng.integers(1, VOCAB, DOC_TOKENS, dtype=np.uint16)
+        tokens[-1] = 0
+        data = {"ds": tokens.tobytes(), "index": np.array([DOC_TOKENS], dtype="<u8").tobytes(),
+                "metadata": metadata_text("tokenizer", 2, DOC_TOKENS).encode()}
+        for role, file in shard_files(name).items():
+            (folder / file).write_bytes(data[role])
+        infos.append(ShardInfo(name, DOC_TOKENS, 1, {role: hashlib.sha256(b).hexdigest() for role, b in data.items()},
+                               [{"path": source, "split": None, "start": 64 * k, "stop": 64 * k + 64}],
+                               max_token_id=int(tokens.max())))
+    write_manifest(folder, Manifest(TokenizerInfo("tokenizer", VOCAB, eos_id=0, eos_token="<|endoftext|>",
+                                                  sha256="0" * 64, path=source), "uint16", infos,
+                                    build={"tokenizer_sha256": "0" * 64, "eos_id": 0, "dtype": "uint16"}))
+
+
+def write_config(work: Path, folder: Path) -> Path:
+    cfg = work / f"{folder.name}.yaml"
+    cfg.write_text(f"""general: {{project: bench, run: {folder.name}, seed: 1, run_dir: {work / 'runs' / folder.name}}}
+model: {{hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 2,
+        intermediate_size: 64, vocab_size: {VOCAB}, max_position_embeddings: 64}}
+tokens: {{sequence_length: 8, micro_batch_size: 2, batch_accumulation_per_replica: 1, train_steps: 4}}
+optimizer: {{learning_rate: 1.0e-3}}
+lr_scheduler: {{warmup_steps: 1}}
+data_stages:
+  - name: s
+    start_training_step: 1
+    data: {{dataset: {{dataset_folder: {folder}}}}}
+""")
+    return cfg
+
+
+def run_explain(cfg: Path) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MB) of one ``python -m runtime.explain --step 1`` process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.explain", "--config", str(cfg), "--step", "1"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"explain failed on {cfg}: {proc.stderr.read().decode()}")
+    return seconds, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", default="bench_work/shards")
+    ap.add_argument("--shards", type=int, default=100_000)
+    ap.add_argument("--baseline", type=int, default=100)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("NANOSET_CACHE_DIR", str(work / "cache"))
+    results = {}
+    for n in (args.baseline, args.shards):
+        folder = work / f"shards-{n}"
+        t0 = time.perf_counter()
+        write_folder(folder, n)
+        print(f"{folder}: {n:,} shards ready ({time.perf_counter() - t0:.1f}s)", flush=True)
+        cfg = write_config(work, folder)
+        runs = [run_explain(cfg) for _ in range(args.repeat)]
+        results[n] = (min(s for s, _ in runs), min(m for _, m in runs))
+        print(f"  explain --step 1: {results[n][0]:.2f}s, peak RSS {results[n][1]:.0f} MB (best of {args.repeat})",
+              flush=True)
+    (t_base, m_base), (t_many, m_many) = results[args.baseline], results[args.shards]
+    dt, dm = t_many - t_base, m_many - m_base
+    print(f"{args.shards:,} vs {args.baseline:,} shards: +{dt:.2f}s ({t_many / t_base:.2f}x), +{dm:.0f} MB "
+          f"({m_many / m_base:.2f}x); per shard {1e6 * dt / (args.shards - args.baseline):.1f} µs, "
+          f"{1024 * dm / (args.shards - args.baseline):.2f} KB")
+    print(f"targets: < {TARGET_SECONDS}s and < {TARGET_MB} MB more: "
+          f"{'met' if dt < TARGET_SECONDS and dm < TARGET_MB else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
