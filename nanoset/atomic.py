@@ -8,29 +8,45 @@ import errno
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
+
+import numpy as np
 
 from nanoset.errors import NanosetError
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary name in the same folder, fsync, then rename: old or new, never half. The name is
-    unique across the machines sharing a folder (a PID alone is not: two nodes' writers of one manifest
-    wrote into one file)."""
+def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Call ``write`` on a temporary file in the same folder, fsync, then rename: old or new, never half. The
+    name is unique across the machines sharing a folder (a PID alone is not: two nodes' writers of one manifest
+    wrote into one file). A full disk is one line naming the file, and leaves no temporary file behind."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
+        tmp.unlink(missing_ok=True)
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
             raise
-        tmp.unlink(missing_ok=True)
         raise NanosetError(f"{path}: cannot write it ({e.strerror}); free some space (or fix the cause) and rerun "
                            f"the same command") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def atomic_write_array(path: Path, array: np.ndarray) -> None:
+    """``array`` as a ``.npy`` file (no pickles), written atomically."""
+    atomic_write(path, lambda f: np.save(f, array, allow_pickle=False))
 
 
 def fsync_dir(folder: Path) -> None:

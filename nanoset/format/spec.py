@@ -343,10 +343,15 @@ def _load_streamed(path: Path) -> Manifest:
     d = read_object(path, "shards", shards)
     if d.get("format") != FORMAT_NAME or d.get("version") != FORMAT_VERSION:
         raise ValueError("another format or version")
+    return _manifest(d, ManifestShards(path, builder.table()))
+
+
+def _manifest(d: dict[str, Any], shards: ManifestShards) -> Manifest:
+    """The manifest of the JSON object ``d`` (its shards read already, as ``shards``)."""
     return Manifest(
         tokenizer=TokenizerInfo(**d["tokenizer"]),
         dtype=d["dtype"],
-        shards=ManifestShards(path, builder.table()),
+        shards=shards,
         build=d.get("build", {}),
         skipped_lines=d.get("skipped_lines", 0),
         skipped_examples=d.get("skipped_examples", []),
@@ -379,22 +384,11 @@ def _load_whole(path: Path) -> Manifest:
             f"(this nanoset reads {FORMAT_NAME} version {FORMAT_VERSION})"
         )
     try:
-        tokenizer, dtype = TokenizerInfo(**d["tokenizer"]), d["dtype"]
         records = [ShardInfo.from_json(s) for s in d["shards"]]
         for s in records:
             if not (isinstance(s.name, str) and _count(s.num_tokens) and _count(s.num_documents)):
                 raise TypeError(f"shard {s.name!r}: name, num_tokens or num_documents is not a name or a count")
-        return Manifest(
-            tokenizer=tokenizer,
-            dtype=dtype,
-            shards=ManifestShards(path, ShardTable.of(records), records),
-            build=d.get("build", {}),
-            skipped_lines=d.get("skipped_lines", 0),
-            skipped_examples=d.get("skipped_examples", []),
-            loss_masks=bool(d.get("loss_masks", False)),
-            chat_template_sha256=d.get("chat_template_sha256"),
-            loss_mask_rule=_loss_mask_rule(d),
-        )
+        return _manifest(d, ManifestShards(path, ShardTable.of(records), records))
     except (KeyError, TypeError, AttributeError, OverflowError) as e:  # a key missing, unknown or of the wrong
         # type (edited by hand?)
         raise NanosetError(f"{path}: malformed manifest ({type(e).__name__}: {e}); "

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import socket
 from pathlib import Path
 
 import numpy as np
 
 from nanoset import NanosetReader, open_dataset
+from nanoset.atomic import atomic_write_array
 from runtime.config import ConfigError
 from runtime.data.order.windows import checked_indices, position_ids_at
 
@@ -212,14 +211,9 @@ def _cached_packing(reader: NanosetReader, capacity: int, drop: bool, cache_dir:
     except (OSError, ValueError):
         pass
     table = packing_table(reader, capacity, drop)
-    tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            np.save(f, table, allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write_array(path, table)
     except OSError as e:
         raise ConfigError(f"general.cache_dir: cannot write the document packing of {reader.folder} to {path.parent} "
                           f"({e.strerror or e}); make it writable or set general.cache_dir elsewhere") from None

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from nanoset.atomic import atomic_write_array
+from nanoset.errors import NanosetError
 
 CACHE_VERSION = 1
 CACHE_MIN_STEPS = 4096  # shorter parts are computed in milliseconds: no file
@@ -290,14 +291,9 @@ def _cached_allocation(blend: ScheduledBlend, cache_dir: str | Path | None) -> t
 
 def _write_atomically(path: Path, table: np.ndarray) -> None:
     """A failed write costs only the next start-up's recomputation: the plan is complete either way."""
-    tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            np.save(f, table, allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+        atomic_write_array(path, table)
+    except (OSError, NanosetError):
+        pass
 
