@@ -56,10 +56,14 @@ def _env_int(name: str, default: int) -> int:
               help="With --chat: rows without a messages column are a prompt (user turn) ...")
 @click.option("--completion-column", default="completion", show_default=True,
               help="... and a completion (assistant turn).")
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "fastokens", "tokenizers"]),
+              help="The encoder; the output is the same with each. auto: fastokens where it is installed, loads the "
+                   "tokenizer and agrees with tokenizers on a probe set, else tokenizers (with a note).")
 def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: str | None, text_column: str,
              workers: int, max_tokens_per_shard: int | None, num_tasks: int | None, task_index: int | None,
              task_bytes: int | None, skip_bad_lines: bool, overwrite: bool, quiet: bool, chat: bool,
-             chat_template: str | None, messages_column: str, prompt_column: str, completion_column: str) -> None:
+             chat_template: str | None, messages_column: str, prompt_column: str, completion_column: str,
+             backend: str) -> None:
     """Tokenize INPUTS (files, folders, globs) into a Nanoset dataset folder."""
     from nanoset.tokenize.job import TokenizeOptions
     from nanoset.tokenize.job import tokenize as run
@@ -71,7 +75,7 @@ def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: s
         task_index=task_index if task_index is not None else _env_int("RANK", 0),
         overwrite=overwrite, skip_bad_lines=skip_bad_lines, task_bytes=task_bytes, progress=not quiet,
         chat=chat, chat_template=chat_template, messages_column=messages_column, prompt_column=prompt_column,
-        completion_column=completion_column,
+        completion_column=completion_column, backend=backend,
     ))
     click.echo(summary.line())
 

@@ -147,6 +147,9 @@ class Manifest:
     skipped_lines: int = 0
     loss_masks: bool = False  # every shard has a NAME.ds.loss
     chat_template_sha256: str | None = None  # the chat template that rendered the conversations
+    chat_template_file: str | None = None  # its file, when it was not the tokenizer's own (--chat-template)
+    encoders: list[str] | None = None  # the backends that encoded the shards ("fastokens 0.3.5"): information
+    # only, the bytes do not depend on it
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
 
@@ -180,6 +183,10 @@ class Manifest:
         if self.loss_masks:  # only in chat datasets: plain manifests keep their bytes
             d["loss_masks"] = True
             d["chat_template_sha256"] = self.chat_template_sha256
+            if self.chat_template_file is not None:
+                d["chat_template_file"] = self.chat_template_file
+        if self.encoders is not None:
+            d["encoders"] = self.encoders
         return json.dumps(d, indent=1, sort_keys=True) + "\n"
 
     @staticmethod
@@ -206,6 +213,8 @@ class Manifest:
                 skipped_lines=d.get("skipped_lines", 0),
                 loss_masks=bool(d.get("loss_masks", False)),
                 chat_template_sha256=d.get("chat_template_sha256"),
+                chat_template_file=d.get("chat_template_file"),
+                encoders=d.get("encoders"),
             )
             for s in manifest.shards:
                 if not (isinstance(s.name, str) and _count(s.num_tokens) and _count(s.num_documents)):

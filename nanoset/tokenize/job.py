@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -22,6 +23,16 @@ import numpy as np
 from nanoset.errors import NanosetError
 from nanoset.format.spec import Manifest, dtype_for_vocab, dtype_name
 from nanoset.format.writer import ShardWriter, write_manifest
+from nanoset.tokenize.backends import (
+    BackendChoice,
+    Encoder,
+    EncoderMismatch,
+    TokenizersEncoder,
+    choose_backend,
+    first_difference,
+    guard_sample,
+    load_encoder,
+)
 from nanoset.tokenize.chat import ChatColumns, ChatReader, encode_chats
 from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate, load_chat_template, special_token_strings
 from nanoset.tokenize.inputs import Piece, discover
@@ -52,6 +63,7 @@ class TokenizeOptions:
     messages_column: str = "messages"
     prompt_column: str = "prompt"
     completion_column: str = "completion"
+    backend: str = "auto"  # the encoder: auto (fastokens where it loads and agrees), fastokens or tokenizers
 
 
 FAULT_ENV = "NANOSET_FAULT_KILL_TASK"  # fault injection for tests: a worker SIGKILLs itself on this task
@@ -93,29 +105,26 @@ def _init_worker(tokenizer_path: str, config: dict, counters: tuple, single_thre
     renderer = None
     if chat:
         renderer = ChatRenderer(ChatTemplate(chat["template"], chat["template_origin"]), chat["special_tokens"])
-    _worker.update(tokenizer=load_tokenizer(Path(tokenizer_path)), config=config, counters=counters, renderer=renderer)
+    tok = load_tokenizer(Path(tokenizer_path))
+    _worker.update(tokenizer=tok, path=Path(tokenizer_path), config=config, counters=counters, renderer=renderer,
+                   encoders={"tokenizers": TokenizersEncoder(tok)})
 
 
-def _encode(tok, texts: list[str], eos_id: int, append_eos: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of ``texts`` (plus EOS each), flattened, and the document lengths.
+def _encoder(backend: str) -> Encoder:
+    """This worker's encoder of ``backend``, loaded on first use."""
+    encoders = _worker["encoders"]
+    if backend not in encoders:
+        encoders[backend] = load_encoder(_worker["path"], backend, bool(_worker["config"].get("chat")),
+                                         reference=_worker["tokenizer"])
+    return encoders[backend]
 
-    Each encoding becomes an array and is dropped at once: only one document's ids are ever a Python
-    list (the ``tokenizers`` API has no other way out), so a huge document is not held twice over."""
-    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
-    encodings = encode(texts)
-    docs = []
-    for i, e in enumerate(encodings):
-        docs.append(np.array(e.ids, dtype=np.uint32))
-        encodings[i] = None
-    extra = 1 if append_eos else 0
-    lengths = np.fromiter((len(d) + extra for d in docs), dtype=np.int64, count=len(docs))
-    flat = np.empty(int(lengths.sum()), dtype=np.uint32)
-    ends = np.cumsum(lengths)
-    for d, end in zip(docs, ends.tolist()):
-        flat[end - len(d) - extra : end - extra] = d
-    if append_eos:
-        flat[ends - 1] = eos_id
-    return flat, lengths
+
+def _encode(encoder: Encoder, texts: list[str], eos_id: int, append_eos: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of ``texts`` (plus EOS each), flattened, and the document lengths."""
+    flat, lengths = encoder.encode(texts)
+    if not append_eos:
+        return flat, lengths
+    return np.insert(flat, np.cumsum(lengths), np.uint32(eos_id)), lengths + 1
 
 
 def _write_split(writers: list[ShardWriter], new_writer, flat: np.ndarray, lengths: np.ndarray,
@@ -141,11 +150,14 @@ def _write_split(writers: list[ShardWriter], new_writer, flat: np.ndarray, lengt
         i, base = i + k, stop
 
 
-def run_task(task: Task, out: str, prefix: str) -> TaskResult:
-    """Tokenize one task into shards ``PREFIX_00000...`` (called in a worker process)."""
+def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers") -> TaskResult:
+    """Tokenize one task into shards ``PREFIX_00000...`` with the encoder of ``backend`` (called in a worker
+    process). With fastokens, the task's first texts are encoded by tokenizers too: where they differ, the
+    task is encoded by tokenizers and its result says where (``--backend fastokens``: an error)."""
     if os.environ.get(FAULT_ENV) == str(task.index):
         os.kill(os.getpid(), signal.SIGKILL)
-    cfg, tok = _worker["config"], _worker["tokenizer"]
+    cfg = _worker["config"]
+    encoder, difference, guarded = _encoder(backend), None, backend != "fastokens"
     docs_counter, tokens_counter = _worker["counters"]
     dtype = np.dtype(cfg["dtype"])
     writers: list[ShardWriter] = []
@@ -166,10 +178,20 @@ def run_task(task: Task, out: str, prefix: str) -> TaskResult:
             else:
                 reader = TextReader(piece, cfg["text_column"], cfg["skip_bad_lines"])
             for texts in reader.batches():
+                if not guarded:
+                    guarded = True
+                    sample = guard_sample([c.text for c in texts] if chat else texts)
+                    difference = first_difference(encoder, sample, bool(chat))
+                    if difference is not None:
+                        if cfg["strict_backend"]:
+                            raise EncoderMismatch(f"--backend fastokens: task {task.index} ({describe_task(task)}): "
+                                                  f"fastokens and tokenizers differ on {difference}; use --backend "
+                                                  f"auto or tokenizers (and please report it to fastokens)")
+                        encoder = _encoder("tokenizers")
                 if chat:
-                    flat, loss, lengths = encode_chats(tok, texts, cfg["eos_id"])
+                    flat, loss, lengths = encode_chats(encoder, texts, cfg["eos_id"])
                 else:
-                    (flat, lengths), loss = _encode(tok, texts, cfg["eos_id"], cfg["append_eos"]), None
+                    (flat, lengths), loss = _encode(encoder, texts, cfg["eos_id"], cfg["append_eos"]), None
                 first = len(writers) - 1
                 _write_split(writers, new_writer, flat, lengths, cfg["max_tokens_per_shard"], loss)
                 for w in writers[first:]:
@@ -181,7 +203,8 @@ def run_task(task: Task, out: str, prefix: str) -> TaskResult:
                 with tokens_counter.get_lock():
                     tokens_counter.value += len(flat)
             skipped += reader.skipped
-        return TaskResult([w.finalize(sources[w.name]) for w in writers if w.num_documents > 0], skipped)
+        return TaskResult([w.finalize(sources[w.name]) for w in writers if w.num_documents > 0], skipped,
+                          encoder.label, difference)
     finally:
         for w in writers:
             if not w.finalized:
@@ -232,6 +255,7 @@ def chat_config(opts: TokenizeOptions, tokenizer: ResolvedTokenizer) -> dict | N
     special = special_token_strings(tokenizer.path, tokenizer.info.eos_token)
     ChatRenderer(template, special)
     return {"template": template.source, "template_origin": template.origin, "template_sha256": template.sha256,
+            "template_file": str(Path(opts.chat_template).resolve()) if opts.chat_template else None,
             "special_tokens": special,
             "columns": {"messages": opts.messages_column, "prompt": opts.prompt_column,
                         "completion": opts.completion_column}}
@@ -282,19 +306,28 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
 
     itemsize = np.dtype(plan.build["dtype"]).itemsize
     mine = [t for t in plan.tasks if t.index % opts.num_tasks == opts.task_index]
-    todo = [t for t in mine if folder.done(t, itemsize) is None]
+    reference = load_tokenizer(tokenizer.path)
     config = {
         "dtype": plan.build["dtype"],
         "tokenizer_name": tokenizer.info.name,
         "text_column": opts.text_column,
         "skip_bad_lines": opts.skip_bad_lines,
         "eos_id": tokenizer.info.eos_id,
-        "append_eos": _appends_eos(load_tokenizer(tokenizer.path), tokenizer.info.eos_id),
+        "append_eos": _appends_eos(reference, tokenizer.info.eos_id),
         "max_tokens_per_shard": opts.max_tokens_per_shard,
         "chat": chat,
+        "strict_backend": opts.backend == "fastokens",
     }
     try:
-        _run_tasks(todo, plan, folder, tokenizer, config, opts)
+        fell_back = folder.encoder_fallback() is not None
+        todo = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)]
+        batch = todo
+        if batch:
+            backend = _settle_backend(opts, tokenizer, folder, reference)
+        while batch:  # a second pass only after fastokens differed: it redoes what fastokens encoded
+            backend = _run_tasks(batch, plan, folder, tokenizer, config, opts, backend)
+            fell_back = folder.encoder_fallback() is not None
+            batch = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)] if fell_back else []
     except WorkerDied as e:
         raise NanosetError(
             f"task {e.task.index} ({describe_task(e.task)}): its worker process {e.cause()}; the tasks finished "
@@ -310,7 +343,8 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
             f"a time; rerunning resumes"
         ) from None
 
-    results = [folder.done(t, itemsize) for t in plan.tasks]
+    fell_back = folder.encoder_fallback() is not None
+    results = [r if _done_by(r, fell_back) else None for r in (folder.done(t, itemsize) for t in plan.tasks)]
     if any(r is None for r in results):
         finished = folder.completed_manifest()
         if finished is not None and finished.build == plan.build:  # another machine finished it meanwhile
@@ -324,7 +358,9 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
     manifest = Manifest(tokenizer=tokenizer.info, dtype=plan.build["dtype"],
                         shards=[s for r in results for s in r.shards], build=plan.build,
                         skipped_lines=sum(r.skipped_lines for r in results), loss_masks=chat is not None,
-                        chat_template_sha256=chat["template_sha256"] if chat else None)
+                        chat_template_sha256=chat["template_sha256"] if chat else None,
+                        chat_template_file=chat["template_file"] if chat else None,
+                        encoders=sorted({r.encoder or TokenizersEncoder.name for r in results}))
     if manifest.num_documents == 0 and manifest.skipped_lines:
         raise NanosetError(f"{', '.join(opts.inputs)}: all {manifest.skipped_lines:,} rows were bad and skipped "
                            f"(--skip-bad-lines); nothing to tokenize: rerun with --overwrite and without "
@@ -341,6 +377,31 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
     return _summary(opts, plan, manifest, len(todo), len(mine) - len(todo), True, t0)
 
 
+def _note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
+def _settle_backend(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, folder: OutputFolder, reference) -> str:
+    """The backend this run starts with: ``--backend`` as ``choose_backend`` settles it (its note printed), and
+    tokenizers where an earlier run of this job saw fastokens differ."""
+    choice: BackendChoice = choose_backend(tokenizer.path, opts.backend, opts.chat, reference)
+    if choice.note:
+        _note(choice.note)
+    earlier = folder.encoder_fallback()
+    if earlier is not None and choice.backend == "fastokens":
+        if opts.backend == "fastokens":
+            raise NanosetError(f"--backend fastokens: an earlier run of this job saw {earlier}; use --backend auto "
+                               f"or tokenizers")
+        _note(f"encoding with tokenizers, as an earlier run of this job did: {earlier}")
+        return "tokenizers"
+    return choice.backend
+
+
+def _done_by(result: TaskResult | None, fell_back: bool) -> bool:
+    """A task result that stands: after fastokens differed anywhere in the job, only tokenizers' do."""
+    return result is not None and not (fell_back and result.by_fastokens)
+
+
 def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: int, resumed: int,
              complete: bool, t0: float) -> TokenizeSummary:
     return TokenizeSummary(
@@ -351,8 +412,10 @@ def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: int, re
 
 
 def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: ResolvedTokenizer,
-               config: dict, opts: TokenizeOptions) -> None:
-    """Run tasks in a process pool (or inline for one worker), with a progress bar on a terminal."""
+               config: dict, opts: TokenizeOptions, backend: str) -> str:
+    """Run tasks in a process pool (or inline for one worker), with a progress bar on a terminal; returns the
+    backend in use at the end: tokenizers from the first task whose first texts fastokens encoded
+    differently (noted once, and recorded in the work folder for reruns)."""
     from tqdm import tqdm
 
     ctx = mp.get_context("spawn")
@@ -367,22 +430,34 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
         rate = counters[1].value / max(time.perf_counter() - start, 1e-9)
         bar.set_postfix_str(f"{counters[0].value:,} docs, {counters[1].value:,} tokens, {rate:,.0f} tok/s")
 
+    state = {"backend": backend}
+
     def record(task: Task, result: TaskResult) -> None:
         folder.mark_done(task, result)
+        if result.difference is not None and state["backend"] == "fastokens":
+            note = f"fastokens and tokenizers differ on task {task.index}'s {result.difference} (a fastokens bug: " \
+                   f"please report it)"
+            folder.record_encoder_fallback(note)
+            _note(f"encoding with tokenizers from now on, and again what fastokens encoded: {note}")
+            state["backend"] = "tokenizers"
         bar.update(1)
         refresh()
+
+    def args_of(task: Task) -> tuple:
+        return task, str(folder.path), task.shard_prefix(plan.width), state["backend"]
 
     try:
         if workers == 1:
             _init_worker(*initargs[:3], False)
             for task in todo:
-                record(task, run_task(task, str(folder.path), task.shard_prefix(plan.width)))
-            return
+                record(task, run_task(*args_of(task)))
+            return state["backend"]
         pool = TaskPool(ctx, workers, _init_worker, initargs, run_task)
         try:
-            for task, result in pool.run(todo, lambda t: (t, str(folder.path), t.shard_prefix(plan.width)), refresh):
+            for task, result in pool.run(todo, args_of, refresh):
                 record(task, result)
         finally:
             pool.close()
+        return state["backend"]
     finally:
         bar.close()
