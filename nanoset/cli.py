@@ -95,11 +95,26 @@ def inspect(path: Path, as_json: bool, samples: int, tokenizer: str | None) -> N
 
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
-def verify(path: Path) -> None:
+@click.option("--retokenize", default=None, type=int, metavar="N",
+              help="Also re-encode N sampled documents from the recorded inputs with the tokenizers backend and "
+                   "compare them with the shards.")
+def verify(path: Path, retokenize: int | None) -> None:
     """Check checksums, sizes, index, token ids and EOS of every shard (a full read)."""
     from nanoset.verify import verify_dataset
 
+    if retokenize is not None and retokenize < 1:  # before the full read, which may take long
+        raise NanosetError(f"--retokenize must be ≥ 1, got {retokenize}")
     click.echo(verify_dataset(path))
+    if retokenize is not None:
+        from nanoset.tokenize.retokenize import RetokenizeMismatch
+        from nanoset.tokenize.retokenize import retokenize as run
+
+        try:
+            click.echo(run(path, retokenize)[1])
+        except RetokenizeMismatch as e:
+            for line in e.lines:
+                click.echo(line)
+            raise
 
 
 @cli.command()
