@@ -7,6 +7,8 @@ the common platforms). ``auto`` takes fastokens when it is installed, loads the 
 tokenizers on a probe set of awkward texts, and every task also compares its first texts with both. A guard
 lowers the risk of a difference, it cannot prove there is none: ``nanoset verify --retokenize`` is the
 check, and any difference seen makes the job fall back to tokenizers with a note (it is a fastokens bug).
+Workers encode with one backend and hand back what fastokens made of the probe and of their tasks' first
+texts (``FastCheck``); the job's driver, which holds tokenizers anyway, compares (``first_difference``).
 
 fastokens tracks no character offsets. For a byte-level BPE without a normalizer they follow from the
 token ids alone (``ByteLevelOffsets``: each token's bytes, mapped back to characters with tokenizers'
@@ -16,6 +18,7 @@ conventions), so ``--chat`` loss masks can use it too; other tokenizers encode c
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +27,7 @@ import numpy as np
 from nanoset.errors import NanosetError
 
 BACKENDS = ("auto", "fastokens", "tokenizers")
-GUARD_CHARS = 8192  # characters of each task's first texts that both backends encode and compare
+GUARD_CHARS = 4096  # characters of each task's first texts that both backends encode and compare
 PROBE_TEXTS = (
     "Hello, world! The quick brown fox jumps over the lazy dog. I'm sure you're right; it's what we'd've done.",
     "a  b   c    d\t\te\t \n\n\nf     \u00a0\u00a0g\u3000h \u2003 i\u200bj\ufeffk",
@@ -42,10 +45,6 @@ PROBE_TEXTS = (
     "control \x00\x01\x1f\x7f\x85 chars, <html><b>tags</b></html> {\"json\": [1, 2]} \\escaped\\",
     "word " * 1500 + "a" * 3000 + " " + "ab" * 1500 + " " + "é" * 1000 + "\n" + "12" * 1000,
 )
-
-
-class EncoderMismatch(NanosetError):
-    """fastokens and tokenizers encoded a text differently (with ``--backend fastokens``: an error)."""
 
 
 def _version(module: str) -> str:
@@ -104,10 +103,10 @@ class FastokensEncoder:
 
     name = "fastokens"
 
-    def __init__(self, tok, offsets: ByteLevelOffsets | None, reference: TokenizersEncoder) -> None:
+    def __init__(self, tok, offsets: ByteLevelOffsets | None, reference: Callable[[], TokenizersEncoder]) -> None:
         self.tok = tok
         self.offsets = offsets
-        self.reference = reference
+        self.reference = reference  # loaded only if a batch needs it
         self.version = _version("fastokens")
 
     @property
@@ -126,7 +125,7 @@ class FastokensEncoder:
         ids, lengths = self.encode(texts, add_special_tokens=False)
         offsets = self.offsets.of(texts, ids, lengths)
         if offsets is None:
-            return self.reference.encode_with_offsets(texts)
+            return self.reference().encode_with_offsets(texts)
         return ids, offsets, lengths
 
 
@@ -274,34 +273,111 @@ class ByteLevelOffsets:
 # ---------------------------------------------------------------- choosing and guarding -------
 
 
+class FastokensUnusable(NanosetError):
+    """fastokens cannot encode with this tokenizer (it cannot load it); the message says why."""
+
+
 def _load_fastokens(path: Path):
     import fastokens
 
-    tok = fastokens.Tokenizer.from_file(str(path))
+    try:
+        tok = fastokens.Tokenizer.from_file(str(path))
+    except Exception as e:  # fastokens raises ValueError for what it lacks (a normalizer, a model type, ...)
+        raise FastokensUnusable(f"fastokens cannot load {path} ({type(e).__name__}: {' '.join(str(e).split())})") \
+            from None
     tok.no_truncation()
     tok.no_padding()
     return tok
 
 
-def load_encoder(path: Path, backend: str, chat: bool = False, reference=None) -> Encoder:
+def load_encoder(path: Path, backend: str, chat: bool = False,
+                 reference: Callable[[], TokenizersEncoder] | None = None) -> Encoder:
     """The encoder of ``backend`` ("fastokens" or "tokenizers") for the tokenizer at ``path``, with character
-    offsets if ``chat``; ``reference``: the tokenizers Tokenizer if already loaded (fastokens keeps one for
-    what it cannot do)."""
+    offsets if ``chat``; ``reference`` gives the tokenizers encoder (fastokens falls back on it for a batch
+    whose offsets its token bytes do not give). FastokensUnusable when fastokens cannot load it."""
     from nanoset.tokenize.tokenizer import load_tokenizer
 
-    ref = TokenizersEncoder(reference if reference is not None else load_tokenizer(path))
+    if reference is None:
+        loaded: list[TokenizersEncoder] = []
+
+        def reference() -> TokenizersEncoder:
+            if not loaded:
+                loaded.append(TokenizersEncoder(load_tokenizer(path)))
+            return loaded[0]
     if backend == "tokenizers":
-        return ref
+        return reference()
+    tok = _load_fastokens(path)
     offsets = ByteLevelOffsets.of_tokenizer(json.loads(Path(path).read_text(encoding="utf-8")))[0] if chat else None
-    return FastokensEncoder(_load_fastokens(path), offsets, ref)
+    return FastokensEncoder(tok, offsets, reference)
 
 
 @dataclass(frozen=True)
 class BackendChoice:
-    """What a job encodes with, and the note that says why it is not fastokens (None: nothing to say)."""
+    """What a job starts encoding with, and the note that says why it is not fastokens (None: nothing to say)."""
 
     backend: str
     note: str | None = None
+
+
+def choose_backend(path: Path, requested: str, chat: bool) -> BackendChoice:
+    """Settle ``--backend`` before any task runs, from what is known without loading fastokens (each worker
+    loads it: ``load_encoder``): ``tokenizers`` as asked; ``fastokens`` or ``auto`` when fastokens is
+    installed and, with ``chat``, the token bytes give character offsets. Where not, ``auto`` falls back
+    (with a note when fastokens is installed) and ``fastokens`` is an error naming the reason."""
+    import importlib.util
+
+    if requested not in BACKENDS:
+        raise NanosetError(f"--backend {requested!r}: choose one of {', '.join(BACKENDS)}")
+    if requested == "tokenizers":
+        return BackendChoice("tokenizers")
+    if importlib.util.find_spec("fastokens") is None:
+        if requested == "fastokens":
+            raise NanosetError("--backend fastokens: fastokens is not installed (`pip install fastokens`: wheels "
+                               "for Linux x86-64/aarch64, macOS and Windows); use --backend auto or "
+                               "tokenizers")
+        return BackendChoice("tokenizers")  # the ordinary case where no wheel exists: nothing to say
+    if chat:
+        offsets, reason = ByteLevelOffsets.of_tokenizer(json.loads(Path(path).read_text(encoding="utf-8")))
+        if offsets is None:
+            reason = (f"--chat needs character offsets, which fastokens does not give and the token bytes give only "
+                      f"for byte-level BPE without a normalizer: {reason}")
+            if requested == "fastokens":
+                raise NanosetError(f"--backend fastokens: {reason}; use --backend auto or tokenizers")
+            return BackendChoice("tokenizers", f"encoding with tokenizers: {reason}")
+    return BackendChoice("fastokens")
+
+
+@dataclass
+class FastCheck:
+    """What fastokens made of some texts, for the driver to compare with tokenizers: the probe set (``task``
+    None), or the first texts of a task."""
+
+    task: int | None
+    texts: list[str]
+    ids: np.ndarray
+    lengths: np.ndarray
+    offsets: np.ndarray | None  # with --chat: the character offsets from the token bytes
+    source: str = ""  # the task's input range, for messages
+
+    @staticmethod
+    def of(encoder: FastokensEncoder, texts: list[str], chat: bool, task: int | None = None,
+           source: str = "") -> FastCheck:
+        if chat:
+            ids, offsets, lengths = encoder.encode_with_offsets(texts)
+            return FastCheck(task, texts, ids, lengths, offsets, source)
+        ids, lengths = encoder.encode(texts)
+        return FastCheck(task, texts, ids, lengths, None, source)
+
+    def where(self) -> str:
+        return "a probe text" if self.task is None else f"task {self.task}'s first texts ({self.source})"
+
+
+def probe_texts(path: Path, limit: int = 64) -> list[str]:
+    """The probe set, with the tokenizer's added tokens (special tokens such as ``<|im_end|>``) written into
+    text."""
+    config = json.loads(Path(path).read_text(encoding="utf-8"))
+    added = [t["content"] for t in (config.get("added_tokens") or [])[:limit]]
+    return list(PROBE_TEXTS) + [f"x{t}y {t} {t}{t}\n{t}" for t in added]
 
 
 def guard_sample(texts: list[str]) -> list[str]:
@@ -318,85 +394,32 @@ def guard_sample(texts: list[str]) -> list[str]:
     return out
 
 
-def first_difference(fast: FastokensEncoder, texts: list[str], chat: bool,
-                     add_special_tokens: bool = True) -> str | None:
-    """Where fastokens and tokenizers first disagree on ``texts`` (ids; with ``chat`` also the character
-    offsets, encoded as a chat is), in words; None when they agree."""
-    ref = fast.reference
+def first_difference(reference: TokenizersEncoder, check: FastCheck) -> str | None:
+    """Where tokenizers first disagrees with what fastokens made of ``check``'s texts (ids, and with chat
+    offsets the character offsets), in words; None when they agree."""
+    chat = check.offsets is not None
     if chat:
-        a_ids, a_off, a_len = fast.encode_with_offsets(texts)
-        b_ids, b_off, b_len = ref.encode_with_offsets(texts)
+        b_ids, b_off, b_len = reference.encode_with_offsets(check.texts)
     else:
-        (a_ids, a_len), (b_ids, b_len) = fast.encode(texts, add_special_tokens), ref.encode(texts, add_special_tokens)
-        a_off = b_off = None
-    a_bounds, b_bounds = np.cumsum(a_len) - a_len, np.cumsum(b_len) - b_len
-    for d, text in enumerate(texts):
-        a = a_ids[a_bounds[d] : a_bounds[d] + a_len[d]]
+        (b_ids, b_len), b_off = reference.encode(check.texts), None
+    a_bounds, b_bounds = np.cumsum(check.lengths) - check.lengths, np.cumsum(b_len) - b_len
+    for d, text in enumerate(check.texts):
+        a = check.ids[a_bounds[d] : a_bounds[d] + check.lengths[d]]
         b = b_ids[b_bounds[d] : b_bounds[d] + b_len[d]]
         if not np.array_equal(a, b):
             n = min(len(a), len(b))
             pos = int(np.argmax(a[:n] != b[:n])) if (a[:n] != b[:n]).any() else n
-            got = [int(x) for x in a[pos : pos + 3]]
-            want = [int(x) for x in b[pos : pos + 3]]
-            return f"text {d} ({_excerpt(text)}) at token {pos}: fastokens gives {got}, tokenizers {want}"
+            return (f"{check.where()}: text {d} ({_excerpt(text)}) at token {pos}: fastokens gives "
+                    f"{[int(x) for x in a[pos : pos + 3]]}, tokenizers {[int(x) for x in b[pos : pos + 3]]}")
         if chat:
-            a_o = a_off[a_bounds[d] : a_bounds[d] + a_len[d]]
+            a_o = check.offsets[a_bounds[d] : a_bounds[d] + check.lengths[d]]
             b_o = b_off[b_bounds[d] : b_bounds[d] + b_len[d]]
             if not np.array_equal(a_o, b_o):
                 pos = int(np.argmax((a_o != b_o).any(axis=1)))
-                return (f"text {d} ({_excerpt(text)}) at token {pos}: character offsets {tuple(map(int, a_o[pos]))} "
-                        f"from the token bytes, tokenizers {tuple(map(int, b_o[pos]))}")
+                return (f"{check.where()}: text {d} ({_excerpt(text)}) at token {pos}: character offsets "
+                        f"{tuple(map(int, a_o[pos]))} from the token bytes, tokenizers {tuple(map(int, b_o[pos]))}")
     return None
 
 
 def _excerpt(text: str, width: int = 40) -> str:
     return repr(text[:width] + ("…" if len(text) > width else ""))
-
-
-def choose_backend(path: Path, requested: str, chat: bool, reference=None) -> BackendChoice:
-    """Settle ``--backend`` for the tokenizer at ``path`` before any task runs: ``tokenizers`` as asked;
-    ``fastokens`` or ``auto`` when fastokens loads the tokenizer, gives chat offsets if ``chat``, and agrees
-    with tokenizers on the probe texts (and on the tokenizer's added tokens written into text). Where it
-    does not, ``auto`` falls back with a note and ``fastokens`` is an error naming the reason."""
-    if requested not in BACKENDS:
-        raise NanosetError(f"--backend {requested!r}: choose one of {', '.join(BACKENDS)}")
-    if requested == "tokenizers":
-        return BackendChoice("tokenizers")
-
-    def refuse(reason: str) -> BackendChoice:
-        if requested == "fastokens":
-            raise NanosetError(f"--backend fastokens: {reason}; use --backend auto (falls back to tokenizers) "
-                               f"or --backend tokenizers")
-        return BackendChoice("tokenizers", f"encoding with tokenizers: {reason}")
-
-    try:
-        import fastokens  # noqa: F401
-    except ImportError:
-        if requested == "fastokens":
-            raise NanosetError("--backend fastokens: fastokens is not installed (`pip install fastokens`: wheels "
-                               "for Linux x86-64/aarch64, macOS and Windows); use --backend auto or "
-                               "tokenizers") from None
-        return BackendChoice("tokenizers")  # the ordinary case where no wheel exists: nothing to say
-    try:
-        encoder = load_encoder(path, "fastokens", chat, reference)
-    except Exception as e:  # fastokens raises ValueError for what it lacks (a normalizer, a model type, ...)
-        return refuse(f"fastokens cannot load {path} ({type(e).__name__}: {' '.join(str(e).split())})")
-    if chat and encoder.offsets is None:
-        reason = ByteLevelOffsets.of_tokenizer(json.loads(Path(path).read_text(encoding="utf-8")))[1]
-        return refuse(f"--chat needs character offsets, which fastokens does not give and the token bytes give "
-                      f"only for byte-level BPE without a normalizer: {reason}")
-    probes = list(PROBE_TEXTS) + [f"x{t}y {t} {t}{t}\n{t}" for t in _added_contents(path)]
-    try:
-        diff = first_difference(encoder, probes, chat, add_special_tokens=not chat)
-    except Exception as e:
-        diff = f"fastokens failed ({type(e).__name__}: {' '.join(str(e).split())})"
-    if diff is not None:
-        return refuse(f"fastokens {encoder.version} and tokenizers differ on a probe text: {diff} (a fastokens "
-                      f"bug: please report it)")
-    return BackendChoice("fastokens")
-
-
-def _added_contents(path: Path, limit: int = 64) -> list[str]:
-    """The added tokens' texts (special tokens such as ``<|im_end|>``), for the probe set."""
-    config = json.loads(Path(path).read_text(encoding="utf-8"))
-    return [t["content"] for t in (config.get("added_tokens") or [])[:limit]]

@@ -24,14 +24,15 @@ from nanoset.errors import NanosetError
 from nanoset.format.spec import Manifest, dtype_for_vocab, dtype_name
 from nanoset.format.writer import ShardWriter, write_manifest
 from nanoset.tokenize.backends import (
-    BackendChoice,
     Encoder,
-    EncoderMismatch,
+    FastCheck,
+    FastokensUnusable,
     TokenizersEncoder,
     choose_backend,
     first_difference,
     guard_sample,
     load_encoder,
+    probe_texts,
 )
 from nanoset.tokenize.chat import ChatColumns, ChatReader, encode_chats
 from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate, load_chat_template, special_token_strings
@@ -105,17 +106,15 @@ def _init_worker(tokenizer_path: str, config: dict, counters: tuple, single_thre
     renderer = None
     if chat:
         renderer = ChatRenderer(ChatTemplate(chat["template"], chat["template_origin"]), chat["special_tokens"])
-    tok = load_tokenizer(Path(tokenizer_path))
-    _worker.update(tokenizer=tok, path=Path(tokenizer_path), config=config, counters=counters, renderer=renderer,
-                   encoders={"tokenizers": TokenizersEncoder(tok)})
+    _worker.update(path=Path(tokenizer_path), config=config, counters=counters, renderer=renderer, encoders={})
 
 
 def _encoder(backend: str) -> Encoder:
-    """This worker's encoder of ``backend``, loaded on first use."""
+    """This worker's encoder of ``backend``, loaded on first use (FastokensUnusable: fastokens cannot load it)."""
     encoders = _worker["encoders"]
     if backend not in encoders:
-        encoders[backend] = load_encoder(_worker["path"], backend, bool(_worker["config"].get("chat")),
-                                         reference=_worker["tokenizer"])
+        reference = None if backend == "tokenizers" else lambda: _encoder("tokenizers")
+        encoders[backend] = load_encoder(_worker["path"], backend, bool(_worker["config"].get("chat")), reference)
     return encoders[backend]
 
 
@@ -150,14 +149,26 @@ def _write_split(writers: list[ShardWriter], new_writer, flat: np.ndarray, lengt
         i, base = i + k, stop
 
 
-def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers") -> TaskResult:
+def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers", probe: bool = False) -> TaskResult:
     """Tokenize one task into shards ``PREFIX_00000...`` with the encoder of ``backend`` (called in a worker
-    process). With fastokens, the task's first texts are encoded by tokenizers too: where they differ, the
-    task is encoded by tokenizers and its result says where (``--backend fastokens``: an error)."""
+    process). With fastokens the result also holds what it made of the task's first texts (and, with
+    ``probe``, of the probe set), for the driver to compare with tokenizers; where fastokens cannot load
+    the tokenizer, the task is encoded by tokenizers and the result says why (``--backend fastokens``: an
+    error)."""
     if os.environ.get(FAULT_ENV) == str(task.index):
         os.kill(os.getpid(), signal.SIGKILL)
     cfg = _worker["config"]
-    encoder, difference, guarded = _encoder(backend), None, backend != "fastokens"
+    checks: list[FastCheck] = []
+    unusable = None
+    try:
+        encoder = _encoder(backend)
+    except FastokensUnusable as e:
+        if cfg["strict_backend"]:
+            raise FastokensUnusable(f"--backend fastokens: {e}; use --backend auto or tokenizers") from None
+        encoder, unusable = _encoder("tokenizers"), str(e)
+    guarded = encoder.name != "fastokens"
+    if not guarded and probe:
+        checks.append(FastCheck.of(encoder, probe_texts(_worker["path"]), bool(cfg["chat"])))
     docs_counter, tokens_counter = _worker["counters"]
     dtype = np.dtype(cfg["dtype"])
     writers: list[ShardWriter] = []
@@ -181,13 +192,7 @@ def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers") -> 
                 if not guarded:
                     guarded = True
                     sample = guard_sample([c.text for c in texts] if chat else texts)
-                    difference = first_difference(encoder, sample, bool(chat))
-                    if difference is not None:
-                        if cfg["strict_backend"]:
-                            raise EncoderMismatch(f"--backend fastokens: task {task.index} ({describe_task(task)}): "
-                                                  f"fastokens and tokenizers differ on {difference}; use --backend "
-                                                  f"auto or tokenizers (and please report it to fastokens)")
-                        encoder = _encoder("tokenizers")
+                    checks.append(FastCheck.of(encoder, sample, bool(chat), task.index, describe_task(task)))
                 if chat:
                     flat, loss, lengths = encode_chats(encoder, texts, cfg["eos_id"])
                 else:
@@ -204,7 +209,7 @@ def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers") -> 
                     tokens_counter.value += len(flat)
             skipped += reader.skipped
         return TaskResult([w.finalize(sources[w.name]) for w in writers if w.num_documents > 0], skipped,
-                          encoder.label, difference)
+                          encoder.label, checks, unusable)
     finally:
         for w in writers:
             if not w.finalized:
@@ -306,14 +311,14 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
 
     itemsize = np.dtype(plan.build["dtype"]).itemsize
     mine = [t for t in plan.tasks if t.index % opts.num_tasks == opts.task_index]
-    reference = load_tokenizer(tokenizer.path)
+    reference = TokenizersEncoder(tokenizer.tokenizer or load_tokenizer(tokenizer.path))
     config = {
         "dtype": plan.build["dtype"],
         "tokenizer_name": tokenizer.info.name,
         "text_column": opts.text_column,
         "skip_bad_lines": opts.skip_bad_lines,
         "eos_id": tokenizer.info.eos_id,
-        "append_eos": _appends_eos(reference, tokenizer.info.eos_id),
+        "append_eos": _appends_eos(reference.tok, tokenizer.info.eos_id),
         "max_tokens_per_shard": opts.max_tokens_per_shard,
         "chat": chat,
         "strict_backend": opts.backend == "fastokens",
@@ -323,9 +328,9 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         todo = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)]
         batch = todo
         if batch:
-            backend = _settle_backend(opts, tokenizer, folder, reference)
+            backend = _settle_backend(opts, tokenizer, folder)
         while batch:  # a second pass only after fastokens differed: it redoes what fastokens encoded
-            backend = _run_tasks(batch, plan, folder, tokenizer, config, opts, backend)
+            backend = _run_tasks(batch, plan, folder, tokenizer, config, opts, backend, reference)
             fell_back = folder.encoder_fallback() is not None
             batch = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)] if fell_back else []
     except WorkerDied as e:
@@ -381,10 +386,10 @@ def _note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr, flush=True)
 
 
-def _settle_backend(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, folder: OutputFolder, reference) -> str:
+def _settle_backend(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, folder: OutputFolder) -> str:
     """The backend this run starts with: ``--backend`` as ``choose_backend`` settles it (its note printed), and
-    tokenizers where an earlier run of this job saw fastokens differ."""
-    choice: BackendChoice = choose_backend(tokenizer.path, opts.backend, opts.chat, reference)
+    tokenizers where an earlier run of this job saw fastokens differ or fail."""
+    choice = choose_backend(tokenizer.path, opts.backend, opts.chat)
     if choice.note:
         _note(choice.note)
     earlier = folder.encoder_fallback()
@@ -412,10 +417,11 @@ def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: int, re
 
 
 def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: ResolvedTokenizer,
-               config: dict, opts: TokenizeOptions, backend: str) -> str:
+               config: dict, opts: TokenizeOptions, backend: str, reference: TokenizersEncoder) -> str:
     """Run tasks in a process pool (or inline for one worker), with a progress bar on a terminal; returns the
-    backend in use at the end: tokenizers from the first task whose first texts fastokens encoded
-    differently (noted once, and recorded in the work folder for reruns)."""
+    backend in use at the end. Each fastokens result's checks are compared with ``reference``: from the
+    first difference (or a worker where fastokens cannot load the tokenizer) on, tokenizers, noted once and
+    recorded in the work folder for reruns (``--backend fastokens``: an error)."""
     from tqdm import tqdm
 
     ctx = mp.get_context("spawn")
@@ -430,21 +436,28 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
         rate = counters[1].value / max(time.perf_counter() - start, 1e-9)
         bar.set_postfix_str(f"{counters[0].value:,} docs, {counters[1].value:,} tokens, {rate:,.0f} tok/s")
 
-    state = {"backend": backend}
+    state = {"backend": backend, "probed": backend != "fastokens"}
 
     def record(task: Task, result: TaskResult) -> None:
+        reason = result.unusable
+        for check in result.checks:
+            state["probed"] = state["probed"] or check.task is None
+            if reason is None and (difference := first_difference(reference, check)) is not None:
+                reason = f"{result.encoder} and tokenizers differ on {difference} (a fastokens bug: please report it)"
+                if config["strict_backend"]:
+                    raise NanosetError(f"--backend fastokens: {reason}; use --backend auto or tokenizers")
+        result.checks, result.unusable = [], None
         folder.mark_done(task, result)
-        if result.difference is not None and state["backend"] == "fastokens":
-            note = f"fastokens and tokenizers differ on task {task.index}'s {result.difference} (a fastokens bug: " \
-                   f"please report it)"
-            folder.record_encoder_fallback(note)
-            _note(f"encoding with tokenizers from now on, and again what fastokens encoded: {note}")
+        if reason is not None and state["backend"] == "fastokens":
+            folder.record_encoder_fallback(reason)
+            redo = " (what fastokens encoded is encoded again)" if result.by_fastokens else ""
+            _note(f"encoding with tokenizers{redo}: {reason}")
             state["backend"] = "tokenizers"
         bar.update(1)
         refresh()
 
     def args_of(task: Task) -> tuple:
-        return task, str(folder.path), task.shard_prefix(plan.width), state["backend"]
+        return task, str(folder.path), task.shard_prefix(plan.width), state["backend"], not state["probed"]
 
     try:
         if workers == 1:

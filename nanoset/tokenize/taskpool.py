@@ -8,6 +8,7 @@ task a dead worker was running and can stop at once with that task in the error.
 
 from __future__ import annotations
 
+import os
 import signal
 import traceback
 from collections.abc import Callable, Iterator
@@ -67,6 +68,9 @@ def _worker_main(conn: Connection, initializer: Callable, initargs: tuple, fn: C
             conn.send((True, result))
     except (EOFError, OSError):  # the driver is gone (killed): nobody to report to
         return
+    # told to stop, with nothing open: leave without the interpreter's teardown (freeing a large tokenizer's
+    # tables and every module took 0.3 s that the driver spent waiting in close())
+    os._exit(0)
 
 
 def _send_error(conn: Connection, error: BaseException, text: str) -> None:

@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanoset.atomic import atomic_write_text
@@ -252,17 +252,20 @@ class TaskResult:
     shards: list[ShardInfo]
     skipped_lines: int
     encoder: str | None = None  # the backend that encoded it ("fastokens 0.3.5"); None: written before backends
-    difference: str | None = None  # where fastokens and tokenizers disagreed on its first texts, if they did
+    # for the driver only, never saved: what fastokens made of the task's first texts (and of the probe set),
+    # to compare with tokenizers (nanoset.tokenize.backends.FastCheck), or why fastokens could not load
+    checks: list = field(default_factory=list)
+    unusable: str | None = None
 
     def to_json(self) -> dict:
         d = {"shards": [s.to_json() for s in self.shards], "skipped_lines": self.skipped_lines}
-        d.update({k: v for k, v in (("encoder", self.encoder), ("difference", self.difference)) if v is not None})
+        if self.encoder is not None:
+            d["encoder"] = self.encoder
         return d
 
     @staticmethod
     def from_json(d: dict) -> TaskResult:
-        return TaskResult([ShardInfo.from_json(s) for s in d["shards"]], d["skipped_lines"], d.get("encoder"),
-                          d.get("difference"))
+        return TaskResult([ShardInfo.from_json(s) for s in d["shards"]], d["skipped_lines"], d.get("encoder"))
 
     @property
     def by_fastokens(self) -> bool:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nanoset.errors import NanosetError
 from nanoset.format.spec import TokenizerInfo
@@ -22,6 +23,7 @@ class ResolvedTokenizer:
     spec: str
     path: Path
     info: TokenizerInfo
+    tokenizer: Any = field(default=None, repr=False, compare=False)  # the loaded tokenizers.Tokenizer
 
 
 def _hub_cache_dirs() -> list[Path]:
@@ -131,4 +133,4 @@ def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokeni
         sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
         path=str(path),
     )
-    return ResolvedTokenizer(spec=spec, path=path, info=info)
+    return ResolvedTokenizer(spec=spec, path=path, info=info, tokenizer=tok)

@@ -135,7 +135,7 @@ def test_chat_shards_and_loss_masks_are_byte_identical(tmp_path, workers):
 
 def offsets_both_ways(path: Path, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     fast = load_encoder(path, "fastokens", chat=True)
-    return fast.encode_with_offsets(texts)[1], fast.reference.encode_with_offsets(texts)[1]
+    return fast.encode_with_offsets(texts)[1], fast.reference().encode_with_offsets(texts)[1]
 
 
 def test_offsets_from_token_bytes_follow_tokenizers_conventions():
@@ -207,18 +207,25 @@ def plant_difference(monkeypatch, marker: str) -> None:
     monkeypatch.setattr(backends.FastokensEncoder, "encode", encode)
 
 
-def test_the_probe_catches_a_difference_before_any_task(monkeypatch, tokenizer):
+def test_the_probe_catches_a_difference_and_the_job_falls_back(monkeypatch, corpus, tmp_path, capsys, tokenizer):
+    """The probe set is checked with the first task: that task, done by fastokens, is done again by tokenizers,
+    and so is every other; the note says where; ``--backend fastokens`` stops with that line."""
     emoji = PROBE_TEXTS[8]
     assert emoji.startswith("emoji: ")
+    run(corpus, TOKENIZER, tmp_path / "reference", "tokenizers")
     plant_difference(monkeypatch, emoji)
-    choice = choose_backend(TOKENIZER / "tokenizer.json", "auto", chat=False)
+    manifest = run(corpus, TOKENIZER, tmp_path / "auto", "auto")
     ids = tokenizer.encode(emoji).ids
-    assert choice == backends.BackendChoice("tokenizers", (
-        f"encoding with tokenizers: {FASTOKENS} and tokenizers differ on a probe text: text 8 "
-        f"({backends._excerpt(emoji)}) at token 0: fastokens gives {[ids[0] + 1] + ids[1:3]}, tokenizers {ids[:3]} "
-        f"(a fastokens bug: please report it)"))
-    with pytest.raises(ValueError, match=f"--backend fastokens: {FASTOKENS} and tokenizers differ on a probe text"):
-        choose_backend(TOKENIZER / "tokenizer.json", "fastokens", chat=False)
+    difference = (f"{FASTOKENS} and tokenizers differ on a probe text: text 8 ({backends._excerpt(emoji)}) at token "
+                  f"0: fastokens gives {[ids[0] + 1] + ids[1:3]}, tokenizers {ids[:3]} (a fastokens bug: please "
+                  f"report it)")
+    assert capsys.readouterr().err == f"note: encoding with tokenizers (what fastokens encoded is encoded again): " \
+                                      f"{difference}\n"
+    assert shard_files(tmp_path / "auto") == shard_files(tmp_path / "reference")
+    assert manifest["encoders"] == [TOKENIZERS]
+    with pytest.raises(ValueError) as e:
+        run(corpus, TOKENIZER, tmp_path / "strict", "fastokens")
+    assert str(e.value) == f"--backend fastokens: {difference}; use --backend auto or tokenizers"
 
 
 def test_a_tasks_first_texts_catch_a_difference_and_the_job_falls_back(monkeypatch, corpus, tmp_path, capsys):
@@ -234,13 +241,19 @@ def test_a_tasks_first_texts_catch_a_difference_and_the_job_falls_back(monkeypat
     plant_difference(monkeypatch, marker)
     manifest = run(corpus, TOKENIZER, tmp_path / "auto", "auto")
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith("note: encoding with tokenizers from now on, and again what fastokens "
-                                               "encoded: fastokens and tokenizers differ on task 1's text 0 (")
+    size = (corpus / "part-0.jsonl").stat().st_size
+    task_1 = (f"{corpus / 'part-0.jsonl'} bytes 40000-{size} to {corpus / 'part-1.jsonl'} bytes 0-{80_000 - size}, "
+              f"2 pieces")
+    assert len(err) == 1 and err[0].startswith(
+        f"note: encoding with tokenizers (what fastokens encoded is encoded again): {FASTOKENS} and tokenizers "
+        f"differ on task 1's first texts ({task_1}): text 0 ({backends._excerpt(marker)}) at token 0: fastokens "
+        f"gives [")
     assert shard_files(tmp_path / "auto") == shard_files(tmp_path / "reference")
     assert manifest["encoders"] == [TOKENIZERS]
-    with pytest.raises(ValueError, match=r"--backend fastokens: task 1 \(.*part-0.jsonl bytes .*\): fastokens and "
-                                         r"tokenizers differ on text 0 \(.*\) at token 0: fastokens gives \["):
+    with pytest.raises(ValueError) as e:
         run(corpus, TOKENIZER, tmp_path / "strict", "fastokens")
+    assert str(e.value).startswith(f"--backend fastokens: {FASTOKENS} and tokenizers differ on task 1's first texts "
+                                   f"({task_1}): text 0 (")
 
 
 # ---------------------------------------------------------------- verify --retokenize ---------

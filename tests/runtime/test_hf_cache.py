@@ -171,3 +171,17 @@ def test_a_cache_dir_without_file_locks_is_one_clear_error(tmp_path, monkeypatch
     assert str(e.value) == (f"general.cache_dir: {tmp_path} does not support file locks (Function not implemented), "
                             f"which keep two processes from tokenizing into one cache; set cache_dir on a filesystem "
                             f"that does (a node-local disk: each node then prepares its own copy)")
+
+
+def test_the_cache_is_tokenized_by_the_tokenize_job_with_its_fastest_exact_backend(tmp_path, tokenizer, eos_id):
+    """The stage cache goes through `nanoset tokenize`'s own encoders: fastokens where it is installed, the ids
+    tokenizers gives."""
+    pytest.importorskip("fastokens")
+    from nanoset.tokenize.backends import _version
+
+    source = write_jsonl(tmp_path / "docs.jsonl", TEXTS)
+    folder = resolve_stage_folders(hf_config(tmp_path, source))[0][0]
+    manifest = json.loads((Path(folder) / "nanoset.json").read_text())
+    assert manifest["encoders"] == [f"fastokens {_version('fastokens')}"]
+    reader = open_dataset(folder)
+    assert [reader.document(i).tolist() for i in range(200)] == [tokenizer.encode(t).ids + [eos_id] for t in TEXTS]
