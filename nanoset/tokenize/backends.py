@@ -372,11 +372,10 @@ class FastCheck:
         return "a probe text" if self.task is None else f"task {self.task}'s first texts ({self.source})"
 
 
-def probe_texts(path: Path, limit: int = 64) -> list[str]:
+def probe_texts(encoder: FastokensEncoder, limit: int = 64) -> list[str]:
     """The probe set, with the tokenizer's added tokens (special tokens such as ``<|im_end|>``) written into
     text."""
-    config = json.loads(Path(path).read_text(encoding="utf-8"))
-    added = [t["content"] for t in (config.get("added_tokens") or [])[:limit]]
+    added = [t["content"] for t in encoder.tok.added_tokens()[:limit]]
     return list(PROBE_TEXTS) + [f"x{t}y {t} {t}{t}\n{t}" for t in added]
 
 

@@ -168,7 +168,7 @@ def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers", pro
         encoder, unusable = _encoder("tokenizers"), str(e)
     guarded = encoder.name != "fastokens"
     if not guarded and probe:
-        checks.append(FastCheck.of(encoder, probe_texts(_worker["path"]), bool(cfg["chat"])))
+        checks.append(FastCheck.of(encoder, probe_texts(encoder), bool(cfg["chat"])))
     docs_counter, tokens_counter = _worker["counters"]
     dtype = np.dtype(cfg["dtype"])
     writers: list[ShardWriter] = []
@@ -332,6 +332,8 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         while batch:  # a second pass only after fastokens differed: it redoes what fastokens encoded
             backend = _run_tasks(batch, plan, folder, tokenizer, config, opts, backend, reference)
             fell_back = folder.encoder_fallback() is not None
+            if fell_back and folder.completed_manifest() is not None:  # another machine published it meanwhile
+                break
             batch = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)] if fell_back else []
     except WorkerDied as e:
         raise NanosetError(

@@ -97,6 +97,20 @@ def test_workers_and_task_splits_with_fastokens_write_the_tokenizers_shards(kind
     assert json.loads((tmp_path / "split" / "nanoset.json").read_text())["encoders"] == [FASTOKENS]
 
 
+def test_a_job_begun_with_one_backend_resumes_with_another(kinds, corpus, tmp_path):
+    """The backend is not part of the job's plan: killed under tokenizers, resumed under fastokens, the
+    folder is the uninterrupted run's, and the manifest names both."""
+    run(corpus, kinds["gpt2"], tmp_path / "reference", "tokenizers")
+    args = ["tokenize", corpus, "-o", tmp_path / "out", "--tokenizer", kinds["gpt2"], "--task-bytes", 40_000,
+            "--quiet", "--workers", 2]
+    killed = run_cli(*args, "--backend", "tokenizers", check=False, env={"NANOSET_FAULT_KILL_TASK": "2"})
+    assert killed.returncode == 1 and "task 2" in killed.stderr and "SIGKILL" in killed.stderr
+    resumed = run_cli(*args)
+    assert "already done" in resumed.stdout and " 0 already done" not in resumed.stdout
+    assert shard_files(tmp_path / "out") == shard_files(tmp_path / "reference")
+    assert json.loads((tmp_path / "out" / "nanoset.json").read_text())["encoders"] == [FASTOKENS, TOKENIZERS]
+
+
 def test_backend_fastokens_refuses_a_tokenizer_it_cannot_load_in_one_line(kinds, corpus, tmp_path):
     proc = run_cli("tokenize", corpus, "-o", tmp_path / "out", "--tokenizer", kinds["unigram"], "--quiet",
                    "--backend", "fastokens", check=False)
