@@ -98,18 +98,24 @@ class TaskPool(Generic[T]):
 
     def run(self, tasks: list[T], args_of: Callable[[T], tuple], on_tick: Callable[[], None],
             tick: float = 0.25) -> Iterator[tuple[T, Any]]:
-        """Yield ``(task, result)`` as tasks complete; raise a worker's exception, or ``WorkerDied``."""
+        """Yield ``(task, result)`` as tasks complete; raise a worker's exception, or ``WorkerDied``. A worker
+        gets its next task before the caller sees the result of its last one: what the caller does with a
+        result (write a marker, check it) does not leave the worker idle."""
         queue = list(reversed(tasks))
         running = self.running
+
+        def dispatch(w: int) -> None:
+            running[w] = queue.pop()
+            try:
+                self.conns[w].send(args_of(running[w]))
+            except OSError:  # it died while idle
+                self.procs[w].join()
+                raise WorkerDied(running[w], self.procs[w].exitcode) from None
+
         while queue or running:
             for w in range(len(self.procs)):
                 if w not in running and queue:
-                    running[w] = queue.pop()
-                    try:
-                        self.conns[w].send(args_of(running[w]))
-                    except OSError:  # it died while idle
-                        self.procs[w].join()
-                        raise WorkerDied(running[w], self.procs[w].exitcode) from None
+                    dispatch(w)
             watched = {self.conns[w]: w for w in running} | {self.procs[w].sentinel: w for w in running}
             ready = wait(list(watched), timeout=tick)
             on_tick()
@@ -128,6 +134,8 @@ class TaskPool(Generic[T]):
                 if not ok:
                     error, text = value
                     raise error from RemoteTraceback(text)
+                if queue:
+                    dispatch(w)
                 yield task, value
 
     def close(self) -> None:
