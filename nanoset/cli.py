@@ -57,10 +57,14 @@ def _env_int(name: str, default: int) -> int:
               help="With --chat: rows without a messages column are a prompt (user turn) ...")
 @click.option("--completion-column", default="completion", show_default=True,
               help="... and a completion (assistant turn).")
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "fastokens", "tokenizers"]),
+              help="The encoder; the output is the same with each. auto: fastokens where it is installed, loads the "
+                   "tokenizer and agrees with tokenizers on a probe set, else tokenizers (with a note).")
 def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: str | None, text_column: str,
              workers: int, max_tokens_per_shard: int | None, num_tasks: int | None, task_index: int | None,
              task_bytes: int | None, skip_bad_lines: bool, overwrite: bool, quiet: bool, chat: bool,
-             chat_template: str | None, messages_column: str, prompt_column: str, completion_column: str) -> None:
+             chat_template: str | None, messages_column: str, prompt_column: str, completion_column: str,
+             backend: str) -> None:
     """Tokenize INPUTS (files, folders, globs) into a Nanoset dataset folder."""
     from nanoset.tokenize.job import TokenizeOptions
     from nanoset.tokenize.job import tokenize as run
@@ -72,7 +76,7 @@ def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: s
         task_index=task_index if task_index is not None else _env_int("RANK", 0),
         overwrite=overwrite, skip_bad_lines=skip_bad_lines, task_bytes=task_bytes, progress=not quiet,
         chat=chat, chat_template=chat_template, messages_column=messages_column, prompt_column=prompt_column,
-        completion_column=completion_column,
+        completion_column=completion_column, backend=backend,
     ))
     click.echo("\n".join([summary.line(), *summary.details()]))
 
@@ -92,11 +96,26 @@ def inspect(path: Path, as_json: bool, samples: int, tokenizer: str | None) -> N
 
 @cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
-def verify(path: Path) -> None:
+@click.option("--retokenize", default=None, type=int, metavar="N",
+              help="Also re-encode N sampled documents from the recorded inputs with the tokenizers backend and "
+                   "compare them with the shards.")
+def verify(path: Path, retokenize: int | None) -> None:
     """Check checksums, sizes, index, token ids and EOS of every shard (a full read)."""
     from nanoset.verify import verify_dataset
 
+    if retokenize is not None and retokenize < 1:  # before the full read, which may take long
+        raise NanosetError(f"--retokenize must be ≥ 1, got {retokenize}")
     click.echo(verify_dataset(path))
+    if retokenize is not None:
+        from nanoset.tokenize.retokenize import RetokenizeMismatch
+        from nanoset.tokenize.retokenize import retokenize as run
+
+        try:
+            click.echo(run(path, retokenize)[1])
+        except RetokenizeMismatch as e:
+            for line in e.lines:
+                click.echo(line)
+            raise
 
 
 @cli.command()

@@ -1,5 +1,5 @@
 """Import boundaries the deployment relies on: the toolkit without torch, the runtime without
-`datasets`/`zstandard` (the GPU machines do not have them)."""
+`datasets`/`zstandard`/`fastokens` (the GPU machines do not have them; fastokens has no wheel everywhere)."""
 
 from __future__ import annotations
 
@@ -34,18 +34,20 @@ def test_the_data_order_imports_without_torch():
     assert proc.returncode == 1 and last.startswith("ModuleNotFoundError: No module named 'torch.utils'"), last
 
 
-def test_runtime_needs_neither_datasets_nor_zstandard():
-    proc = imports_without(("datasets", "zstandard"), ("runtime.train", "runtime.trainer", "runtime.explain"))
+def test_runtime_needs_neither_datasets_zstandard_nor_fastokens():
+    proc = imports_without(("datasets", "zstandard", "fastokens"), ("runtime.train", "runtime.trainer",
+                                                                    "runtime.explain"))
     assert proc.returncode == 0, proc.stderr
 
 
-def test_runtime_trains_without_datasets_or_zstandard(shards, tmp_path):
-    """Not only imports: a whole run (data plan, loader, checkpoint) with both modules blocked."""
+def test_runtime_trains_without_datasets_zstandard_or_fastokens(shards, tmp_path):
+    """Not only imports: a whole run (data plan, loader, checkpoint) with the three modules blocked."""
     from tests.support.configs import small_config
     from tests.support.harness import metrics
 
     cfg = small_config(tmp_path, tmp_path / "run", dp=1, steps=2, interval=2, single_stage=True)
     code = ("import sys\nsys.modules['datasets'] = None\nsys.modules['zstandard'] = None\n"
+            "sys.modules['fastokens'] = None\n"
             f"from runtime.train import main\nsys.exit(main(['--config', {str(cfg)!r}]))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=shards, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -262,6 +262,9 @@ class Manifest:
     loss_masks: bool = False  # every shard has a NAME.ds.loss
     chat_template_sha256: str | None = None  # the chat template that rendered the conversations
     loss_mask_rule: int | None = None  # LOSS_MASK_RULES: how tokenize --chat made the masks (None: not by it)
+    chat_template_file: str | None = None  # its file, when it was not the tokenizer's own (--chat-template)
+    encoders: list[str] | None = None  # the backends that encoded the shards ("fastokens 0.3.5"): information
+    # only, the bytes do not depend on it
     format: str = FORMAT_NAME
     version: int = FORMAT_VERSION
 
@@ -310,6 +313,10 @@ class Manifest:
             d["chat_template_sha256"] = self.chat_template_sha256
             if self.loss_mask_rule is not None:
                 d["loss_mask_rule"] = self.loss_mask_rule
+            if self.chat_template_file is not None:
+                d["chat_template_file"] = self.chat_template_file
+        if self.encoders is not None:
+            d["encoders"] = self.encoders
         return json.dumps(d, indent=1, sort_keys=True) + "\n"
 
     @staticmethod
@@ -358,6 +365,8 @@ def _manifest(d: dict[str, Any], shards: ManifestShards) -> Manifest:
         loss_masks=bool(d.get("loss_masks", False)),
         chat_template_sha256=d.get("chat_template_sha256"),
         loss_mask_rule=_loss_mask_rule(d),
+        chat_template_file=d.get("chat_template_file"),
+        encoders=d.get("encoders"),
     )
 
 

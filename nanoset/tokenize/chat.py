@@ -108,6 +108,16 @@ class ChatReader(TextReader):
     def _weight(value: RenderedChat) -> int:  # type: ignore[override]
         return len(value.text)
 
+    def _exact(self, row: object) -> bool:
+        """orjson's row is json's in every value a conversation reads: roles and contents are strings."""
+        if type(row) is not dict:
+            return False
+        messages = row.get(self.columns.messages)
+        if self.columns.messages in row:
+            return type(messages) is list and all(
+                type(m) is dict and type(m.get("role")) is str and type(m.get("content")) is str for m in messages)
+        return type(row.get(self.columns.prompt)) is str and type(row.get(self.columns.completion)) is str
+
     def _value(self, row: dict, where: Callable[[], str],  # type: ignore[override]
                escapes: bool) -> RenderedChat | None:
         if self.columns.messages not in row and not (self.columns.prompt in row and self.columns.completion in row):
@@ -155,22 +165,19 @@ def token_loss_mask(offsets: np.ndarray, spans: tuple[tuple[int, int], ...] | li
     return inside.astype(np.uint8)
 
 
-def encode_chats(tok, chats: list[RenderedChat], eos_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def encode_chats(encoder, chats: list[RenderedChat], eos_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Token ids (EOS appended unless the template already ended with it), loss masks and document lengths
-    of ``chats``. The appended EOS is trained on when the conversation ends with an assistant turn: it is
-    that turn's end; after a trailing user or system message it is not (nothing there is the model's)."""
-    encodings = tok.encode_batch([c.text for c in chats], add_special_tokens=False)
-    ids_parts, loss_parts = [], []
-    for i, (chat, enc) in enumerate(zip(chats, encodings)):
-        ids = np.array(enc.ids, dtype=np.uint32)
-        loss = token_loss_mask(np.array(enc.offsets, dtype=np.int64), chat.spans)
-        encodings[i] = None
-        if not len(ids) or ids[-1] != eos_id:
-            ids = np.append(ids, np.uint32(eos_id))
-            loss = np.append(loss, np.uint8(chat.ends_with_assistant))
-        ids_parts.append(ids)
-        loss_parts.append(loss)
-    lengths = np.fromiter((len(p) for p in ids_parts), dtype=np.int64, count=len(ids_parts))
-    if not ids_parts:
+    of ``chats``, encoded by ``encoder`` (``nanoset.tokenize.backends``). The appended EOS is trained on when
+    the conversation ends with an assistant turn: it is that turn's end; after a trailing user or system
+    message it is not (nothing there is the model's)."""
+    ids, offsets, lengths = encoder.encode_with_offsets([c.text for c in chats])
+    if not len(chats):
         return np.empty(0, np.uint32), np.empty(0, np.uint8), lengths
-    return np.concatenate(ids_parts), np.concatenate(loss_parts), lengths
+    ends = np.cumsum(lengths)
+    loss = np.concatenate([token_loss_mask(offsets[end - n : end], chat.spans)
+                           for chat, n, end in zip(chats, lengths.tolist(), ends.tolist())])
+    eos = (lengths == 0) | (ids[np.maximum(ends - 1, 0)] != eos_id) if len(ids) else np.ones(len(chats), bool)
+    trained = np.fromiter((c.ends_with_assistant for c in chats), dtype=np.uint8, count=len(chats))
+    ids = np.insert(ids, ends[eos], np.uint32(eos_id))
+    loss = np.insert(loss.astype(np.uint8, copy=False), ends[eos], trained[eos])
+    return ids, loss, lengths + eos

@@ -23,6 +23,17 @@ import numpy as np
 from nanoset.errors import NanosetError
 from nanoset.format.spec import SKIPPED_EXAMPLES, SKIPPED_NAME, Manifest, dtype_for_vocab, dtype_name
 from nanoset.format.writer import ShardWriter, write_manifest
+from nanoset.tokenize.backends import (
+    Encoder,
+    FastCheck,
+    FastokensUnusable,
+    TokenizersEncoder,
+    choose_backend,
+    first_difference,
+    guard_sample,
+    load_encoder,
+    probe_texts,
+)
 from nanoset.tokenize.chat import MASK_RULE, ChatColumns, ChatReader, encode_chats
 from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate, load_chat_template, special_token_strings
 from nanoset.tokenize.inputs import Piece, discover
@@ -53,6 +64,7 @@ class TokenizeOptions:
     messages_column: str = "messages"
     prompt_column: str = "prompt"
     completion_column: str = "completion"
+    backend: str = "auto"  # the encoder: auto (fastokens where it loads and agrees), fastokens or tokenizers
 
 
 FAULT_ENV = "NANOSET_FAULT_KILL_TASK"  # fault injection for tests: a worker SIGKILLs itself on this task
@@ -104,29 +116,24 @@ def _init_worker(tokenizer_path: str, config: dict, counters: tuple, single_thre
     renderer = None
     if chat:
         renderer = ChatRenderer(ChatTemplate(chat["template"], chat["template_origin"]), chat["special_tokens"])
-    _worker.update(tokenizer=load_tokenizer(Path(tokenizer_path)), config=config, counters=counters, renderer=renderer)
+    _worker.update(path=Path(tokenizer_path), config=config, counters=counters, renderer=renderer, encoders={})
 
 
-def _encode(tok, texts: list[str], eos_id: int, append_eos: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of ``texts`` (plus EOS each), flattened, and the document lengths.
+def _encoder(backend: str) -> Encoder:
+    """This worker's encoder of ``backend``, loaded on first use (FastokensUnusable: fastokens cannot load it)."""
+    encoders = _worker["encoders"]
+    if backend not in encoders:
+        reference = None if backend == "tokenizers" else lambda: _encoder("tokenizers")
+        encoders[backend] = load_encoder(_worker["path"], backend, bool(_worker["config"].get("chat")), reference)
+    return encoders[backend]
 
-    Each encoding becomes an array and is dropped at once: only one document's ids are ever a Python
-    list (the ``tokenizers`` API has no other way out), so a huge document is not held twice over."""
-    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
-    encodings = encode(texts)
-    docs = []
-    for i, e in enumerate(encodings):
-        docs.append(np.array(e.ids, dtype=np.uint32))
-        encodings[i] = None
-    extra = 1 if append_eos else 0
-    lengths = np.fromiter((len(d) + extra for d in docs), dtype=np.int64, count=len(docs))
-    flat = np.empty(int(lengths.sum()), dtype=np.uint32)
-    ends = np.cumsum(lengths)
-    for d, end in zip(docs, ends.tolist()):
-        flat[end - len(d) - extra : end - extra] = d
-    if append_eos:
-        flat[ends - 1] = eos_id
-    return flat, lengths
+
+def _encode(encoder: Encoder, texts: list[str], eos_id: int, append_eos: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of ``texts`` (plus EOS each), flattened, and the document lengths."""
+    flat, lengths = encoder.encode(texts)
+    if not append_eos:
+        return flat, lengths
+    return np.insert(flat, np.cumsum(lengths), np.uint32(eos_id)), lengths + 1
 
 
 def _write_split(writers: list[ShardWriter], new_writer, flat: np.ndarray, lengths: np.ndarray,
@@ -180,11 +187,26 @@ class SkipLog:
             self.tmp.unlink(missing_ok=True)
 
 
-def run_task(task: Task, out: str, prefix: str) -> TaskResult:
-    """Tokenize one task into shards ``PREFIX_00000...`` (called in a worker process)."""
+def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers", probe: bool = False) -> TaskResult:
+    """Tokenize one task into shards ``PREFIX_00000...`` with the encoder of ``backend`` (called in a worker
+    process). With fastokens the result also holds what it made of the task's first texts (and, with
+    ``probe``, of the probe set), for the driver to compare with tokenizers; where fastokens cannot load
+    the tokenizer, the task is encoded by tokenizers and the result says why (``--backend fastokens``: an
+    error)."""
     if os.environ.get(FAULT_ENV) == str(task.index):
         os.kill(os.getpid(), signal.SIGKILL)
-    cfg, tok = _worker["config"], _worker["tokenizer"]
+    cfg = _worker["config"]
+    checks: list[FastCheck] = []
+    unusable = None
+    try:
+        encoder = _encoder(backend)
+    except FastokensUnusable as e:
+        if cfg["strict_backend"]:
+            raise FastokensUnusable(f"--backend fastokens: {e}; use --backend auto or tokenizers") from None
+        encoder, unusable = _encoder("tokenizers"), str(e)
+    guarded = encoder.name != "fastokens"
+    if not guarded and probe:
+        checks.append(FastCheck.of(encoder, probe_texts(encoder), bool(cfg["chat"])))
     docs_counter, tokens_counter = _worker["counters"]
     dtype = np.dtype(cfg["dtype"])
     writers: list[ShardWriter] = []
@@ -206,10 +228,14 @@ def run_task(task: Task, out: str, prefix: str) -> TaskResult:
             else:
                 reader = TextReader(piece, cfg["text_column"], cfg["skip_bad_lines"], log)
             for texts in reader.batches():
+                if not guarded:
+                    guarded = True
+                    sample = guard_sample([c.text for c in texts] if chat else texts)
+                    checks.append(FastCheck.of(encoder, sample, bool(chat), task.index, describe_task(task)))
                 if chat:
-                    flat, loss, lengths = encode_chats(tok, texts, cfg["eos_id"])
+                    flat, loss, lengths = encode_chats(encoder, texts, cfg["eos_id"])
                 else:
-                    (flat, lengths), loss = _encode(tok, texts, cfg["eos_id"], cfg["append_eos"]), None
+                    (flat, lengths), loss = _encode(encoder, texts, cfg["eos_id"], cfg["append_eos"]), None
                 first = len(writers) - 1
                 _write_split(writers, new_writer, flat, lengths, cfg["max_tokens_per_shard"], loss)
                 for w in writers[first:]:
@@ -223,7 +249,7 @@ def run_task(task: Task, out: str, prefix: str) -> TaskResult:
             skipped += reader.skipped
         shards = [w.finalize(sources[w.name]) for w in writers if w.num_documents > 0]
         log.publish()
-        return TaskResult(shards, skipped, log.examples)
+        return TaskResult(shards, skipped, log.examples, encoder.label, checks, unusable)
     finally:
         log.abort()
         for w in writers:
@@ -275,6 +301,7 @@ def chat_config(opts: TokenizeOptions, tokenizer: ResolvedTokenizer) -> dict | N
     special = special_token_strings(tokenizer.path, tokenizer.info.eos_token)
     ChatRenderer(template, special)
     return {"template": template.source, "template_origin": template.origin, "template_sha256": template.sha256,
+            "template_file": str(Path(opts.chat_template).resolve()) if opts.chat_template else None,
             "special_tokens": special,
             "columns": {"messages": opts.messages_column, "prompt": opts.prompt_column,
                         "completion": opts.completion_column}}
@@ -330,19 +357,32 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
 
     itemsize = np.dtype(plan.build["dtype"]).itemsize
     mine = [t for t in plan.tasks if t.index % opts.num_tasks == opts.task_index]
-    todo = [t for t in mine if folder.done(t, itemsize) is None]
+    reference = TokenizersEncoder(tokenizer.tokenizer or load_tokenizer(tokenizer.path))
     config = {
         "dtype": plan.build["dtype"],
         "tokenizer_name": tokenizer.info.name,
         "text_column": opts.text_column,
         "skip_bad_lines": opts.skip_bad_lines,
         "eos_id": tokenizer.info.eos_id,
-        "append_eos": _appends_eos(load_tokenizer(tokenizer.path), tokenizer.info.eos_id),
+        "append_eos": _appends_eos(reference.tok, tokenizer.info.eos_id),
         "max_tokens_per_shard": opts.max_tokens_per_shard,
         "chat": chat,
+        "strict_backend": opts.backend == "fastokens",
     }
     try:
-        ran = _run_tasks(todo, plan, folder, tokenizer, config, opts)
+        fell_back = folder.encoder_fallback() is not None
+        ran: dict[int, TaskResult] = {}  # by task index: a task encoded again counts once
+        todo = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)]
+        batch = todo
+        if batch:
+            backend = _settle_backend(opts, tokenizer, folder)
+        while batch:  # a second pass only after fastokens differed: it redoes what fastokens encoded
+            backend, done_now = _run_tasks(batch, plan, folder, tokenizer, config, opts, backend, reference)
+            ran.update(done_now)
+            fell_back = folder.encoder_fallback() is not None
+            if fell_back and folder.completed_manifest() is not None:  # another machine published it meanwhile
+                break
+            batch = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)] if fell_back else []
     except WorkerDied as e:
         raise NanosetError(
             f"task {e.task.index} ({describe_task(e.task)}): its worker process {e.cause()}; the tasks finished "
@@ -358,24 +398,27 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
             f"a time; rerunning resumes"
         ) from None
 
-    results = [folder.done(t, itemsize) for t in plan.tasks]
+    fell_back = folder.encoder_fallback() is not None
+    results = [r if _done_by(r, fell_back) else None for r in (folder.done(t, itemsize) for t in plan.tasks)]
     if any(r is None for r in results):
         finished = folder.completed_manifest()
         if finished is not None and finished.build == plan.build:  # another machine finished it meanwhile
             folder.finish()
-            return _summary(opts, plan, finished, ran, len(mine) - len(todo), True, t0)
+            return _summary(opts, plan, finished, list(ran.values()), len(mine) - len(todo), True, t0)
         # other --task-index runs have work left
         partial = Manifest(tokenizer.info, plan.build["dtype"],
                            [s for t in mine if results[t.index] is not None for s in results[t.index].shards],
                            loss_masks=chat is not None)
-        return _summary(opts, plan, partial, ran, len(mine) - len(todo), False, t0)
+        return _summary(opts, plan, partial, list(ran.values()), len(mine) - len(todo), False, t0)
     manifest = Manifest(tokenizer=tokenizer.info, dtype=plan.build["dtype"],
                         shards=[s for r in results for s in r.shards], build=plan.build,
                         skipped_lines=sum(r.skipped_lines for r in results),
                         skipped_examples=[e for r in results for e in r.skipped_examples][:SKIPPED_EXAMPLES],
                         loss_masks=chat is not None,
                         chat_template_sha256=chat["template_sha256"] if chat else None,
-                        loss_mask_rule=MASK_RULE if chat else None)
+                        loss_mask_rule=MASK_RULE if chat else None,
+                        chat_template_file=chat["template_file"] if chat else None,
+                        encoders=sorted({r.encoder or TokenizersEncoder.name for r in results}))
     if manifest.num_documents == 0 and manifest.skipped_lines:
         raise NanosetError(f"{', '.join(opts.inputs)}: all {manifest.skipped_lines:,} rows were bad and skipped "
                            f"(--skip-bad-lines); nothing to tokenize: rerun with --overwrite and without "
@@ -390,7 +433,32 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         if finished is None or finished.build != plan.build:
             raise
     folder.finish()
-    return _summary(opts, plan, manifest, ran, len(mine) - len(todo), True, t0)
+    return _summary(opts, plan, manifest, list(ran.values()), len(mine) - len(todo), True, t0)
+
+
+def _note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
+def _settle_backend(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, folder: OutputFolder) -> str:
+    """The backend this run starts with: ``--backend`` as ``choose_backend`` settles it (its note printed), and
+    tokenizers where an earlier run of this job saw fastokens differ or fail."""
+    choice = choose_backend(tokenizer.path, opts.backend, opts.chat)
+    if choice.note:
+        _note(choice.note)
+    earlier = folder.encoder_fallback()
+    if earlier is not None and choice.backend == "fastokens":
+        if opts.backend == "fastokens":
+            raise NanosetError(f"--backend fastokens: an earlier run of this job saw {earlier}; use --backend auto "
+                               f"or tokenizers")
+        _note(f"encoding with tokenizers, as an earlier run of this job did: {earlier}")
+        return "tokenizers"
+    return choice.backend
+
+
+def _done_by(result: TaskResult | None, fell_back: bool) -> bool:
+    """A task result that stands: after fastokens differed anywhere in the job, only tokenizers' do."""
+    return result is not None and not (fell_back and result.by_fastokens)
 
 
 def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: list[TaskResult], resumed: int,
@@ -425,9 +493,13 @@ class ProgressLog:
 
 
 def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: ResolvedTokenizer,
-               config: dict, opts: TokenizeOptions) -> list[TaskResult]:
+               config: dict, opts: TokenizeOptions, backend: str,
+               reference: TokenizersEncoder) -> tuple[str, dict[int, TaskResult]]:
     """Run tasks in a process pool (or inline for one worker), with a progress bar on a terminal (else a line
-    now and then); returns their results."""
+    now and then); returns the backend in use at the end and the results by task index. Each fastokens
+    result's checks are compared with ``reference``: from the first difference (or a worker where fastokens
+    cannot load the tokenizer) on, tokenizers, noted once and recorded in the work folder for reruns
+    (``--backend fastokens``: an error)."""
     from tqdm import tqdm
 
     ctx = mp.get_context("spawn")
@@ -439,7 +511,7 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
     bar = tqdm(total=len(todo), unit="task", disable=not (opts.progress and terminal), dynamic_ncols=True)
     log = ProgressLog(opts.output, len(todo)) if opts.progress and not terminal else None
     start = time.perf_counter()
-    ran: list[TaskResult] = []
+    ran: dict[int, TaskResult] = {}
 
     def refresh() -> None:
         rate = counters[1].value / max(time.perf_counter() - start, 1e-9)
@@ -447,24 +519,42 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
         if log is not None:
             log.update(len(ran), counters[0].value, counters[1].value)
 
+    state = {"backend": backend, "probed": backend != "fastokens"}
+
     def record(task: Task, result: TaskResult) -> None:
+        reason = result.unusable
+        for check in result.checks:
+            state["probed"] = state["probed"] or check.task is None
+            if reason is None and (difference := first_difference(reference, check)) is not None:
+                reason = f"{result.encoder} and tokenizers differ on {difference} (a fastokens bug: please report it)"
+                if config["strict_backend"]:
+                    raise NanosetError(f"--backend fastokens: {reason}; use --backend auto or tokenizers")
+        result.checks, result.unusable = [], None
         folder.mark_done(task, result)
-        ran.append(result)
+        ran[task.index] = result
+        if reason is not None and state["backend"] == "fastokens":
+            folder.record_encoder_fallback(reason)
+            redo = " (what fastokens encoded is encoded again)" if result.by_fastokens else ""
+            _note(f"encoding with tokenizers{redo}: {reason}")
+            state["backend"] = "tokenizers"
         bar.update(1)
         refresh()
+
+    def args_of(task: Task) -> tuple:
+        return task, str(folder.path), task.shard_prefix(plan.width), state["backend"], not state["probed"]
 
     try:
         if workers == 1:
             _init_worker(*initargs[:3], False)
             for task in todo:
-                record(task, run_task(task, str(folder.path), task.shard_prefix(plan.width)))
-            return ran
+                record(task, run_task(*args_of(task)))
+            return state["backend"], ran
         pool = TaskPool(ctx, workers, _init_worker, initargs, run_task)
         try:
-            for task, result in pool.run(todo, lambda t: (t, str(folder.path), t.shard_prefix(plan.width)), refresh):
+            for task, result in pool.run(todo, args_of, refresh):
                 record(task, result)
         finally:
             pool.close()
+        return state["backend"], ran
     finally:
         bar.close()
-    return ran

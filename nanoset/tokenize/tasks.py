@@ -38,6 +38,7 @@ MAX_TASKS = 2000  # tasks (so shard files, markers) of any corpus with the defau
 SMALL_CORPUS_TASKS = 64  # a small corpus is still cut this fine, so that many workers all get work ...
 SMALL_TASK_CAP = 1 << 20  # ... while that keeps tasks under 1 MiB of input
 MIN_TASK_BYTES = 64 << 10  # below this, a task's fixed costs (its files and marker) dominate
+ENCODER_FALLBACK = "encoder-fallback.txt"  # in the work folder: why this job stopped using fastokens
 
 
 def auto_task_bytes(total_bytes: int) -> int:
@@ -248,6 +249,14 @@ class OutputFolder:
     def mark_done(self, task: Task, result: TaskResult) -> None:
         atomic_write_text(self.marker(task.index), json.dumps(result.to_json(), sort_keys=True))
 
+    def encoder_fallback(self) -> str | None:
+        """Why this job encodes with tokenizers although fastokens was chosen: a difference a task saw (kept
+        for reruns, which redo the tasks fastokens finished; not part of the plan, so they still resume)."""
+        return _read_text(self.work / ENCODER_FALLBACK)
+
+    def record_encoder_fallback(self, note: str) -> None:
+        atomic_write_text(self.work / ENCODER_FALLBACK, note)
+
     def finish(self) -> None:
         """After the manifest: drop the work folder and any temporary file left by a killed attempt (shard
         files, or the manifest itself: killed while writing it). Idempotent: every machine that finds the
@@ -304,14 +313,25 @@ class TaskResult:
     shards: list[ShardInfo]
     skipped_lines: int
     skipped_examples: list[str] = field(default_factory=list)  # the first rows skipped (all: skipped_log)
+    encoder: str | None = None  # the backend that encoded it ("fastokens 0.3.5"); None: written before backends
+    # for the driver only, never saved: what fastokens made of the task's first texts (and of the probe set),
+    # to compare with tokenizers (nanoset.tokenize.backends.FastCheck), or why fastokens could not load
+    checks: list = field(default_factory=list)
+    unusable: str | None = None
 
     def to_json(self) -> dict:
         d = {"shards": [s.to_json() for s in self.shards], "skipped_lines": self.skipped_lines}
         if self.skipped_examples:
             d["skipped_examples"] = self.skipped_examples
+        if self.encoder is not None:
+            d["encoder"] = self.encoder
         return d
 
     @staticmethod
     def from_json(d: dict) -> TaskResult:
         return TaskResult([ShardInfo.from_json(s) for s in d["shards"]], d["skipped_lines"],
-                          d.get("skipped_examples", []))
+                          skipped_examples=d.get("skipped_examples", []), encoder=d.get("encoder"))
+
+    @property
+    def by_fastokens(self) -> bool:
+        return (self.encoder or "").startswith("fastokens")

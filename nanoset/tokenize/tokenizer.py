@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from nanoset.errors import NanosetError
 from nanoset.format.spec import TokenizerInfo
+from nanoset.tokenize.backends import PROBE_TEXTS
 from nanoset.tokenize.special_tokens import CONFIG, SPECIAL_TOKENS_MAP, declared_tokens, read_json_object
 
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>", "[SEP]")
@@ -23,6 +25,7 @@ class ResolvedTokenizer:
     spec: str
     path: Path
     info: TokenizerInfo
+    tokenizer: Any = field(default=None, repr=False, compare=False)  # the loaded tokenizers.Tokenizer
 
 
 def _hub_cache_dirs() -> list[Path]:
@@ -143,13 +146,7 @@ def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokeni
         sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
         path=str(path.resolve()),  # absolute: the manifest is read from other folders (inspect, export)
     )
-    return ResolvedTokenizer(spec=spec, path=path, info=info)
-
-
-# texts whose ids tell tokenizers apart: whitespace runs, digits, scripts, combining marks, emoji, CRLF, a long word
-ENCODING_PROBE = ("Hello, world! It's 2026.", "  two spaces,\ttab\n\nnewlines \r\n CRLF", "0123456789 3.14159 1e-5",
-                  "caf\u00e9 cafe\u0301 na\u00efve \u00fcber", "\u4e2d\u6587 \u65e5\u672c\u8a9e \ud55c\uad6d\uc5b4 "
-                  "\u0627\u0644\u0639\u0631\u0628\u064a\u0629", "\U0001f642\U0001f44d\U0001f3fd", "x" * 300)
+    return ResolvedTokenizer(spec=spec, path=path, info=info, tokenizer=tok)
 
 
 def encoding_difference(a: Path, b: Path) -> str | None:
@@ -161,7 +158,7 @@ def encoding_difference(a: Path, b: Path) -> str | None:
     if ta.get_vocab(with_added_tokens=True) != tb.get_vocab(with_added_tokens=True):
         return "their vocabularies (or added tokens) differ"
     added = " ".join(sorted(ta.get_vocab(with_added_tokens=True).keys() - ta.get_vocab(with_added_tokens=False)))
-    for text in (*ENCODING_PROBE, added):
+    for text in (*PROBE_TEXTS, added):  # texts whose ids tell tokenizers apart
         for special in (True, False):
             ids_a = ta.encode(text, add_special_tokens=special).ids
             ids_b = tb.encode(text, add_special_tokens=special).ids

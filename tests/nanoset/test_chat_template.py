@@ -163,6 +163,7 @@ def test_ids_and_mask_equal_transformers_assistant_tokens_mask():
     transformers = pytest.importorskip("transformers")
     from tokenizers import Tokenizer
 
+    from nanoset.tokenize.backends import TokenizersEncoder
     from nanoset.tokenize.chat import RenderedChat, encode_chats
 
     tagged = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' }}{% if m['role'] == 'assistant' %}"
@@ -174,7 +175,7 @@ def test_ids_and_mask_equal_transformers_assistant_tokens_mask():
     assert text == renderer(CHATML).render(CONVERSATION)
     out = hf.apply_chat_template(CONVERSATION, chat_template=tagged, return_dict=True,
                                  return_assistant_tokens_mask=True)
-    ids, loss, _ = encode_chats(tok, [RenderedChat(text, tuple(spans), True)], eos_id=0)
+    ids, loss, _ = encode_chats(TokenizersEncoder(tok), [RenderedChat(text, tuple(spans), True)], eos_id=0)
     assert ids[:-1].tolist() == out["input_ids"] and loss[:-1].tolist() == out["assistant_masks"]
     # "H" "ell" "o" "!" "Ġ" <|im_end|> "\n", "4" <|im_end|> "\n"
     assert ids[-1] == 0 and loss[-1] == 1 and sum(out["assistant_masks"]) == 10

@@ -130,6 +130,7 @@ def test_offsets_are_characters_for_wordpiece_and_unigram_tokenizers(kind):
     multi-byte characters before the span (byte offsets would shift the mask right by their extra bytes)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
+    from nanoset.tokenize.backends import TokenizersEncoder
     from nanoset.tokenize.chat import RenderedChat, encode_chats
     from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate
 
@@ -150,7 +151,8 @@ def test_offsets_are_characters_for_wordpiece_and_unigram_tokenizers(kind):
     chatml = json.loads((TOKENIZER / "tokenizer_config.json").read_text())["chat_template"]
     text, spans = ChatRenderer(ChatTemplate(chatml, "t"), {}).render_with_spans(
         [{"role": "user", "content": "naïve café 日本 🤖"}, {"role": "assistant", "content": "Résumé 日本 world"}])
-    ids, loss, _ = encode_chats(tok, [RenderedChat(text, tuple(spans), True)], tok.token_to_id("<eos>"))
+    ids, loss, _ = encode_chats(TokenizersEncoder(tok), [RenderedChat(text, tuple(spans), True)],
+                                tok.token_to_id("<eos>"))
     got = [(tok.id_to_token(i), m) for i, m in zip(ids.tolist(), loss.tolist())]
     assert got[-len(answer):] == answer and sum(loss) == sum(m for _, m in answer)
 

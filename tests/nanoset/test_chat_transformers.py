@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from nanoset.tokenize.backends import TokenizersEncoder
 from nanoset.tokenize.chat import RenderedChat, encode_chats
 from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate
 from tests.support import TOKENIZER
@@ -85,7 +86,7 @@ def test_ids_and_mask_equal_transformers_assistant_mask(shape):
     out = hf.apply_chat_template(CONVERSATION, chat_template=template, return_dict=True,
                                  return_assistant_tokens_mask=True)
     eos_id = tok.token_to_id(eos)
-    ids, loss, _ = encode_chats(tok, [RenderedChat(text, tuple(spans), True)], eos_id)
+    ids, loss, _ = encode_chats(TokenizersEncoder(tok), [RenderedChat(text, tuple(spans), True)], eos_id)
     expected_ids = out["input_ids"] + ([] if out["input_ids"][-1] == eos_id else [eos_id])
     assert ids.tolist() == expected_ids
     assert loss[: len(out["input_ids"])].tolist() == out["assistant_masks"]

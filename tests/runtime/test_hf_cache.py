@@ -195,3 +195,17 @@ def test_a_stage_says_which_dataset_it_tokenizes_and_names_the_config_key_for_eo
     assert str(e.value) == (f"data_stages[0] (sft).data.dataset: tokenizer {tmp_path / 'plain' / 'tokenizer.json'} "
                             f"declares no EOS token; set tokenizer.eos_token: TOKEN in the config (its special tokens "
                             f"are: none)")
+
+
+def test_the_cache_is_tokenized_by_the_tokenize_job_with_its_fastest_exact_backend(tmp_path, tokenizer, eos_id):
+    """The stage cache goes through `nanoset tokenize`'s own encoders: fastokens where it is installed, the ids
+    tokenizers gives."""
+    pytest.importorskip("fastokens")
+    from nanoset.tokenize.backends import _version
+
+    source = write_jsonl(tmp_path / "docs.jsonl", TEXTS)
+    folder = resolve_stage_folders(hf_config(tmp_path, source))[0][0]
+    manifest = json.loads((Path(folder) / "nanoset.json").read_text())
+    assert manifest["encoders"] == [f"fastokens {_version('fastokens')}"]
+    reader = open_dataset(folder)
+    assert [reader.document(i).tolist() for i in range(200)] == [tokenizer.encode(t).ids + [eos_id] for t in TEXTS]

@@ -1,0 +1,424 @@
+"""Encoders: the one way from texts to token ids, for the tokenize job, chat loss masks, ``verify
+--retokenize`` and the training runtime's HF-dataset cache.
+
+Two backends give the same ids from the same ``tokenizer.json``: ``tokenizers`` (Hugging Face's, what
+every dataset is defined by) and ``fastokens`` (a faster exact BPE; an optional dependency with wheels for
+the common platforms). ``auto`` takes fastokens when it is installed, loads the tokenizer and agrees with
+tokenizers on a probe set of awkward texts, and every task also compares its first texts with both. A guard
+lowers the risk of a difference, it cannot prove there is none: ``nanoset verify --retokenize`` is the
+check, and any difference seen makes the job fall back to tokenizers with a note (it is a fastokens bug).
+Workers encode with one backend and hand back what fastokens made of the probe and of their tasks' first
+texts (``FastCheck``); the job's driver, which holds tokenizers anyway, compares (``first_difference``).
+
+fastokens tracks no character offsets. For a byte-level BPE without a normalizer they follow from the
+token ids alone (``ByteLevelOffsets``: each token's bytes, mapped back to characters with tokenizers'
+conventions), so ``--chat`` loss masks can use it too; other tokenizers encode chats with tokenizers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nanoset.errors import NanosetError
+
+BACKENDS = ("auto", "fastokens", "tokenizers")
+GUARD_CHARS = 4096  # characters of each task's first texts that both backends encode and compare
+PROBE_TEXTS = (
+    "Hello, world! The quick brown fox jumps over the lazy dog. I'm sure you're right; it's what we'd've done.",
+    "a  b   c    d\t\te\t \n\n\nf     \u00a0\u00a0g\u3000h \u2003 i\u200bj\ufeffk",
+    "   leading spaces",
+    "trailing spaces   ",
+    " ",
+    "\n",
+    "",
+    "0 7 42 123 1234 12345 123456789 3.14159 -2.5e-10 1,000,000 2024-01-31 007 ٣٤٥ ４２",
+    "emoji: 👍 👍🏽 👨‍👩‍👧‍👦 🇫🇷🇯🇵 ❤️ 🫠 ☃ ✔︎ 😀😀😀",
+    "English, русский, 中文汉字, 日本語のテキスト, 한국어 문장, العربية, עברית, हिन्दी, ไทย, Ελληνικά, ქართული",
+    "combining: e\u0301 a\u0308 n\u0303 A\u030a \u00c5 o\u0302\u0323 \u0915\u094d\u0937 \u1100\u1161\u11a8 ﬁ ½ Ⅻ",
+    "line one\r\nline two\r\n\r\nline three\rline four\n\r\n",
+    "def f(x):\n    return x ** 2  # comment\n\tif x != y and not z: pass\n\n\n    \n",
+    "control \x00\x01\x1f\x7f\x85 chars, <html><b>tags</b></html> {\"json\": [1, 2]} \\escaped\\",
+    "word " * 1500 + "a" * 3000 + " " + "ab" * 1500 + " " + "é" * 1000 + "\n" + "12" * 1000,
+)
+
+
+def _version(module: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(module)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class TokenizersEncoder:
+    """Hugging Face ``tokenizers``: the backend every other one must match."""
+
+    name = "tokenizers"
+
+    def __init__(self, tok) -> None:
+        self.tok = tok
+        self.version = _version("tokenizers")
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.version}"
+
+    def encode(self, texts: list[str], add_special_tokens: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids of ``texts`` flattened (uint32) and the number of ids of each.
+
+        Each encoding becomes an array and is dropped at once: only one document's ids are ever a Python
+        list (the ``tokenizers`` API has no other way out), so a huge document is not held twice over."""
+        encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
+        encodings = encode(texts, add_special_tokens=add_special_tokens)
+        docs = []
+        for i, e in enumerate(encodings):
+            docs.append(np.array(e.ids, dtype=np.uint32))
+            encodings[i] = None
+        lengths = np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
+        return (np.concatenate(docs) if docs else np.empty(0, np.uint32)), lengths
+
+    def encode_with_offsets(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Ids, character offsets (one ``[start, end)`` row per id) and lengths, encoded as a chat is: without
+        the tokenizer's own added special tokens."""
+        encodings = self.tok.encode_batch(texts, add_special_tokens=False)
+        ids, offsets = [], []
+        for i, e in enumerate(encodings):
+            ids.append(np.array(e.ids, dtype=np.uint32))
+            offsets.append(np.array(e.offsets, dtype=np.int64).reshape(-1, 2))
+            encodings[i] = None
+        lengths = np.fromiter((len(d) for d in ids), dtype=np.int64, count=len(ids))
+        if not ids:
+            return np.empty(0, np.uint32), np.empty((0, 2), np.int64), lengths
+        return np.concatenate(ids), np.concatenate(offsets), lengths
+
+
+class FastokensEncoder:
+    """``fastokens``: the same ids as tokenizers, as one flat buffer per batch (no Python object per token)."""
+
+    name = "fastokens"
+
+    def __init__(self, tok, offsets: ByteLevelOffsets | None, reference: Callable[[], TokenizersEncoder]) -> None:
+        self.tok = tok
+        self.offsets = offsets
+        self.reference = reference  # loaded only if a batch needs it
+        self.version = _version("fastokens")
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.version}"
+
+    def encode(self, texts: list[str], add_special_tokens: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        ids, bounds = self.tok.encode_batch_flat(texts, add_special_tokens=add_special_tokens)
+        return np.frombuffer(ids, dtype="<u4"), np.diff(np.frombuffer(bounds, dtype="<u8")).astype(np.int64)
+
+    def encode_with_offsets(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """As ``TokenizersEncoder.encode_with_offsets``; a batch whose offsets the token bytes do not give
+        (an id outside the byte alphabet, tokens not covering the text) is encoded by tokenizers."""
+        if self.offsets is None:
+            raise NanosetError("fastokens gives no character offsets for this tokenizer")
+        ids, lengths = self.encode(texts, add_special_tokens=False)
+        offsets = self.offsets.of(texts, ids, lengths)
+        if offsets is None:
+            return self.reference().encode_with_offsets(texts)
+        return ids, offsets, lengths
+
+
+Encoder = TokenizersEncoder | FastokensEncoder
+
+# ---------------------------------------------------------------- byte-level offsets ----------
+
+
+def _bytes_to_unicode() -> dict[str, int]:
+    """GPT-2's byte alphabet, inverted: the character standing for each byte -> the byte."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+_CHAR_BYTE = _bytes_to_unicode()
+_SPACE_CHAR = "\u0120"  # "Ġ": the byte alphabet's space
+# Rust's char::is_whitespace (Unicode White_Space), which tokenizers' offset trimming uses; not str.isspace
+_WHITESPACE = frozenset(map(chr, [*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028,
+                                  0x2029, 0x202F, 0x205F, 0x3000]))
+_SPLITTERS = {"Split", "Digits", "Punctuation"}  # pre-tokenizers that cut the text without changing it
+
+
+def _spaces(token: str, reverse: bool = False) -> int:
+    """How many leading (trailing) characters of ``token`` tokenizers' offset trimming counts as spaces."""
+    n = 0
+    for c in reversed(token) if reverse else token:
+        if c != _SPACE_CHAR and c not in _WHITESPACE:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class ByteLevelOffsets:
+    """Character offsets of a byte-level BPE encoding from its ids alone, as tokenizers reports them.
+
+    Each token covers a run of the text's UTF-8 bytes (its own bytes, in order), so its offsets are the
+    characters of its first and last byte: a character split over several tokens gives every piece the
+    whole character's span (an emoji in 4 tokens: all ``(6, 7)``), an added token spans its content, and a
+    ``ByteLevel`` post-processor with ``trim_offsets`` trims leading and trailing spaces as tokenizers does."""
+
+    nbytes: np.ndarray  # UTF-8 length of each id's text; -1: an id byte-level BPE cannot produce
+    lead: np.ndarray | None  # spaces trimmed off the start / end of each id (None: no trimming)
+    trail: np.ndarray | None
+    keep_prefix_space: bool  # trimming spares one leading space of a first token (add_prefix_space)
+
+    @staticmethod
+    def of_tokenizer(config: dict) -> tuple[ByteLevelOffsets | None, str]:
+        """The offsets of the tokenizer described by ``config`` (a parsed ``tokenizer.json``), or None and
+        why the token bytes do not give them."""
+        model = config.get("model") or {}
+        if config.get("normalizer") is not None:
+            return None, f"its normalizer ({config['normalizer'].get('type')}) moves characters"
+        if model.get("type") != "BPE":
+            return None, f"a {model.get('type')} model is not byte-level BPE"
+        if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or model.get("dropout"):
+            return None, "its BPE model uses subword affixes or dropout"
+        pre = config.get("pre_tokenizer") or {}
+        steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+        levels = [p for p in steps if p.get("type") == "ByteLevel"]
+        if len(levels) != 1 or any(p.get("type") not in _SPLITTERS | {"ByteLevel"} for p in steps):
+            return None, "its pre-tokenizer is not byte-level (or changes the text)"
+        if levels[0].get("add_prefix_space") or any(p.get("behavior") == "Removed" for p in steps):
+            return None, "its pre-tokenizer adds or removes text"
+        post = config.get("post_processor") or {}
+        procs = post.get("processors", []) if post.get("type") == "Sequence" else [post] if post else []
+        if any(p.get("type") not in ("ByteLevel", "TemplateProcessing") for p in procs):
+            return None, f"its post-processor ({post.get('type')}) is not one whose offsets are known"
+        trims = [p for p in procs if p.get("type") == "ByteLevel" and p.get("trim_offsets")]
+        added = config.get("added_tokens") or []
+        if any(t.get("lstrip") or t.get("rstrip") for t in added):
+            return None, "its added tokens take in surrounding spaces (lstrip/rstrip)"
+        vocab: dict[str, int] = model.get("vocab") or {}
+        size = 1 + max([*vocab.values(), *(t["id"] for t in added)], default=-1)
+        nbytes = np.full(size, -1, dtype=np.int64)
+        lead = np.zeros(size, dtype=np.int64)
+        trail = np.zeros(size, dtype=np.int64)
+        for token, i in vocab.items():
+            if all(c in _CHAR_BYTE for c in token):
+                nbytes[i] = len(token)
+                lead[i], trail[i] = _spaces(token), _spaces(token, reverse=True)
+        token_of = {i: token for token, i in vocab.items()} if added else {}
+        for t in added:
+            content, i = t["content"], t["id"]
+            n = len(content.encode("utf-8"))
+            if nbytes[i] >= 0 and (bytes(_CHAR_BYTE[c] for c in token_of[i]) != content.encode("utf-8")
+                                   or (trims and (lead[i], trail[i]) != (_spaces(content),
+                                                                         _spaces(content, reverse=True)))):
+                return None, f"its added token {content!r} is also a different vocabulary entry"
+            nbytes[i] = n
+            lead[i], trail[i] = _spaces(content), _spaces(content, reverse=True)
+        if not trims:
+            return ByteLevelOffsets(nbytes, None, None, False), ""
+        return ByteLevelOffsets(nbytes, lead, trail, bool(trims[0].get("add_prefix_space"))), ""
+
+    def of(self, texts: list[str], ids: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
+        """Offsets (one ``[start, end)`` row per id, characters of its own text) of ``texts`` encoded as
+        ``ids`` (flat) with ``lengths`` ids each; None when the ids do not cover the texts byte for byte."""
+        if ids.size and int(ids.max()) >= len(self.nbytes):
+            return None
+        nb = self.nbytes[ids]
+        if nb.size and int(nb.min()) < 0:
+            return None
+        data = np.frombuffer("".join(texts).encode("utf-8"), dtype=np.uint8)
+        chars = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        char_bounds = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum(chars, out=char_bounds[1:])
+        token_bounds = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=token_bounds[1:])
+        byte_ends = np.cumsum(nb)
+        ascii_only = len(data) == char_bounds[-1]
+        if ascii_only:
+            char_of_byte = None
+            doc_byte_bounds = char_bounds
+        else:
+            starts = (data & 0xC0) != 0x80  # the first byte of each character
+            char_of_byte = np.cumsum(starts) - 1
+            doc_byte_bounds = np.append(np.flatnonzero(starts), len(data))[char_bounds]
+        if not np.array_equal(np.concatenate([[0], byte_ends])[token_bounds], doc_byte_bounds):
+            return None
+        if char_of_byte is None:
+            start, end = byte_ends - nb, byte_ends.copy()
+        else:
+            start, end = char_of_byte[byte_ends - nb], char_of_byte[byte_ends - 1] + 1
+        doc = np.repeat(np.arange(len(texts)), lengths)
+        start -= char_bounds[doc]
+        end -= char_bounds[doc]
+        if self.lead is not None:
+            lead, trail = self.lead[ids], self.trail[ids]
+            if self.keep_prefix_space:
+                first = (np.arange(len(ids)) == token_bounds[doc]) | (start == 0)
+                lead = np.where(first & (lead == 1), 0, lead)
+            start = np.where(lead > 0, np.minimum(start + lead, end), start)
+            end = np.where((trail > 0) & (end >= trail), np.maximum(end - trail, start), end)
+        return np.stack([start, end], axis=1)
+
+
+# ---------------------------------------------------------------- choosing and guarding -------
+
+
+class FastokensUnusable(NanosetError):
+    """fastokens cannot encode with this tokenizer (it cannot load it); the message says why."""
+
+
+def _load_fastokens(path: Path):
+    import fastokens
+
+    try:
+        tok = fastokens.Tokenizer.from_file(str(path))
+    except Exception as e:  # fastokens raises ValueError for what it lacks (a normalizer, a model type, ...)
+        raise FastokensUnusable(f"fastokens cannot load {path} ({type(e).__name__}: {' '.join(str(e).split())})") \
+            from None
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+def load_encoder(path: Path, backend: str, chat: bool = False,
+                 reference: Callable[[], TokenizersEncoder] | None = None) -> Encoder:
+    """The encoder of ``backend`` ("fastokens" or "tokenizers") for the tokenizer at ``path``, with character
+    offsets if ``chat``; ``reference`` gives the tokenizers encoder (fastokens falls back on it for a batch
+    whose offsets its token bytes do not give). FastokensUnusable when fastokens cannot load it."""
+    from nanoset.tokenize.tokenizer import load_tokenizer
+
+    if reference is None:
+        loaded: list[TokenizersEncoder] = []
+
+        def reference() -> TokenizersEncoder:
+            if not loaded:
+                loaded.append(TokenizersEncoder(load_tokenizer(path)))
+            return loaded[0]
+    if backend == "tokenizers":
+        return reference()
+    tok = _load_fastokens(path)
+    offsets = ByteLevelOffsets.of_tokenizer(json.loads(Path(path).read_text(encoding="utf-8")))[0] if chat else None
+    return FastokensEncoder(tok, offsets, reference)
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """What a job starts encoding with, and the note that says why it is not fastokens (None: nothing to say)."""
+
+    backend: str
+    note: str | None = None
+
+
+def choose_backend(path: Path, requested: str, chat: bool) -> BackendChoice:
+    """Settle ``--backend`` before any task runs, from what is known without loading fastokens (each worker
+    loads it: ``load_encoder``): ``tokenizers`` as asked; ``fastokens`` or ``auto`` when fastokens is
+    installed and, with ``chat``, the token bytes give character offsets. Where not, ``auto`` falls back
+    (with a note when fastokens is installed) and ``fastokens`` is an error naming the reason."""
+    import importlib.util
+
+    if requested not in BACKENDS:
+        raise NanosetError(f"--backend {requested!r}: choose one of {', '.join(BACKENDS)}")
+    if requested == "tokenizers":
+        return BackendChoice("tokenizers")
+    if importlib.util.find_spec("fastokens") is None:
+        if requested == "fastokens":
+            raise NanosetError("--backend fastokens: fastokens is not installed (`pip install fastokens`: wheels "
+                               "for Linux x86-64/aarch64, macOS and Windows); use --backend auto or "
+                               "tokenizers")
+        return BackendChoice("tokenizers")  # the ordinary case where no wheel exists: nothing to say
+    if chat:
+        offsets, reason = ByteLevelOffsets.of_tokenizer(json.loads(Path(path).read_text(encoding="utf-8")))
+        if offsets is None:
+            reason = (f"--chat needs character offsets, which fastokens does not give and the token bytes give only "
+                      f"for byte-level BPE without a normalizer: {reason}")
+            if requested == "fastokens":
+                raise NanosetError(f"--backend fastokens: {reason}; use --backend auto or tokenizers")
+            return BackendChoice("tokenizers", f"encoding with tokenizers: {reason}")
+    return BackendChoice("fastokens")
+
+
+@dataclass
+class FastCheck:
+    """What fastokens made of some texts, for the driver to compare with tokenizers: the probe set (``task``
+    None), or the first texts of a task."""
+
+    task: int | None
+    texts: list[str]
+    ids: np.ndarray
+    lengths: np.ndarray
+    offsets: np.ndarray | None  # with --chat: the character offsets from the token bytes
+    source: str = ""  # the task's input range, for messages
+
+    @staticmethod
+    def of(encoder: FastokensEncoder, texts: list[str], chat: bool, task: int | None = None,
+           source: str = "") -> FastCheck:
+        if chat:
+            ids, offsets, lengths = encoder.encode_with_offsets(texts)
+            return FastCheck(task, texts, ids, lengths, offsets, source)
+        ids, lengths = encoder.encode(texts)
+        return FastCheck(task, texts, ids, lengths, None, source)
+
+    def where(self) -> str:
+        return "a probe text" if self.task is None else f"task {self.task}'s first texts ({self.source})"
+
+
+def probe_texts(encoder: FastokensEncoder, limit: int = 64) -> list[str]:
+    """The probe set, with the tokenizer's added tokens (special tokens such as ``<|im_end|>``) written into
+    text."""
+    added = [t["content"] for t in encoder.tok.added_tokens()[:limit]]
+    return list(PROBE_TEXTS) + [f"x{t}y {t} {t}{t}\n{t}" for t in added]
+
+
+def guard_sample(texts: list[str]) -> list[str]:
+    """The texts a task compares: its first ones while they fit in ``GUARD_CHARS`` (the first one cut to
+    that length if it is longer alone)."""
+    out, chars = [], 0
+    for t in texts:
+        if chars + len(t) > GUARD_CHARS:
+            if not out:
+                out.append(t[:GUARD_CHARS])
+            break
+        out.append(t)
+        chars += len(t)
+    return out
+
+
+def first_difference(reference: TokenizersEncoder, check: FastCheck) -> str | None:
+    """Where tokenizers first disagrees with what fastokens made of ``check``'s texts (ids, and with chat
+    offsets the character offsets), in words; None when they agree."""
+    chat = check.offsets is not None
+    if chat:
+        b_ids, b_off, b_len = reference.encode_with_offsets(check.texts)
+    else:
+        (b_ids, b_len), b_off = reference.encode(check.texts), None
+    a_bounds, b_bounds = np.cumsum(check.lengths) - check.lengths, np.cumsum(b_len) - b_len
+    for d, text in enumerate(check.texts):
+        a = check.ids[a_bounds[d] : a_bounds[d] + check.lengths[d]]
+        b = b_ids[b_bounds[d] : b_bounds[d] + b_len[d]]
+        if not np.array_equal(a, b):
+            n = min(len(a), len(b))
+            pos = int(np.argmax(a[:n] != b[:n])) if (a[:n] != b[:n]).any() else n
+            return (f"{check.where()}: text {d} ({_excerpt(text)}) at token {pos}: fastokens gives "
+                    f"{[int(x) for x in a[pos : pos + 3]]}, tokenizers {[int(x) for x in b[pos : pos + 3]]}")
+        if chat:
+            a_o = check.offsets[a_bounds[d] : a_bounds[d] + check.lengths[d]]
+            b_o = b_off[b_bounds[d] : b_bounds[d] + b_len[d]]
+            if not np.array_equal(a_o, b_o):
+                pos = int(np.argmax((a_o != b_o).any(axis=1)))
+                return (f"{check.where()}: text {d} ({_excerpt(text)}) at token {pos}: character offsets "
+                        f"{tuple(map(int, a_o[pos]))} from the token bytes, tokenizers {tuple(map(int, b_o[pos]))}")
+    return None
+
+
+def _excerpt(text: str, width: int = 40) -> str:
+    return repr(text[:width] + ("…" if len(text) > width else ""))

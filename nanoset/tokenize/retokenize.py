@@ -1,0 +1,203 @@
+"""``nanoset verify --retokenize N``: re-encode sampled documents from the recorded inputs with the
+``tokenizers`` backend and compare them with the shards.
+
+Checksums prove the files are the ones written; this proves what was written is what tokenizers makes of
+the inputs: it catches a wrong tokenizer, an encoder backend that drifted, or a copy corrupted in a way its
+checksums were recomputed for. Each task's documents are its shards' documents in order (a task writes every
+row its pieces yield, in order), so a sampled document is found by reading its task's pieces again, up to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nanoset.errors import NanosetError
+from nanoset.format.open import open_dataset
+from nanoset.format.reader import NanosetReader
+from nanoset.tokenize.inputs import Piece, Source
+from nanoset.tokenize.rows import TextReader
+
+SAMPLE_SEED = 0  # the documents sampled are the same on every run of the check
+
+
+@dataclass
+class Sampled:
+    """A sampled document: its index in the dataset, its shard and its index in its task's documents."""
+
+    index: int
+    shard: str
+    in_task: int
+
+
+def _tasks(ds: NanosetReader) -> dict[str, list[int]]:
+    """Shard positions by task (shard names are ``TASK_PART``), in order."""
+    tasks: dict[str, list[int]] = {}
+    for i, shard in enumerate(ds.manifest.shards):
+        tasks.setdefault(shard.name.split("_")[0], []).append(i)
+    return tasks
+
+
+def _gone(path: str, what: str) -> NanosetError:
+    where = "" if Path(path).is_absolute() else " (a relative path: run verify where tokenize ran)"
+    return NanosetError(f"cannot re-encode: {what} {path} is gone{where}; --retokenize needs the inputs and the "
+                        f"tokenizer the dataset was made from")
+
+
+def _sources(ds: NanosetReader) -> dict[tuple[str, str | None], Source]:
+    return {(d["path"], d.get("split")): Source(d["path"], d["kind"], d["bytes"], 0, d.get("split"))
+            for d in ds.manifest.build["inputs"]}
+
+
+def _check_source(source: Source) -> None:
+    p = Path(source.path)
+    if not p.exists():
+        raise _gone(source.path, "input")
+    size = sum(f.stat().st_size for f in p.rglob("*.arrow")) if source.kind == "hf" else p.stat().st_size
+    if size != source.bytes:
+        raise NanosetError(f"cannot re-encode: input {source.path} holds {size:,} bytes, not the {source.bytes:,} it "
+                           f"had when the dataset was made: it changed since")
+
+
+def _tokenizer(ds: NanosetReader):
+    """The tokenizer the dataset was made with, if its file is still there and unchanged."""
+    from nanoset.tokenize.tokenizer import load_tokenizer
+
+    info = ds.manifest.tokenizer
+    if not info.path or not Path(info.path).is_file():
+        raise _gone(info.path or info.name, "tokenizer")
+    if hashlib.sha256(Path(info.path).read_bytes()).hexdigest() != info.sha256:
+        raise NanosetError(f"cannot re-encode: tokenizer {info.path} changed since the dataset was made (its sha256 "
+                           f"differs from the manifest's); --retokenize needs the tokenizer that made it")
+    return load_tokenizer(Path(info.path))
+
+
+def _chat_reader_factory(ds: NanosetReader):
+    """How to read the pieces of a ``--chat`` dataset: its recorded template (the file it names, else the
+    tokenizer's own, by sha256), special tokens and columns."""
+    from nanoset.tokenize.chat import ChatColumns, ChatReader
+    from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template
+
+    m = ds.manifest
+    chat = m.build["chat"]
+    file = m.chat_template_file
+    if file is not None and not Path(file).is_file():
+        raise _gone(file, "chat template")
+    template = load_chat_template(Path(m.tokenizer.path), file)
+    if template.sha256 != m.chat_template_sha256:
+        raise NanosetError(f"cannot re-encode: the chat template of {template.origin} changed since the dataset was "
+                           f"made (its sha256 differs from the manifest's)")
+    renderer = ChatRenderer(template, chat["special_tokens"])
+    columns = ChatColumns(chat["messages_column"], chat["prompt_column"], chat["completion_column"])
+    return lambda piece: ChatReader(piece, columns, renderer, m.build["skip_bad_lines"])
+
+
+def retokenize(path: Path, count: int) -> tuple[list[str], str]:
+    """Compare ``count`` sampled documents of the dataset at ``path`` with the tokenizers backend's encoding of
+    their recorded inputs. Returns one line per differing document and a summary line; raises (one line) when
+    the check cannot be made."""
+    from nanoset.tokenize.backends import TokenizersEncoder
+    from nanoset.tokenize.chat import encode_chats
+    from nanoset.tokenize.job import _appends_eos, _encode
+
+    if count < 1:
+        raise NanosetError(f"--retokenize must be ≥ 1, got {count}")
+    ds = open_dataset(path)
+    m = ds.manifest
+    if m is None or "inputs" not in m.build:
+        raise NanosetError(f"{path}: not made by `nanoset tokenize` (no recorded inputs): nothing to re-encode")
+    encoder = TokenizersEncoder(_tokenizer(ds))
+    eos_id = m.tokenizer.eos_id
+    chat = "chat" in m.build
+    if chat:
+        reader_of = _chat_reader_factory(ds)
+    else:
+        reader_of = lambda piece: TextReader(piece, m.build["text_column"], m.build["skip_bad_lines"])  # noqa: E731
+    append_eos = _appends_eos(encoder.tok, eos_id)
+    picks = np.sort(np.random.default_rng(SAMPLE_SEED).choice(ds.num_documents, min(count, ds.num_documents),
+                                                              replace=False))
+    sources = _sources(ds)
+    lines: list[str] = []
+    for name, positions in _tasks(ds).items():
+        first, last = int(ds.document_offsets[positions[0]]), int(ds.document_offsets[positions[-1] + 1])
+        wanted = [int(d) for d in picks if first <= d < last]
+        if not wanted:
+            continue
+        sampled = [Sampled(d, ds.manifest.shards[int(np.searchsorted(ds.document_offsets, d, "right")) - 1].name,
+                           d - first) for d in wanted]
+        values = _read_task(ds, positions, sources, reader_of, [s.in_task for s in sampled], name)
+        if chat:
+            flat, loss, lengths = encode_chats(encoder, values, eos_id)
+        else:
+            (flat, lengths), loss = _encode(encoder, values, eos_id, append_eos), None
+        ends = np.cumsum(lengths)
+        for k, s in enumerate(sampled):
+            a, b = int(ends[k] - lengths[k]), int(ends[k])
+            start, stop = ds.document_bounds(s.index)
+            problem = _difference(np.asarray(ds.tokens(start, stop)), flat[a:b], "token ids")
+            if problem is None and loss is not None:
+                problem = _difference(np.asarray(ds.loss_mask(start, stop)), loss[a:b], "loss mask bytes")
+            if problem is not None:
+                lines.append(f"document {s.index} (shard {s.shard}): {problem}")
+    n = len(picks)
+    if lines:
+        raise RetokenizeMismatch(lines, f"{path}: {len(lines)} of {n} re-encoded documents differ from the shards "
+                                        f"(tokenizers {encoder.version}); the dataset does not match its inputs and "
+                                        f"tokenizer: re-create it with `nanoset tokenize ... --overwrite "
+                                        f"--backend tokenizers`")
+    what = "ids and loss masks" if chat else "ids"
+    return lines, (f"OK: {path}: {n} sampled documents re-encoded from their inputs with tokenizers "
+                   f"{encoder.version}: {what} identical to the shards")
+
+
+class RetokenizeMismatch(NanosetError):
+    """Documents whose re-encoding differs: ``lines`` names each (document, first differing position)."""
+
+    def __init__(self, lines: list[str], summary: str) -> None:
+        super().__init__(summary)
+        self.lines = lines
+
+
+def _difference(stored: np.ndarray, encoded: np.ndarray, what: str) -> str | None:
+    """Where ``encoded`` first differs from ``stored``, in words; None when equal."""
+    n = min(len(stored), len(encoded))
+    unequal = np.flatnonzero(stored[:n].astype(np.int64) != encoded[:n].astype(np.int64))
+    if len(unequal):
+        i = int(unequal[0])
+        return f"{what} differ first at position {i}: the shard has {int(stored[i])}, re-encoding gives " \
+               f"{int(encoded[i])}"
+    if len(stored) != len(encoded):
+        return f"{what} differ first at position {n}: the shard has {len(stored)} tokens, re-encoding gives " \
+               f"{len(encoded)}"
+    return None
+
+
+def _read_task(ds: NanosetReader, positions: list[int], sources: dict, reader_of, wanted: list[int],
+               task: str) -> list:
+    """The values (texts or rendered chats) at indices ``wanted`` (sorted) of a task's documents, read from its
+    recorded pieces up to the last one wanted."""
+    pieces: list[dict] = []
+    for i in positions:
+        for p in ds.manifest.shards[i].sources:
+            if not pieces or pieces[-1] != p:
+                pieces.append(p)
+    out, seen, want = [], 0, set(wanted)
+    for p in pieces:
+        source = sources.get((p["path"], p.get("split")))
+        if source is None:
+            raise NanosetError(f"{ds.folder}: task {task} names input {p['path']}, which the manifest's inputs "
+                               f"do not list: the manifest is damaged")
+        _check_source(source)
+        reader = reader_of(Piece(source, p["start"], p["stop"], 0))
+        for batch in reader.batches():
+            for value in batch:
+                if seen in want:
+                    out.append(value)
+                seen += 1
+            if seen > wanted[-1]:
+                return out
+    raise NanosetError(f"cannot re-encode: the inputs of task {task} now yield {seen} documents, fewer than its "
+                       f"shards hold: they changed since the dataset was made")

@@ -1,0 +1,336 @@
+"""Encoder backends: fastokens writes the shards tokenizers writes, byte for byte, for every kind of tokenizer
+(through the fallback where fastokens cannot load one), with text and with chats; the fallback says why in
+one note, ``--backend fastokens`` refuses in one line, and the guards catch a planted difference."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nanoset import open_dataset
+from nanoset.tokenize import backends
+from nanoset.tokenize.backends import PROBE_TEXTS, ByteLevelOffsets, choose_backend, load_encoder
+from nanoset.tokenize.job import TokenizeOptions, tokenize
+from tests.support import FIXTURES, TOKENIZER, one_line_error, run_cli
+from tests.support.tokenizer_kinds import KINDS, build
+
+fastokens = pytest.importorskip("fastokens")
+FASTOKENS = f"fastokens {backends._version('fastokens')}"
+TOKENIZERS = f"tokenizers {backends._version('tokenizers')}"
+TRICKY = list(PROBE_TEXTS[:-1]) + ["Hello 🤗 x", "<|im_start|>user\nhi<|im_end|>\n", "naïve café\r\n東京 ½ ﬁ Ⅻ"]
+
+
+@pytest.fixture(scope="module")
+def kinds(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tokenizers")
+    return {kind: build(kind, root / kind) for kind in KINDS}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """Two JSON-lines files: fixture-style documents with awkward texts among them (about 120 KB)."""
+    sys.path.insert(0, str(FIXTURES.parent / "tools"))
+    from make_fixtures import code_doc, web_doc
+
+    folder = tmp_path_factory.mktemp("corpus")
+    r = random.Random(5)
+    for part in range(2):
+        docs = [web_doc(r) if i % 3 else code_doc(r) for i in range(150)]
+        docs[10:10] = TRICKY
+        (folder / f"part-{part}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    return folder
+
+
+def shard_files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != "nanoset.json"}
+
+
+def run(corpus: Path, tokenizer: Path, out: Path, backend: str, **options) -> dict:
+    tokenize(TokenizeOptions(inputs=[str(corpus)], output=out, tokenizer=str(tokenizer), backend=backend,
+                             task_bytes=40_000, progress=False, **options))
+    return json.loads((out / "nanoset.json").read_text())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_of_tokenizer_gives_the_same_shards_with_each_backend(kind, kinds, corpus, tmp_path, capsys):
+    from tokenizers import Tokenizer
+
+    reference = run(corpus, kinds[kind], tmp_path / "tokenizers", "tokenizers")
+    capsys.readouterr()
+    auto = run(corpus, kinds[kind], tmp_path / "auto", "auto")
+    note = capsys.readouterr().err
+    assert shard_files(tmp_path / "auto") == shard_files(tmp_path / "tokenizers")
+    assert len(reference["shards"]) >= 3 and reference["encoders"] == [TOKENIZERS]  # several tasks
+    tok = Tokenizer.from_file(str(kinds[kind] / "tokenizer.json"))
+    eos = tok.token_to_id(json.loads((kinds[kind] / "tokenizer_config.json").read_text())["eos_token"])
+    ds = open_dataset(tmp_path / "auto")
+    texts = [json.loads(line)["text"] for line in (corpus / "part-0.jsonl").read_text().splitlines()]
+    for i in (0, 10, 16, 17, 22):  # the tokenizer's own special tokens included (Llama 3's and SPM's BOS, BERT's
+        ids = tok.encode(texts[i]).ids  # CLS and SEP: BERT's SEP is its EOS, not appended twice)
+        assert ds.document(i).tolist() == ids + ([] if kind == "wordpiece" else [eos])
+    if kind in ("unigram", "wordpiece"):  # fastokens lacks their normalizers: tokenizers, said once
+        assert auto["encoders"] == [TOKENIZERS]
+        normalizer = "NFKC" if kind == "unigram" else "BertNormalizer"
+        assert note == (f"note: encoding with tokenizers: fastokens cannot load {kinds[kind] / 'tokenizer.json'} "
+                        f"(ValueError: normalizer error: unsupported normalizer type: {normalizer})\n")
+    else:
+        assert auto["encoders"] == [FASTOKENS] and note == ""
+    bos = {"llama3": "<|begin_of_text|>", "spm": "<s>", "wordpiece": "[CLS]"}
+    if kind in bos:  # fastokens adds no special tokens unless asked; tokenizers does
+        assert ds.document(0)[0] == tok.token_to_id(bos[kind])
+
+
+def test_workers_and_task_splits_with_fastokens_write_the_tokenizers_shards(kinds, corpus, tmp_path):
+    run(corpus, kinds["llama3"], tmp_path / "reference", "tokenizers")
+    args = ["tokenize", corpus, "-o", tmp_path / "split", "--tokenizer", kinds["llama3"], "--task-bytes", 40_000,
+            "--quiet", "--workers", 2, "--backend", "fastokens"]
+    run_cli(*args, "--num-tasks", 2, "--task-index", 1)
+    last = run_cli(*args, "--num-tasks", 2, "--task-index", 0)
+    assert "complete" in last.stdout and last.stderr == ""
+    assert shard_files(tmp_path / "split") == shard_files(tmp_path / "reference")
+    assert json.loads((tmp_path / "split" / "nanoset.json").read_text())["encoders"] == [FASTOKENS]
+
+
+def test_a_job_begun_with_one_backend_resumes_with_another(kinds, corpus, tmp_path):
+    """The backend is not part of the job's plan: killed under tokenizers, resumed under fastokens, the
+    folder is the uninterrupted run's, and the manifest names both."""
+    run(corpus, kinds["gpt2"], tmp_path / "reference", "tokenizers")
+    args = ["tokenize", corpus, "-o", tmp_path / "out", "--tokenizer", kinds["gpt2"], "--task-bytes", 40_000,
+            "--quiet", "--workers", 2]
+    killed = run_cli(*args, "--backend", "tokenizers", check=False, env={"NANOSET_FAULT_KILL_TASK": "2"})
+    assert killed.returncode == 1 and "task 2" in killed.stderr and "SIGKILL" in killed.stderr
+    resumed = run_cli(*args)
+    assert "already done" in resumed.stdout and " 0 already done" not in resumed.stdout
+    assert shard_files(tmp_path / "out") == shard_files(tmp_path / "reference")
+    assert json.loads((tmp_path / "out" / "nanoset.json").read_text())["encoders"] == [FASTOKENS, TOKENIZERS]
+
+
+def test_backend_fastokens_refuses_a_tokenizer_it_cannot_load_in_one_line(kinds, corpus, tmp_path):
+    proc = run_cli("tokenize", corpus, "-o", tmp_path / "out", "--tokenizer", kinds["unigram"], "--quiet",
+                   "--backend", "fastokens", check=False)
+    one_line_error(proc, "--backend fastokens: fastokens cannot load", "unsupported normalizer type: NFKC",
+                   "use --backend auto")
+
+
+def test_without_fastokens_auto_is_tokenizers_and_fastokens_is_refused(kinds, corpus, tmp_path):
+    """A machine without its wheel (and without orjson's): auto encodes with tokenizers without a word."""
+    code = ("import sys\nsys.modules['fastokens'] = None\nsys.modules['orjson'] = None\n"
+            "from nanoset.cli import main\nsys.argv = ['nanoset'] + sys.argv[1:]\nmain()\n")
+    base = ["tokenize", str(corpus), "--tokenizer", str(kinds["gpt2"]), "--quiet", "--task-bytes", "40000"]
+    proc = subprocess.run([sys.executable, "-c", code, *base, "-o", str(tmp_path / "auto")], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    run(corpus, kinds["gpt2"], tmp_path / "fast", "fastokens")
+    assert shard_files(tmp_path / "auto") == shard_files(tmp_path / "fast")
+    proc = subprocess.run([sys.executable, "-c", code, *base, "-o", str(tmp_path / "f"), "--backend", "fastokens"],
+                          capture_output=True, text=True)
+    one_line_error(proc, "--backend fastokens: fastokens is not installed")
+
+
+# ---------------------------------------------------------------- chat and offsets ------------
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_chat_shards_and_loss_masks_are_byte_identical(tmp_path, workers):
+    args = ["tokenize", FIXTURES / "chat", "--tokenizer", TOKENIZER, "--chat", "--quiet", "--task-bytes", 30_000]
+    run_cli(*args, "-o", tmp_path / "reference", "--backend", "tokenizers")
+    proc = run_cli(*args, "-o", tmp_path / "auto", "--workers", workers)
+    assert proc.stderr == ""
+    reference = shard_files(tmp_path / "reference")
+    assert shard_files(tmp_path / "auto") == reference and sum(n.endswith(".ds.loss") for n in reference) >= 3
+    assert json.loads((tmp_path / "auto" / "nanoset.json").read_text())["encoders"] == [FASTOKENS]
+
+
+def offsets_both_ways(path: Path, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    fast = load_encoder(path, "fastokens", chat=True)
+    return fast.encode_with_offsets(texts)[1], fast.reference().encode_with_offsets(texts)[1]
+
+
+def test_offsets_from_token_bytes_follow_tokenizers_conventions():
+    """A character split over several tokens gives each piece the whole character (an emoji in 4 byte tokens:
+    all (6, 7)); an added token spans its text; and every text of the probe set agrees with tokenizers."""
+    derived, reference = offsets_both_ways(TOKENIZER / "tokenizer.json", ["Hello 🤗 x", "é<|im_end|>\n"])
+    assert derived.tolist() == [[0, 1], [1, 4], [4, 5], [5, 6], [6, 7], [6, 7], [6, 7], [6, 7], [7, 8], [8, 9],
+                                [0, 1], [0, 1], [1, 11], [11, 12]]
+    assert np.array_equal(derived, reference)
+    derived, reference = offsets_both_ways(TOKENIZER / "tokenizer.json", TRICKY)
+    assert np.array_equal(derived, reference)
+
+
+def test_offsets_trimmed_as_a_byte_level_post_processor_trims_them(tmp_path):
+    """``trim_offsets`` (with and without ``add_prefix_space``), added tokens made of spaces included."""
+    from tokenizers import Tokenizer, processors
+
+    texts = TRICKY + ["a  b\n\nc x\u3000 d", "  x", " \n\n", "x\u3000\u3000"]
+    for prefix_space in (False, True):
+        tok = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
+        tok.post_processor = processors.ByteLevel(trim_offsets=True, add_prefix_space=prefix_space)
+        tok.add_tokens(["  ", "\n\n", " x\u3000"])
+        tok.save(str(tmp_path / "tokenizer.json"))
+        derived, reference = offsets_both_ways(tmp_path / "tokenizer.json", texts)
+        assert np.array_equal(derived, reference)
+        assert (derived[:, 0] == derived[:, 1]).any()  # some tokens were trimmed to nothing, as tokenizers does
+
+
+def test_a_normalizer_keeps_chats_on_tokenizers_with_a_note(tmp_path):
+    """NFC (as Qwen2's tokenizers have) moves characters: token bytes cannot give offsets there, so --chat
+    encodes with tokenizers (one note) while text still takes fastokens."""
+    from tokenizers import Tokenizer, normalizers
+
+    tok = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
+    tok.normalizer = normalizers.NFC()
+    folder = tmp_path / "nfc"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text((TOKENIZER / "tokenizer_config.json").read_text())
+    assert ByteLevelOffsets.of_tokenizer(json.loads((folder / "tokenizer.json").read_text())) == \
+        (None, "its normalizer (NFC) moves characters")
+    assert choose_backend(folder / "tokenizer.json", "auto", chat=False).backend == "fastokens"
+    args = ["tokenize", FIXTURES / "chat", "--tokenizer", folder, "--chat", "--quiet"]
+    auto = run_cli(*args, "-o", tmp_path / "auto")
+    assert auto.stderr == ("note: encoding with tokenizers: --chat needs character offsets, which fastokens does not "
+                           "give and the token bytes give only for byte-level BPE without a normalizer: its "
+                           "normalizer (NFC) moves characters\n")
+    run_cli(*args, "-o", tmp_path / "reference", "--backend", "tokenizers")
+    assert shard_files(tmp_path / "auto") == shard_files(tmp_path / "reference")
+    one_line_error(run_cli(*args, "-o", tmp_path / "f", "--backend", "fastokens", check=False),
+                   "--backend fastokens: --chat needs character offsets", "normalizer (NFC)")
+
+
+# ---------------------------------------------------------------- guards ----------------------
+
+
+def plant_difference(monkeypatch, marker: str) -> None:
+    """fastokens 'encodes' every text holding ``marker`` with its first id one higher: a backend bug."""
+    real = backends.FastokensEncoder.encode
+
+    def encode(self, texts, add_special_tokens=True):
+        ids, lengths = real(self, texts, add_special_tokens)
+        ids = ids.copy()
+        for start, text in zip(np.cumsum(lengths) - lengths, texts):
+            if marker in text:
+                ids[start] += 1
+        return ids, lengths
+
+    monkeypatch.setattr(backends.FastokensEncoder, "encode", encode)
+
+
+def test_the_probe_catches_a_difference_and_the_job_falls_back(monkeypatch, corpus, tmp_path, capsys, tokenizer):
+    """The probe set is checked with the first task: that task, done by fastokens, is done again by tokenizers,
+    and so is every other; the note says where; ``--backend fastokens`` stops with that line."""
+    emoji = PROBE_TEXTS[8]
+    assert emoji.startswith("emoji: ")
+    run(corpus, TOKENIZER, tmp_path / "reference", "tokenizers")
+    plant_difference(monkeypatch, emoji)
+    manifest = run(corpus, TOKENIZER, tmp_path / "auto", "auto")
+    ids = tokenizer.encode(emoji).ids
+    difference = (f"{FASTOKENS} and tokenizers differ on a probe text: text 8 ({backends._excerpt(emoji)}) at token "
+                  f"0: fastokens gives {[ids[0] + 1] + ids[1:3]}, tokenizers {ids[:3]} (a fastokens bug: please "
+                  f"report it)")
+    assert capsys.readouterr().err == f"note: encoding with tokenizers (what fastokens encoded is encoded again): " \
+                                      f"{difference}\n"
+    assert shard_files(tmp_path / "auto") == shard_files(tmp_path / "reference")
+    assert manifest["encoders"] == [TOKENIZERS]
+    with pytest.raises(ValueError) as e:
+        run(corpus, TOKENIZER, tmp_path / "strict", "fastokens")
+    assert str(e.value) == f"--backend fastokens: {difference}; use --backend auto or tokenizers"
+
+
+def test_a_tasks_first_texts_catch_a_difference_and_the_job_falls_back(monkeypatch, corpus, tmp_path, capsys):
+    """The difference is in the second task's first texts: the first task, done by fastokens, is redone by
+    tokenizers, later ones use tokenizers, and the note says where; a rerun of the folder keeps to it."""
+    offset = 0
+    for line in (corpus / "part-0.jsonl").read_bytes().splitlines(keepends=True):
+        if offset >= 40_000:  # the first line of the second task (task_bytes=40_000)
+            marker = json.loads(line)["text"]
+            break
+        offset += len(line)
+    run(corpus, TOKENIZER, tmp_path / "reference", "tokenizers")
+    plant_difference(monkeypatch, marker)
+    manifest = run(corpus, TOKENIZER, tmp_path / "auto", "auto")
+    err = capsys.readouterr().err.splitlines()
+    size = (corpus / "part-0.jsonl").stat().st_size
+    task_1 = (f"{corpus / 'part-0.jsonl'} bytes 40000-{size} to {corpus / 'part-1.jsonl'} bytes 0-{80_000 - size}, "
+              f"2 pieces")
+    assert len(err) == 1 and err[0].startswith(
+        f"note: encoding with tokenizers (what fastokens encoded is encoded again): {FASTOKENS} and tokenizers "
+        f"differ on task 1's first texts ({task_1}): text 0 ({backends._excerpt(marker)}) at token 0: fastokens "
+        f"gives [")
+    assert shard_files(tmp_path / "auto") == shard_files(tmp_path / "reference")
+    assert manifest["encoders"] == [TOKENIZERS]
+    with pytest.raises(ValueError) as e:
+        run(corpus, TOKENIZER, tmp_path / "strict", "fastokens")
+    assert str(e.value).startswith(f"--backend fastokens: {FASTOKENS} and tokenizers differ on task 1's first texts "
+                                   f"({task_1}): text 0 (")
+
+
+# ---------------------------------------------------------------- verify --retokenize ---------
+
+
+def test_verify_retokenize_passes_on_a_dataset_and_names_a_planted_mismatch(corpus, tmp_path):
+    from nanoset.format.spec import Manifest
+    from nanoset.format.writer import write_manifest
+
+    out = tmp_path / "ds"
+    run(corpus, TOKENIZER, out, "auto")
+    n = open_dataset(out).num_documents
+    ok = run_cli("verify", out, "--retokenize", n)
+    assert ok.stdout.splitlines()[1] == (f"OK: {out}: {n} sampled documents re-encoded from their inputs with "
+                                         f"{TOKENIZERS}: ids identical to the shards")
+    # a corruption whose checksums were recomputed: verify alone cannot see it
+    ds = open_dataset(out)
+    start, _ = ds.document_bounds(7)
+    shard = ds.shards[0]
+    tokens = np.fromfile(shard.tokens_path, dtype=ds.dtype)
+    was = int(tokens[start + 3])
+    tokens[start + 3] = was + 1
+    tokens.tofile(shard.tokens_path)
+    import hashlib
+
+    manifest = Manifest.load(out)
+    manifest.shards[0].sha256["ds"] = hashlib.sha256(shard.tokens_path.read_bytes()).hexdigest()
+    manifest.shards[0].max_token_id = max(manifest.shards[0].max_token_id, was + 1)
+    write_manifest(out, manifest)
+    run_cli("verify", out)
+    bad = run_cli("verify", out, "--retokenize", n, check=False)
+    assert bad.returncode == 1
+    assert bad.stdout.splitlines()[1:] == [f"document 7 (shard {manifest.shards[0].name}): token ids differ first at "
+                                           f"position 3: the shard has {was + 1}, re-encoding gives {was}"]
+    one_line_error(bad, f"1 of {n} re-encoded documents differ from the shards")
+
+
+def test_verify_retokenize_of_chats_compares_loss_masks(tmp_path):
+    out = tmp_path / "chat"
+    run_cli("tokenize", FIXTURES / "chat", "-o", out, "--tokenizer", TOKENIZER, "--chat", "--quiet")
+    ds = open_dataset(out)
+    start, stop = ds.document_bounds(0)
+    loss = np.fromfile(ds.shards[0].loss_path, dtype=np.uint8)
+    flip = int(np.flatnonzero(loss[start:stop])[0])
+    loss[start + flip] = 0
+    loss.tofile(ds.shards[0].loss_path)
+    from nanoset.tokenize.retokenize import RetokenizeMismatch, retokenize
+
+    with pytest.raises(RetokenizeMismatch) as e:
+        retokenize(out, ds.num_documents)
+    assert e.value.lines == [f"document 0 (shard {ds.manifest.shards[0].name}): loss mask bytes differ first at "
+                             f"position {flip}: the shard has 0, re-encoding gives 1"]
+
+
+def test_verify_retokenize_says_in_one_line_that_inputs_are_gone(corpus, tmp_path):
+    import shutil
+
+    moved = tmp_path / "corpus"
+    shutil.copytree(corpus, moved)
+    out = tmp_path / "ds"
+    run(moved, TOKENIZER, out, "auto")
+    (moved / "part-1.jsonl").unlink()
+    proc = run_cli("verify", out, "--retokenize", 1000, check=False)
+    one_line_error(proc, f"cannot re-encode: input {moved / 'part-1.jsonl'} is gone")
+    proc = run_cli("verify", out, "--retokenize", 0, check=False)
+    one_line_error(proc, "--retokenize must be ≥ 1, got 0")
