@@ -25,26 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.errors import NanosetError
+from nanoset.tokenize.tokenizer import PROBE_TEXTS, load_tokenizer
 
 BACKENDS = ("auto", "fastokens", "tokenizers")
 GUARD_CHARS = 4096  # characters of each task's first texts that both backends encode and compare
-PROBE_TEXTS = (
-    "Hello, world! The quick brown fox jumps over the lazy dog. I'm sure you're right; it's what we'd've done.",
-    "a  b   c    d\t\te\t \n\n\nf     \u00a0\u00a0g\u3000h \u2003 i\u200bj\ufeffk",
-    "   leading spaces",
-    "trailing spaces   ",
-    " ",
-    "\n",
-    "",
-    "0 7 42 123 1234 12345 123456789 3.14159 -2.5e-10 1,000,000 2024-01-31 007 ٣٤٥ ４２",
-    "emoji: 👍 👍🏽 👨‍👩‍👧‍👦 🇫🇷🇯🇵 ❤️ 🫠 ☃ ✔︎ 😀😀😀",
-    "English, русский, 中文汉字, 日本語のテキスト, 한국어 문장, العربية, עברית, हिन्दी, ไทย, Ελληνικά, ქართული",
-    "combining: e\u0301 a\u0308 n\u0303 A\u030a \u00c5 o\u0302\u0323 \u0915\u094d\u0937 \u1100\u1161\u11a8 ﬁ ½ Ⅻ",
-    "line one\r\nline two\r\n\r\nline three\rline four\n\r\n",
-    "def f(x):\n    return x ** 2  # comment\n\tif x != y and not z: pass\n\n\n    \n",
-    "control \x00\x01\x1f\x7f\x85 chars, <html><b>tags</b></html> {\"json\": [1, 2]} \\escaped\\",
-    "word " * 1500 + "a" * 3000 + " " + "ab" * 1500 + " " + "é" * 1000 + "\n" + "12" * 1000,
-)
 
 
 def _version(module: str) -> str:
@@ -295,8 +279,6 @@ def load_encoder(path: Path, backend: str, chat: bool = False,
     """The encoder of ``backend`` ("fastokens" or "tokenizers") for the tokenizer at ``path``, with character
     offsets if ``chat``; ``reference`` gives the tokenizers encoder (fastokens falls back on it for a batch
     whose offsets its token bytes do not give). FastokensUnusable when fastokens cannot load it."""
-    from nanoset.tokenize.tokenizer import load_tokenizer
-
     if reference is None:
         loaded: list[TokenizersEncoder] = []
 

@@ -11,7 +11,6 @@ from typing import Any
 
 from nanoset.errors import NanosetError
 from nanoset.format.spec import TokenizerInfo
-from nanoset.tokenize.backends import PROBE_TEXTS
 from nanoset.tokenize.special_tokens import CONFIG, SPECIAL_TOKENS_MAP, declared_tokens, read_json_object
 
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>", "[SEP]")
@@ -147,6 +146,27 @@ def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokeni
         path=str(path.resolve()),  # absolute: the manifest is read from other folders (inspect, export)
     )
     return ResolvedTokenizer(spec=spec, path=path, info=info, tokenizer=tok)
+
+
+# texts whose ids tell tokenizers (and encoders of one tokenizer) apart: added tokens, whitespace runs, digits,
+# emoji, mixed scripts, combining marks, CRLF, a long line
+PROBE_TEXTS = (
+    "Hello, world! The quick brown fox jumps over the lazy dog. I'm sure you're right; it's what we'd've done.",
+    "a  b   c    d\t\te\t \n\n\nf     \u00a0\u00a0g\u3000h \u2003 i\u200bj\ufeffk",
+    "   leading spaces",
+    "trailing spaces   ",
+    " ",
+    "\n",
+    "",
+    "0 7 42 123 1234 12345 123456789 3.14159 -2.5e-10 1,000,000 2024-01-31 007 ٣٤٥ ４２",
+    "emoji: 👍 👍🏽 👨‍👩‍👧‍👦 🇫🇷🇯🇵 ❤️ 🫠 ☃ ✔︎ 😀😀😀",
+    "English, русский, 中文汉字, 日本語のテキスト, 한국어 문장, العربية, עברית, हिन्दी, ไทย, Ελληνικά, ქართული",
+    "combining: e\u0301 a\u0308 n\u0303 A\u030a \u00c5 o\u0302\u0323 \u0915\u094d\u0937 \u1100\u1161\u11a8 ﬁ ½ Ⅻ",
+    "line one\r\nline two\r\n\r\nline three\rline four\n\r\n",
+    "def f(x):\n    return x ** 2  # comment\n\tif x != y and not z: pass\n\n\n    \n",
+    "control \x00\x01\x1f\x7f\x85 chars, <html><b>tags</b></html> {\"json\": [1, 2]} \\escaped\\",
+    "word " * 1500 + "a" * 3000 + " " + "ab" * 1500 + " " + "é" * 1000 + "\n" + "12" * 1000,
+)
 
 
 def encoding_difference(a: Path, b: Path) -> str | None:
