@@ -20,7 +20,7 @@ import torch
 
 from nanoset.errors import NanosetError
 from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
-from runtime.checkpoint.run_folder import move_aside, rewind
+from runtime.checkpoint.run_folder import Rewound, move_aside, rewind
 from runtime.checkpoint.store import SKIPPED, CheckpointManager
 from runtime.config import Config, HFDatasetArgs
 from runtime.data.loading.collator import check_micro_batch
@@ -74,11 +74,8 @@ class Trainer:
         self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp)
         self.is_main = self.parallel_context.world_rank == 0
         self.run_dir = config.general.run_path
-        moved = move_aside(config) if self.is_main and self.start.replace_old_run else []
         resumed = last_step(self.start.metadata) if self.start.checkpoint is not None else 0
-        rewound = rewind(config, resumed) if self.is_main and self.start.checkpoint is not None else None
-        if self.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+        moved, rewound = self._prepare_run_folder(resumed)
         torch.manual_seed(config.general.seed)
         # resumed or from Hugging Face: every weight is loaded in _resume, so none is drawn first
         self.engine = Engine(config, self.parallel_context,
@@ -101,8 +98,29 @@ class Trainer:
         for note in startup_notes(startup):
             self.metrics.info(f"note: {note}")
         if rewound is not None:
-            self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): the run's later checkpoints and "
-                              f"its metrics.jsonl were moved to {rewound}")
+            self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): {rewound.describe()}")
+
+    def _prepare_run_folder(self, resumed: int) -> tuple[list[Path], Rewound | None]:
+        """Global rank 0 moves an old run aside (``replace_run``) or rewinds to the resumed checkpoint, and makes the
+        run folder; a failure there is raised on every rank (none goes on alone into the engine's collectives)."""
+        moved, rewound, failure = [], None, ""
+        if self.is_main:
+            try:
+                moved = move_aside(self.config) if self.start.replace_old_run else []
+                if self.start.checkpoint is not None:
+                    rewound = rewind(self.config, self.start.checkpoint, resumed)
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            except NanosetError as e:
+                failure = str(e)
+            except OSError as e:
+                failure = f"{self.run_dir}: preparing the run folder failed ({e}); fix the cause and rerun"
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            shared = [failure]
+            torch.distributed.broadcast_object_list(shared, src=0)
+            failure = shared[0]
+        if failure:
+            raise NanosetError(failure)
+        return moved, rewound
 
     # ------------------------------------------------------------------ public -----------------
 
