@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from pathlib import Path
 
-from nanoset.atomic import atomic_write_text
+from nanoset.atomic import atomic_write_text, fsync_dir, write_beside
 from nanoset.errors import CheckpointError, ConfigError, MissingPath
 from runtime.config import Config
 from runtime.config.schema import SHAPE_KEYS
@@ -67,15 +68,32 @@ def write_latest(folder: Path, checkpoint: Path) -> None:
     atomic_write_text(folder / LATEST, checkpoint.name + "\n")
 
 
+def stage_latest(folder: Path, checkpoint: Path) -> Path:
+    """``latest`` naming ``checkpoint``, written beside it under a temporary name while the checkpoint is written
+    (where a full disk is handled like any of its files); ``commit_latest`` renames it into place, which needs no
+    space."""
+    return write_beside(folder / LATEST, lambda f: f.write((checkpoint.name + "\n").encode()))
+
+
+def commit_latest(folder: Path, staged: Path) -> None:
+    os.replace(staged, folder / LATEST)
+    fsync_dir(folder)
+
+
+def stale_temporaries(folder: Path) -> list[Path]:
+    """What saves that a crash interrupted leave in a checkpoints folder: ``.tmp-*`` folders and a staged
+    ``latest`` (``.latest.tmp-*``)."""
+    return sorted([*folder.glob(TMP_PREFIX + "*"), *folder.glob(f".{LATEST}.tmp-*")])
+
+
 def _latest(folder: Path) -> Path | None:
-    """The checkpoint ``folder/latest`` names (None when nothing was saved yet)."""
+    """The checkpoint ``folder/latest`` names (None when nothing was saved yet). Without a ``latest`` file, the
+    newest complete checkpoint: a checkpoint is complete once its metadata.json is written, and a kill between
+    its rename and the pointer's leaves it without one."""
     name = latest_name(folder)
     if name is None:
-        orphans = saved_checkpoints(folder)
-        if orphans:
-            raise MissingPath(f"{folder}: checkpoints {', '.join(p.name for p in orphans)} but no `latest` pointer; "
-                              f"set checkpoints.resume to one of them")
-        return None
+        complete = saved_checkpoints(folder)
+        return complete[-1] if complete else None
     path = folder / name
     if not is_complete(path):
         there = ", ".join(p.name for p in saved_checkpoints(folder)) or "none"
