@@ -334,3 +334,54 @@ def test_verify_retokenize_says_in_one_line_that_inputs_are_gone(corpus, tmp_pat
     one_line_error(proc, f"cannot re-encode: input {moved / 'part-1.jsonl'} is gone")
     proc = run_cli("verify", out, "--retokenize", 0, check=False)
     one_line_error(proc, "--retokenize must be ≥ 1, got 0")
+
+
+# ---------------------------------------------------------------- tokens declared beside ------
+
+
+def declared_folder(tmp_path: Path) -> Path:
+    """The fixture tokenizer with its added tokens declared only in tokenizer_config.json (as transformers
+    reads them), and an ``<image>`` token new to the vocabulary: tokenizers registers them all before
+    encoding (``load_tokenizer``), the ``tokenizer.json`` file alone has none."""
+    spec = json.loads((TOKENIZER / "tokenizer.json").read_text())
+    spec["added_tokens"] = []
+    config = json.loads((TOKENIZER / "tokenizer_config.json").read_text())
+    record = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
+    config["added_tokens_decoder"] = {str(i): {"content": t, **record}
+                                      for i, t in ((0, "<|endoftext|>"), (1492, "<|im_start|>"), (1493, "<|im_end|>"))}
+    config["image_token"] = "<image>"
+    folder = tmp_path / "declared"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_tokens_declared_beside_tokenizer_json_are_encoded_as_tokenizers_encodes_them(tmp_path):
+    """fastokens loaded the bare tokenizer.json: a ``<|im_start|>`` past the guarded first texts became 10
+    byte pieces and ``<image>`` 5, silently; it now encodes with the tokens tokenizers registers."""
+    from nanoset.tokenize.tokenizer import load_tokenizer
+
+    folder = declared_folder(tmp_path)
+    special = "a <|im_start|> b <image> c<|endoftext|>"
+    docs = [f"plain text {i} " * 40 for i in range(20)] + [special]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    reference = run(tmp_path / "in.jsonl", folder, tmp_path / "tokenizers", "tokenizers")
+    manifest = run(tmp_path / "in.jsonl", folder, tmp_path / "auto", "auto")
+    assert manifest["encoders"] == [FASTOKENS] and reference["encoders"] == [TOKENIZERS]
+    assert shard_files(tmp_path / "auto") == shard_files(tmp_path / "tokenizers")
+    ids = open_dataset(tmp_path / "auto").document(20).tolist()
+    assert ids == load_tokenizer(folder / "tokenizer.json").encode(special).ids + [0]
+    assert ids == [66, 222, 1492, 290, 222, 1494, 284, 0, 0]  # "<|endoftext|>" in the text, then the EOS
+
+    chats = [{"messages": [{"role": "user", "content": f"look <image> {i}"}, {"role": "assistant", "content": "ok"}]}
+             for i in range(30)]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+    run_cli("tokenize", tmp_path / "chat.jsonl", "-o", tmp_path / "chat-ref", "--tokenizer", folder, "--chat",
+            "--quiet", "--backend", "tokenizers")
+    proc = run_cli("tokenize", tmp_path / "chat.jsonl", "-o", tmp_path / "chat", "--tokenizer", folder, "--chat",
+                   "--quiet", "--backend", "fastokens")
+    assert proc.stderr == ""
+    assert shard_files(tmp_path / "chat") == shard_files(tmp_path / "chat-ref")
+    assert json.loads((tmp_path / "chat" / "nanoset.json").read_text())["encoders"] == [FASTOKENS]
+    assert open_dataset(tmp_path / "chat").document(0).tolist().count(1494) == 1
