@@ -24,6 +24,7 @@ from nanoset.errors import NanosetError
 from nanoset.format.spec import SKIPPED_EXAMPLES, SKIPPED_NAME, Manifest, dtype_for_vocab, dtype_name
 from nanoset.format.writer import ShardWriter, write_manifest
 from nanoset.tokenize.backends import (
+    BackendChoice,
     Encoder,
     FastCheck,
     FastokensUnusable,
@@ -348,6 +349,9 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
     tokenizer = resolve_tokenizer(opts.tokenizer, opts.eos_token)
     chat = chat_config(opts, tokenizer)
     plan = build_plan(opts, tokenizer, chat)
+    reference = TokenizersEncoder(tokenizer.tokenizer or load_tokenizer(tokenizer.path))
+    # before the output folder is touched (--overwrite empties it): a --backend that cannot run is refused first
+    choice = choose_backend(tokenizer.path, opts.backend, opts.chat, lambda: reference)
     folder = OutputFolder(opts.output)
     complete = folder.prepare(plan, opts.overwrite)
     for note in folder.notes:
@@ -357,7 +361,6 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
 
     itemsize = np.dtype(plan.build["dtype"]).itemsize
     mine = [t for t in plan.tasks if t.index % opts.num_tasks == opts.task_index]
-    reference = TokenizersEncoder(tokenizer.tokenizer or load_tokenizer(tokenizer.path))
     config = {
         "dtype": plan.build["dtype"],
         "tokenizer_name": tokenizer.info.name,
@@ -375,7 +378,7 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         todo = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)]
         batch = todo
         if batch:
-            backend = _settle_backend(opts, tokenizer, folder)
+            backend = _settle_backend(opts, choice, folder)
         while batch:  # a second pass only after fastokens differed: it redoes what fastokens encoded
             backend, done_now = _run_tasks(batch, plan, folder, tokenizer, config, opts, backend, reference)
             ran.update(done_now)
@@ -440,10 +443,9 @@ def _note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr, flush=True)
 
 
-def _settle_backend(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, folder: OutputFolder) -> str:
-    """The backend this run starts with: ``--backend`` as ``choose_backend`` settles it (its note printed), and
+def _settle_backend(opts: TokenizeOptions, choice: BackendChoice, folder: OutputFolder) -> str:
+    """The backend this run starts with: ``--backend`` as ``choose_backend`` settled it (its note printed), and
     tokenizers where an earlier run of this job saw fastokens differ or fail."""
-    choice = choose_backend(tokenizer.path, opts.backend, opts.chat)
     if choice.note:
         _note(choice.note)
     earlier = folder.encoder_fallback()

@@ -385,3 +385,40 @@ def test_tokens_declared_beside_tokenizer_json_are_encoded_as_tokenizers_encodes
     assert shard_files(tmp_path / "chat") == shard_files(tmp_path / "chat-ref")
     assert json.loads((tmp_path / "chat" / "nanoset.json").read_text())["encoders"] == [FASTOKENS]
     assert open_dataset(tmp_path / "chat").document(0).tolist().count(1494) == 1
+
+
+# ---------------------------------------------------------------- fallback across runs --------
+
+
+def second_task_first_text(corpus: Path) -> str:
+    """The first text of task 1 (task_bytes=40_000)."""
+    offset = 0
+    for line in (corpus / "part-0.jsonl").read_bytes().splitlines(keepends=True):
+        if offset >= 40_000:
+            return json.loads(line)["text"]
+        offset += len(line)
+    raise AssertionError("part-0.jsonl is shorter than one task")
+
+
+def test_a_backend_that_cannot_run_is_refused_before_the_output_folder_is_touched(tmp_path):
+    """``--backend fastokens --overwrite`` with a --chat tokenizer whose offsets fastokens cannot give removed
+    the complete dataset there, then refused; an unknown backend passed the Python API on a complete one."""
+    from tokenizers import Tokenizer, normalizers
+
+    tok = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
+    tok.normalizer = normalizers.NFC()
+    folder = tmp_path / "nfc"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text((TOKENIZER / "tokenizer_config.json").read_text())
+    out = tmp_path / "out"
+    options = dict(inputs=[str(FIXTURES / "chat")], output=out, tokenizer=str(folder), chat=True, progress=False)
+    tokenize(TokenizeOptions(**options, backend="tokenizers"))
+    before = shard_files(out) | {"nanoset.json": (out / "nanoset.json").read_bytes()}
+    with pytest.raises(ValueError, match="--backend fastokens: --chat needs character offsets"):
+        tokenize(TokenizeOptions(**options, backend="fastokens", overwrite=True))
+    with pytest.raises(ValueError) as e:
+        tokenize(TokenizeOptions(**options, backend="fast"))
+    assert str(e.value) == "--backend 'fast': choose one of auto, fastokens, tokenizers"
+    assert sorted(p.name for p in out.iterdir()) == sorted(before)
+    assert shard_files(out) | {"nanoset.json": (out / "nanoset.json").read_bytes()} == before
