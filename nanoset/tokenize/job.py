@@ -382,9 +382,12 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         while batch:  # a second pass only after fastokens differed: it redoes what fastokens encoded
             backend, done_now = _run_tasks(batch, plan, folder, tokenizer, config, opts, backend, reference)
             ran.update(done_now)
-            fell_back = folder.encoder_fallback() is not None
+            fallback = folder.encoder_fallback()
+            fell_back = fallback is not None
             if fell_back and folder.completed_manifest() is not None:  # another machine published it meanwhile
                 break
+            if fell_back and backend == "fastokens":  # another machine saw fastokens differ while this one ran
+                backend = _fall_back(opts, fallback, "another run of this job", redo=True)
             batch = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)] if fell_back else []
     except WorkerDied as e:
         raise NanosetError(
@@ -450,12 +453,18 @@ def _settle_backend(opts: TokenizeOptions, choice: BackendChoice, folder: Output
         _note(choice.note)
     earlier = folder.encoder_fallback()
     if earlier is not None and choice.backend == "fastokens":
-        if opts.backend == "fastokens":
-            raise NanosetError(f"--backend fastokens: an earlier run of this job saw {earlier}; use --backend auto "
-                               f"or tokenizers")
-        _note(f"encoding with tokenizers, as an earlier run of this job did: {earlier}")
-        return "tokenizers"
+        return _fall_back(opts, earlier, "an earlier run of this job")
     return choice.backend
+
+
+def _fall_back(opts: TokenizeOptions, reason: str, who: str, redo: bool = False) -> str:
+    """Tokenizers from now on, because ``who`` saw fastokens differ or fail (``reason``), said once; ``--backend
+    fastokens``: an error."""
+    if opts.backend == "fastokens":
+        raise NanosetError(f"--backend fastokens: {who} saw {reason}; use --backend auto or tokenizers")
+    _note(f"encoding with tokenizers{' (what fastokens encoded is encoded again)' if redo else ''}, as {who} did: "
+          f"{reason}")
+    return "tokenizers"
 
 
 def _done_by(result: TaskResult | None, fell_back: bool) -> bool:

@@ -400,6 +400,37 @@ def second_task_first_text(corpus: Path) -> str:
     raise AssertionError("part-0.jsonl is shorter than one task")
 
 
+def test_a_fallback_another_machine_records_mid_run_redoes_this_runs_tasks_once(monkeypatch, corpus, tmp_path,
+                                                                                 capsys):
+    """Another machine saw fastokens differ while this one ran: this one redid its own fastokens tasks with
+    fastokens again, saw the fallback again, and so on for ever. It now redoes them once, with tokenizers."""
+    from nanoset.tokenize import job
+
+    run(corpus, TOKENIZER, tmp_path / "reference", "tokenizers")
+    real, passes = job._run_tasks, []
+
+    def run_tasks(todo, plan, folder, *args):
+        passes.append(([t.index for t in todo], args[-2]))
+        if len(passes) > 3:
+            raise AssertionError(f"endless passes: {passes}")
+        if len(passes) == 1:  # what the other machine writes into the shared work folder meanwhile
+            folder.record_encoder_fallback("fastokens and tokenizers differ on task 0's first texts (planted)")
+        return real(todo, plan, folder, *args)
+
+    monkeypatch.setattr(job, "_run_tasks", run_tasks)
+    summary = tokenize(TokenizeOptions(inputs=[str(corpus)], output=tmp_path / "out", tokenizer=str(TOKENIZER),
+                                       task_bytes=40_000, progress=False, num_tasks=2, task_index=1))
+    assert not summary.complete and summary.tasks_run == 1
+    assert passes == [([1], "fastokens"), ([1], "tokenizers")]
+    assert capsys.readouterr().err == ("note: encoding with tokenizers (what fastokens encoded is encoded again), as "
+                                       "another run of this job did: fastokens and tokenizers differ on task 0's "
+                                       "first texts (planted)\n")
+    monkeypatch.setattr(job, "_run_tasks", real)
+    manifest = run(corpus, TOKENIZER, tmp_path / "out", "auto", num_tasks=2, task_index=0)
+    assert shard_files(tmp_path / "out") == shard_files(tmp_path / "reference")
+    assert manifest["encoders"] == [TOKENIZERS]
+
+
 def test_a_backend_that_cannot_run_is_refused_before_the_output_folder_is_touched(tmp_path):
     """``--backend fastokens --overwrite`` with a --chat tokenizer whose offsets fastokens cannot give removed
     the complete dataset there, then refused; an unknown backend passed the Python API on a complete one."""
