@@ -541,13 +541,13 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
                 if config["strict_backend"]:
                     raise NanosetError(f"--backend fastokens: {reason}; use --backend auto or tokenizers")
         result.checks, result.unusable = [], None
-        folder.mark_done(task, result)
-        ran[task.index] = result
-        if reason is not None and state["backend"] == "fastokens":
-            folder.record_encoder_fallback(reason)
+        if reason is not None and state["backend"] == "fastokens":  # recorded before the task's marker: a run
+            folder.record_encoder_fallback(reason)  # killed in between must not keep a differing task's shards
             redo = " (what fastokens encoded is encoded again)" if result.by_fastokens else ""
             _note(f"encoding with tokenizers{redo}: {reason}")
             state["backend"] = "tokenizers"
+        folder.mark_done(task, result)
+        ran[task.index] = result
         bar.update(1)
         refresh()
 

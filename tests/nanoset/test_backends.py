@@ -431,6 +431,29 @@ def test_a_fallback_another_machine_records_mid_run_redoes_this_runs_tasks_once(
     assert manifest["encoders"] == [TOKENIZERS]
 
 
+def test_a_run_killed_right_after_marking_a_differing_task_done_redoes_it(monkeypatch, corpus, tmp_path):
+    """The task whose first texts differ was marked done before the fallback was recorded: killed in between,
+    the rerun kept fastokens' (differing) shards of that task. The fallback is now recorded first."""
+    from nanoset.tokenize.tasks import OutputFolder
+
+    run(corpus, TOKENIZER, tmp_path / "reference", "tokenizers")
+    plant_difference(monkeypatch, second_task_first_text(corpus))
+    real = OutputFolder.mark_done
+
+    def mark_done(self, task, result):
+        real(self, task, result)
+        if task.index == 1:
+            raise KeyboardInterrupt  # the kill, between the marker and what follows it
+
+    monkeypatch.setattr(OutputFolder, "mark_done", mark_done)
+    with pytest.raises(KeyboardInterrupt):
+        run(corpus, TOKENIZER, tmp_path / "out", "auto")
+    monkeypatch.setattr(OutputFolder, "mark_done", real)
+    manifest = run(corpus, TOKENIZER, tmp_path / "out", "auto")  # fastokens still differs on that text
+    assert shard_files(tmp_path / "out") == shard_files(tmp_path / "reference")
+    assert manifest["encoders"] == [TOKENIZERS]
+
+
 def test_a_backend_that_cannot_run_is_refused_before_the_output_folder_is_touched(tmp_path):
     """``--backend fastokens --overwrite`` with a --chat tokenizer whose offsets fastokens cannot give removed
     the complete dataset there, then refused; an unknown backend passed the Python API on a complete one."""
