@@ -63,8 +63,9 @@ def _check_source(source: Source) -> None:
 
 
 def _tokenizer(ds: NanosetReader):
-    """The tokenizer the dataset was made with, if its file is still there and unchanged."""
-    from nanoset.tokenize.tokenizer import load_tokenizer
+    """The tokenizer the dataset was made with, if its file is still there and unchanged, and the files beside it
+    still register the tokens the dataset was made with."""
+    from nanoset.tokenize.tokenizer import load_tokenizer, registered_tokens
 
     info = ds.manifest.tokenizer
     if not info.path or not Path(info.path).is_file():
@@ -72,6 +73,14 @@ def _tokenizer(ds: NanosetReader):
     if hashlib.sha256(Path(info.path).read_bytes()).hexdigest() != info.sha256:
         raise NanosetError(f"cannot re-encode: tokenizer {info.path} changed since the dataset was made (its sha256 "
                            f"differs from the manifest's); --retokenize needs the tokenizer that made it")
+    now, then = registered_tokens(Path(info.path)), ds.manifest.build.get("registered_tokens", [])
+    if now != then:
+        def names(tokens: list[dict]) -> str:
+            return ", ".join(repr(t["content"]) for t in tokens) or "none"
+
+        raise NanosetError(f"cannot re-encode: the tokens registered from the files beside {info.path} changed since "
+                           f"the dataset was made (now {names(now)}, then {names(then)}); --retokenize needs the "
+                           f"tokenizer that made it")
     return load_tokenizer(Path(info.path))
 
 
