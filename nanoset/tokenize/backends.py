@@ -279,8 +279,11 @@ class FastokensUnusable(NanosetError):
 
 def _load_fastokens(path: Path, spec: str | None = None):
     """fastokens' tokenizer of the file at ``path``, or of ``spec`` (its text) where given."""
-    import fastokens
-
+    try:
+        import fastokens
+    except ImportError as e:  # installed, but its native library does not load here (built for another system)
+        raise FastokensUnusable(f"fastokens cannot be imported ({type(e).__name__}: {' '.join(str(e).split())})") \
+            from None
     try:
         tok = fastokens.Tokenizer.from_file(str(path)) if spec is None else fastokens.Tokenizer.from_json_str(spec)
     except Exception as e:  # fastokens raises ValueError for what it lacks (a normalizer, a model type, ...)

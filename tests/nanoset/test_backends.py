@@ -133,6 +133,26 @@ def test_without_fastokens_auto_is_tokenizers_and_fastokens_is_refused(kinds, co
     one_line_error(proc, "--backend fastokens: fastokens is not installed")
 
 
+def test_a_fastokens_that_cannot_be_imported_is_a_fallback_not_a_traceback(corpus, tmp_path):
+    """An installed fastokens whose import fails (its native library missing or built for another system, as in
+    a virtualenv shared between machines) stopped every default run with an ImportError traceback."""
+    import os
+
+    broken = tmp_path / "site" / "fastokens"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("libgcc_s.so.1: cannot open shared object file")\n')
+    env = {"PYTHONPATH": os.pathsep.join([str(broken.parent), os.environ.get("PYTHONPATH", "")])}
+    args = ["tokenize", corpus, "--tokenizer", TOKENIZER, "--quiet", "--task-bytes", 40_000]
+    proc = run_cli(*args, "-o", tmp_path / "auto", "--workers", 2, env=env)
+    assert proc.stderr == ("note: encoding with tokenizers: fastokens cannot be imported (ImportError: libgcc_s.so.1: "
+                           "cannot open shared object file)\n")
+    run(corpus, TOKENIZER, tmp_path / "reference", "tokenizers")
+    assert shard_files(tmp_path / "auto") == shard_files(tmp_path / "reference")
+    one_line_error(run_cli(*args, "-o", tmp_path / "strict", "--backend", "fastokens", env=env, check=False),
+                   "--backend fastokens: fastokens cannot be imported (ImportError: libgcc_s.so.1",
+                   "use --backend auto or tokenizers")
+
+
 # ---------------------------------------------------------------- chat and offsets ------------
 
 
