@@ -229,7 +229,7 @@ def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers", pro
             else:
                 reader = TextReader(piece, cfg["text_column"], cfg["skip_bad_lines"], log)
             for texts in reader.batches():
-                if not guarded:
+                if not guarded and texts:  # a batch of skipped rows only is empty: the next one is the first
                     guarded = True
                     sample = guard_sample([c.text for c in texts] if chat else texts)
                     checks.append(FastCheck.of(encoder, sample, bool(chat), task.index, describe_task(task)))
