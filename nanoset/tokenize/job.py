@@ -86,6 +86,7 @@ class TokenizeSummary:
     seconds: float
     skipped_examples: list[str] = field(default_factory=list)
     tokens_run: int = 0  # tokens of the tasks this run tokenized (the rate counts these, not resumed ones)
+    redo_elsewhere: int = 0  # tasks of other task indices done by fastokens before it was seen to differ
 
     def details(self) -> list[str]:
         """Lines after the summary: the first rows skipped, and where the full list is."""
@@ -96,7 +97,15 @@ class TokenizeSummary:
 
     def line(self) -> str:
         rate = self.tokens_run / self.seconds if self.seconds > 0 else 0.0
-        state = "complete" if self.complete else "partial: other task indices still to run"
+        if self.complete:
+            state = "complete"
+        elif self.redo_elsewhere:
+            n = self.redo_elsewhere
+            state = (f"partial: {n} task{'s' * (n > 1)} of other task indices {'were' if n > 1 else 'was'} encoded by "
+                     f"fastokens before it was seen to differ: rerun those task indices to encode "
+                     f"{'them' if n > 1 else 'it'} again")
+        else:
+            state = "partial: other task indices still to run"
         return (
             f"{self.output}: {self.documents:,} documents, {self.tokens:,} tokens in {self.shards} shards; "
             f"ran {self.tasks_run} of {self.num_tasks} tasks ({self.tasks_resumed} already done) "
@@ -405,7 +414,8 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         ) from None
 
     fell_back = folder.encoder_fallback() is not None
-    results = [r if _done_by(r, fell_back) else None for r in (folder.done(t, itemsize) for t in plan.tasks)]
+    recorded = [folder.done(t, itemsize) for t in plan.tasks]
+    results = [r if _done_by(r, fell_back) else None for r in recorded]
     if any(r is None for r in results):
         finished = folder.completed_manifest()
         if finished is not None and finished.build == plan.build:  # another machine finished it meanwhile
@@ -415,7 +425,10 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         partial = Manifest(tokenizer.info, plan.build["dtype"],
                            [s for t in mine if results[t.index] is not None for s in results[t.index].shards],
                            loss_masks=chat is not None)
-        return _summary(opts, plan, partial, list(ran.values()), len(mine) - len(todo), False, t0)
+        summary = _summary(opts, plan, partial, list(ran.values()), len(mine) - len(todo), False, t0)
+        # tasks other runs finished with fastokens before the fallback: they are redone only when those runs rerun
+        summary.redo_elsewhere = sum(r is not None and results[i] is None for i, r in enumerate(recorded))
+        return summary
     manifest = Manifest(tokenizer=tokenizer.info, dtype=plan.build["dtype"],
                         shards=[s for r in results for s in r.shards], build=plan.build,
                         skipped_lines=sum(r.skipped_lines for r in results),

@@ -516,3 +516,20 @@ def test_a_backend_that_cannot_run_is_refused_before_the_output_folder_is_touche
     assert str(e.value) == "--backend 'fast': choose one of auto, fastokens, tokenizers"
     assert sorted(p.name for p in out.iterdir()) == sorted(before)
     assert shard_files(out) | {"nanoset.json": (out / "nanoset.json").read_bytes()} == before
+
+
+def test_a_fallback_after_another_machine_finished_says_which_runs_to_rerun(monkeypatch, corpus, tmp_path):
+    """Task index 1 finished with fastokens; index 0 then saw fastokens differ: index 1's task must be encoded
+    again, but index 0 said 'other task indices still to run', of runs that had all finished."""
+    run(corpus, TOKENIZER, tmp_path / "reference", "tokenizers")
+    options = dict(inputs=[str(corpus)], output=tmp_path / "out", tokenizer=str(TOKENIZER), task_bytes=40_000,
+                   progress=False, num_tasks=2)
+    assert not tokenize(TokenizeOptions(**options, task_index=1)).complete
+    with monkeypatch.context() as m:
+        plant_difference(m, json.loads((corpus / "part-0.jsonl").read_text().splitlines()[0])["text"])
+        summary = tokenize(TokenizeOptions(**options, task_index=0))
+    assert not summary.complete and summary.line().endswith(
+        "; partial: 1 task of other task indices was encoded by fastokens before it was seen to differ: rerun "
+        "those task indices to encode it again")
+    assert tokenize(TokenizeOptions(**options, task_index=1)).complete
+    assert shard_files(tmp_path / "out") == shard_files(tmp_path / "reference")
