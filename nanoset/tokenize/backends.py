@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.errors import NanosetError
+from nanoset.tokenize.special_tokens import declared_tokens
 from nanoset.tokenize.tokenizer import PROBE_TEXTS, load_tokenizer
 
 BACKENDS = ("auto", "fastokens", "tokenizers")
@@ -261,11 +262,15 @@ class FastokensUnusable(NanosetError):
     """fastokens cannot encode with this tokenizer (it cannot load it); the message says why."""
 
 
-def _load_fastokens(path: Path):
-    import fastokens
-
+def _load_fastokens(path: Path, spec: str | None = None):
+    """fastokens' tokenizer of the file at ``path``, or of ``spec`` (its text) where given."""
     try:
-        tok = fastokens.Tokenizer.from_file(str(path))
+        import fastokens
+    except ImportError as e:  # installed, but its native library does not load here (built for another system)
+        raise FastokensUnusable(f"fastokens cannot be imported ({type(e).__name__}: {' '.join(str(e).split())})") \
+            from None
+    try:
+        tok = fastokens.Tokenizer.from_file(str(path)) if spec is None else fastokens.Tokenizer.from_json_str(spec)
     except Exception as e:  # fastokens raises ValueError for what it lacks (a normalizer, a model type, ...)
         raise FastokensUnusable(f"fastokens cannot load {path} ({type(e).__name__}: {' '.join(str(e).split())})") \
             from None
@@ -274,22 +279,54 @@ def _load_fastokens(path: Path):
     return tok
 
 
+def _registers_tokens(path: Path, added: set[str]) -> bool:
+    """Whether tokenizers registers tokens declared beside ``path`` (``load_tokenizer``) that its file's added
+    tokens (``added``: their contents) lack: the file alone is then not the tokenizer that encodes."""
+    return bool(declared_tokens(Path(path).parent, added).to_register)
+
+
+def _reference_loader(path: Path) -> Callable[[], TokenizersEncoder]:
+    """The tokenizers encoder of ``path``, loaded on first call."""
+    loaded: list[TokenizersEncoder] = []
+
+    def reference() -> TokenizersEncoder:
+        if not loaded:
+            loaded.append(TokenizersEncoder(load_tokenizer(path)))
+        return loaded[0]
+
+    return reference
+
+
+def encoding_config(path: Path, reference: Callable[[], TokenizersEncoder]) -> dict:
+    """The parsed ``tokenizer.json`` of the tokenizer that encodes: the file's, or, where tokens declared beside
+    it are registered, tokenizers' own serialization with them (their ids included)."""
+    config = json.loads(Path(path).read_text(encoding="utf-8"))
+    if _registers_tokens(path, {t.get("content") for t in config.get("added_tokens") or []}):
+        return json.loads(reference().tok.to_str())
+    return config
+
+
 def load_encoder(path: Path, backend: str, chat: bool = False,
                  reference: Callable[[], TokenizersEncoder] | None = None) -> Encoder:
     """The encoder of ``backend`` ("fastokens" or "tokenizers") for the tokenizer at ``path``, with character
     offsets if ``chat``; ``reference`` gives the tokenizers encoder (fastokens falls back on it for a batch
-    whose offsets its token bytes do not give). FastokensUnusable when fastokens cannot load it."""
-    if reference is None:
-        loaded: list[TokenizersEncoder] = []
+    whose offsets its token bytes do not give). FastokensUnusable when fastokens cannot load it.
 
-        def reference() -> TokenizersEncoder:
-            if not loaded:
-                loaded.append(TokenizersEncoder(load_tokenizer(path)))
-            return loaded[0]
+    fastokens encodes with the tokenizer tokenizers encodes with: where tokens declared beside the file are
+    registered, it loads tokenizers' serialization of the tokenizer holding them (its own ``add_tokens``
+    numbers new tokens differently)."""
+    reference = reference or _reference_loader(path)
     if backend == "tokenizers":
         return reference()
     tok = _load_fastokens(path)
-    offsets = ByteLevelOffsets.of_tokenizer(json.loads(Path(path).read_text(encoding="utf-8")))[0] if chat else None
+    spec = None
+    if _registers_tokens(path, {t["content"] for t in tok.added_tokens()}):
+        spec = reference().tok.to_str()
+        tok = _load_fastokens(path, spec)
+    offsets = None
+    if chat:
+        config = json.loads(spec) if spec is not None else json.loads(Path(path).read_text(encoding="utf-8"))
+        offsets = ByteLevelOffsets.of_tokenizer(config)[0]
     return FastokensEncoder(tok, offsets, reference)
 
 
@@ -301,11 +338,13 @@ class BackendChoice:
     note: str | None = None
 
 
-def choose_backend(path: Path, requested: str, chat: bool) -> BackendChoice:
+def choose_backend(path: Path, requested: str, chat: bool,
+                   reference: Callable[[], TokenizersEncoder] | None = None) -> BackendChoice:
     """Settle ``--backend`` before any task runs, from what is known without loading fastokens (each worker
     loads it: ``load_encoder``): ``tokenizers`` as asked; ``fastokens`` or ``auto`` when fastokens is
     installed and, with ``chat``, the token bytes give character offsets. Where not, ``auto`` falls back
-    (with a note when fastokens is installed) and ``fastokens`` is an error naming the reason."""
+    (with a note when fastokens is installed) and ``fastokens`` is an error naming the reason. ``reference``
+    gives the tokenizers encoder (loaded when needed if not given)."""
     import importlib.util
 
     if requested not in BACKENDS:
@@ -319,7 +358,7 @@ def choose_backend(path: Path, requested: str, chat: bool) -> BackendChoice:
                                "tokenizers")
         return BackendChoice("tokenizers")  # the ordinary case where no wheel exists: nothing to say
     if chat:
-        offsets, reason = ByteLevelOffsets.of_tokenizer(json.loads(Path(path).read_text(encoding="utf-8")))
+        offsets, reason = ByteLevelOffsets.of_tokenizer(encoding_config(path, reference or _reference_loader(path)))
         if offsets is None:
             reason = (f"--chat needs character offsets, which fastokens does not give and the token bytes give only "
                       f"for byte-level BPE without a normalizer: {reason}")

@@ -24,6 +24,7 @@ from nanoset.errors import NanosetError
 from nanoset.format.spec import SKIPPED_EXAMPLES, SKIPPED_NAME, Manifest, dtype_for_vocab, dtype_name
 from nanoset.format.writer import ShardWriter, write_manifest
 from nanoset.tokenize.backends import (
+    BackendChoice,
     Encoder,
     FastCheck,
     FastokensUnusable,
@@ -85,6 +86,7 @@ class TokenizeSummary:
     seconds: float
     skipped_examples: list[str] = field(default_factory=list)
     tokens_run: int = 0  # tokens of the tasks this run tokenized (the rate counts these, not resumed ones)
+    redo_elsewhere: int = 0  # tasks of other task indices done by fastokens before it was seen to differ
 
     def details(self) -> list[str]:
         """Lines after the summary: the first rows skipped, and where the full list is."""
@@ -95,7 +97,15 @@ class TokenizeSummary:
 
     def line(self) -> str:
         rate = self.tokens_run / self.seconds if self.seconds > 0 else 0.0
-        state = "complete" if self.complete else "partial: other task indices still to run"
+        if self.complete:
+            state = "complete"
+        elif self.redo_elsewhere:
+            n = self.redo_elsewhere
+            state = (f"partial: {n} task{'s' * (n > 1)} of other task indices {'were' if n > 1 else 'was'} encoded by "
+                     f"fastokens before it was seen to differ: rerun those task indices to encode "
+                     f"{'them' if n > 1 else 'it'} again")
+        else:
+            state = "partial: other task indices still to run"
         return (
             f"{self.output}: {self.documents:,} documents, {self.tokens:,} tokens in {self.shards} shards; "
             f"ran {self.tasks_run} of {self.num_tasks} tasks ({self.tasks_resumed} already done) "
@@ -228,7 +238,7 @@ def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers", pro
             else:
                 reader = TextReader(piece, cfg["text_column"], cfg["skip_bad_lines"], log)
             for texts in reader.batches():
-                if not guarded:
+                if not guarded and texts:  # a batch of skipped rows only is empty: the next one is the first
                     guarded = True
                     sample = guard_sample([c.text for c in texts] if chat else texts)
                     checks.append(FastCheck.of(encoder, sample, bool(chat), task.index, describe_task(task)))
@@ -348,6 +358,9 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
     tokenizer = resolve_tokenizer(opts.tokenizer, opts.eos_token)
     chat = chat_config(opts, tokenizer)
     plan = build_plan(opts, tokenizer, chat)
+    reference = TokenizersEncoder(tokenizer.tokenizer or load_tokenizer(tokenizer.path))
+    # before the output folder is touched (--overwrite empties it): a --backend that cannot run is refused first
+    choice = choose_backend(tokenizer.path, opts.backend, opts.chat, lambda: reference)
     folder = OutputFolder(opts.output)
     complete = folder.prepare(plan, opts.overwrite)
     for note in folder.notes:
@@ -357,7 +370,6 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
 
     itemsize = np.dtype(plan.build["dtype"]).itemsize
     mine = [t for t in plan.tasks if t.index % opts.num_tasks == opts.task_index]
-    reference = TokenizersEncoder(tokenizer.tokenizer or load_tokenizer(tokenizer.path))
     config = {
         "dtype": plan.build["dtype"],
         "tokenizer_name": tokenizer.info.name,
@@ -375,13 +387,16 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         todo = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)]
         batch = todo
         if batch:
-            backend = _settle_backend(opts, tokenizer, folder)
+            backend = _settle_backend(opts, choice, folder)
         while batch:  # a second pass only after fastokens differed: it redoes what fastokens encoded
             backend, done_now = _run_tasks(batch, plan, folder, tokenizer, config, opts, backend, reference)
             ran.update(done_now)
-            fell_back = folder.encoder_fallback() is not None
+            fallback = folder.encoder_fallback()
+            fell_back = fallback is not None
             if fell_back and folder.completed_manifest() is not None:  # another machine published it meanwhile
                 break
+            if fell_back and backend == "fastokens":  # another machine saw fastokens differ while this one ran
+                backend = _fall_back(opts, fallback, "another run of this job", redo=True)
             batch = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)] if fell_back else []
     except WorkerDied as e:
         raise NanosetError(
@@ -399,7 +414,8 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         ) from None
 
     fell_back = folder.encoder_fallback() is not None
-    results = [r if _done_by(r, fell_back) else None for r in (folder.done(t, itemsize) for t in plan.tasks)]
+    recorded = [folder.done(t, itemsize) for t in plan.tasks]
+    results = [r if _done_by(r, fell_back) else None for r in recorded]
     if any(r is None for r in results):
         finished = folder.completed_manifest()
         if finished is not None and finished.build == plan.build:  # another machine finished it meanwhile
@@ -409,7 +425,10 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         partial = Manifest(tokenizer.info, plan.build["dtype"],
                            [s for t in mine if results[t.index] is not None for s in results[t.index].shards],
                            loss_masks=chat is not None)
-        return _summary(opts, plan, partial, list(ran.values()), len(mine) - len(todo), False, t0)
+        summary = _summary(opts, plan, partial, list(ran.values()), len(mine) - len(todo), False, t0)
+        # tasks other runs finished with fastokens before the fallback: they are redone only when those runs rerun
+        summary.redo_elsewhere = sum(r is not None and results[i] is None for i, r in enumerate(recorded))
+        return summary
     manifest = Manifest(tokenizer=tokenizer.info, dtype=plan.build["dtype"],
                         shards=[s for r in results for s in r.shards], build=plan.build,
                         skipped_lines=sum(r.skipped_lines for r in results),
@@ -440,20 +459,25 @@ def _note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr, flush=True)
 
 
-def _settle_backend(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, folder: OutputFolder) -> str:
-    """The backend this run starts with: ``--backend`` as ``choose_backend`` settles it (its note printed), and
+def _settle_backend(opts: TokenizeOptions, choice: BackendChoice, folder: OutputFolder) -> str:
+    """The backend this run starts with: ``--backend`` as ``choose_backend`` settled it (its note printed), and
     tokenizers where an earlier run of this job saw fastokens differ or fail."""
-    choice = choose_backend(tokenizer.path, opts.backend, opts.chat)
     if choice.note:
         _note(choice.note)
     earlier = folder.encoder_fallback()
     if earlier is not None and choice.backend == "fastokens":
-        if opts.backend == "fastokens":
-            raise NanosetError(f"--backend fastokens: an earlier run of this job saw {earlier}; use --backend auto "
-                               f"or tokenizers")
-        _note(f"encoding with tokenizers, as an earlier run of this job did: {earlier}")
-        return "tokenizers"
+        return _fall_back(opts, earlier, "an earlier run of this job")
     return choice.backend
+
+
+def _fall_back(opts: TokenizeOptions, reason: str, who: str, redo: bool = False) -> str:
+    """Tokenizers from now on, because ``who`` saw fastokens differ or fail (``reason``), said once; ``--backend
+    fastokens``: an error."""
+    if opts.backend == "fastokens":
+        raise NanosetError(f"--backend fastokens: {who} saw {reason}; use --backend auto or tokenizers")
+    _note(f"encoding with tokenizers{' (what fastokens encoded is encoded again)' if redo else ''}, as {who} did: "
+          f"{reason}")
+    return "tokenizers"
 
 
 def _done_by(result: TaskResult | None, fell_back: bool) -> bool:
@@ -530,13 +554,13 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
                 if config["strict_backend"]:
                     raise NanosetError(f"--backend fastokens: {reason}; use --backend auto or tokenizers")
         result.checks, result.unusable = [], None
-        folder.mark_done(task, result)
-        ran[task.index] = result
-        if reason is not None and state["backend"] == "fastokens":
-            folder.record_encoder_fallback(reason)
+        if reason is not None and state["backend"] == "fastokens":  # recorded before the task's marker: a run
+            folder.record_encoder_fallback(reason)  # killed in between must not keep a differing task's shards
             redo = " (what fastokens encoded is encoded again)" if result.by_fastokens else ""
             _note(f"encoding with tokenizers{redo}: {reason}")
             state["backend"] = "tokenizers"
+        folder.mark_done(task, result)
+        ran[task.index] = result
         bar.update(1)
         refresh()
 

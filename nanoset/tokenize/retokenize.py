@@ -63,8 +63,9 @@ def _check_source(source: Source) -> None:
 
 
 def _tokenizer(ds: NanosetReader):
-    """The tokenizer the dataset was made with, if its file is still there and unchanged."""
-    from nanoset.tokenize.tokenizer import load_tokenizer
+    """The tokenizer the dataset was made with, if its file is still there and unchanged, and the files beside it
+    still register the tokens the dataset was made with."""
+    from nanoset.tokenize.tokenizer import load_tokenizer, registered_tokens
 
     info = ds.manifest.tokenizer
     if not info.path or not Path(info.path).is_file():
@@ -72,6 +73,14 @@ def _tokenizer(ds: NanosetReader):
     if hashlib.sha256(Path(info.path).read_bytes()).hexdigest() != info.sha256:
         raise NanosetError(f"cannot re-encode: tokenizer {info.path} changed since the dataset was made (its sha256 "
                            f"differs from the manifest's); --retokenize needs the tokenizer that made it")
+    now, then = registered_tokens(Path(info.path)), ds.manifest.build.get("registered_tokens", [])
+    if now != then:
+        def names(tokens: list[dict]) -> str:
+            return ", ".join(repr(t["content"]) for t in tokens) or "none"
+
+        raise NanosetError(f"cannot re-encode: the tokens registered from the files beside {info.path} changed since "
+                           f"the dataset was made (now {names(now)}, then {names(then)}); --retokenize needs the "
+                           f"tokenizer that made it")
     return load_tokenizer(Path(info.path))
 
 
@@ -100,7 +109,7 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
     their recorded inputs. Returns one line per differing document and a summary line; raises (one line) when
     the check cannot be made."""
     from nanoset.tokenize.backends import TokenizersEncoder
-    from nanoset.tokenize.chat import encode_chats
+    from nanoset.tokenize.chat import MASK_RULE, encode_chats
     from nanoset.tokenize.job import _appends_eos, _encode
 
     if count < 1:
@@ -112,6 +121,8 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
     encoder = TokenizersEncoder(_tokenizer(ds))
     eos_id = m.tokenizer.eos_id
     chat = "chat" in m.build
+    # masks of another rule (an older nanoset's) are not what re-encoding makes: their ids are still compared
+    masks = chat and m.loss_mask_rule == MASK_RULE
     if chat:
         reader_of = _chat_reader_factory(ds)
     else:
@@ -138,7 +149,7 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
             a, b = int(ends[k] - lengths[k]), int(ends[k])
             start, stop = ds.document_bounds(s.index)
             problem = _difference(np.asarray(ds.tokens(start, stop)), flat[a:b], "token ids")
-            if problem is None and loss is not None:
+            if problem is None and masks:
                 problem = _difference(np.asarray(ds.loss_mask(start, stop)), loss[a:b], "loss mask bytes")
             if problem is not None:
                 lines.append(f"document {s.index} (shard {s.shard}): {problem}")
@@ -148,9 +159,11 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
                                         f"(tokenizers {encoder.version}); the dataset does not match its inputs and "
                                         f"tokenizer: re-create it with `nanoset tokenize ... --overwrite "
                                         f"--backend tokenizers`")
-    what = "ids and loss masks" if chat else "ids"
+    what = "ids and loss masks" if masks else "ids"
+    unchecked = (f" (loss masks not compared: made with loss-mask rule {m.loss_mask_rule}, this nanoset makes rule "
+                 f"{MASK_RULE})" if chat and not masks else "")
     return lines, (f"OK: {path}: {n} sampled documents re-encoded from their inputs with tokenizers "
-                   f"{encoder.version}: {what} identical to the shards")
+                   f"{encoder.version}: {what} identical to the shards{unchecked}")
 
 
 class RetokenizeMismatch(NanosetError):
