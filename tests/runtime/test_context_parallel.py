@@ -213,6 +213,8 @@ def test_a_cp2_checkpoint_resumes_at_cp1_and_back(reference, cp2_run, shards, tm
                                   checkpoints={"resume": str(checkpoint)})
         proc = train_one(cfg, shards) if nproc == 1 else torchrun(cfg, nproc, cwd=shards)
         assert f"resumed from {checkpoint} at step 3" in proc.stdout
+        assert f"note: resuming {checkpoint} in another layout (cp {3 - cp} → {cp}): global batch 4 as before" in \
+            proc.stdout
         assert_same_run(metrics(run), later)
 
 
