@@ -46,3 +46,21 @@ def test_samples_that_repeat_and_packing_that_drops_tokens(shards, monkeypatch):
     (line,) = notes(make_config(train_steps=2, seq=24, stages=[packed]))
     assert line == ("packing shards/sft at sequence length 24: 37.6% of its tokens are in documents longer than 25 "
                     "tokens and dropped; raise the stage's sequence_length to train on them")
+
+
+def test_a_resume_at_another_cp_is_a_layout_change(shards, monkeypatch):
+    """cp is part of the layout like dp, tp and pp: a checkpoint of cp 2 resumed at cp 1 (and one saved before
+    cp existed, which is cp 1, resumed at cp 2) gets the note, with the same global batch."""
+    monkeypatch.chdir(shards)
+    saved = {"training": {"last_train_step": 10, "global_batch_size": 2},
+             "config": {"parallelism": {"dp": 1, "cp": 2},
+                        "tokens": {"micro_batch_size": 2, "batch_accumulation_per_replica": 1}}}
+    assert notes(make_config(train_steps=40), saved) == [
+        "resuming ck/step-000010 in another layout (cp 2 → 1): global batch 2 as before: the same samples in the "
+        "same order, losses equal to float rounding (not to the bit)"]
+    at_cp2 = make_config(train_steps=40)
+    at_cp2.parallelism.cp = 2
+    del saved["config"]["parallelism"]["cp"]
+    assert notes(at_cp2, saved) == [
+        "resuming ck/step-000010 in another layout (cp 1 → 2): global batch 2 as before: the same samples in the "
+        "same order, losses equal to float rounding (not to the bit)"]
