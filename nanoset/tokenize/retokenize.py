@@ -18,8 +18,13 @@ import numpy as np
 from nanoset.errors import NanosetError
 from nanoset.format.open import open_dataset
 from nanoset.format.reader import NanosetReader
+from nanoset.tokenize.backends import TokenizersEncoder
+from nanoset.tokenize.chat import MASK_RULE, ChatColumns, ChatReader, encode_chats
+from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template
 from nanoset.tokenize.inputs import Piece, Source
 from nanoset.tokenize.rows import TextReader
+from nanoset.tokenize.tokenizer import load_tokenizer, registered_tokens
+from nanoset.tokenize.worker import appends_eos, encode_texts
 
 SAMPLE_SEED = 0  # the documents sampled are the same on every run of the check
 
@@ -65,8 +70,6 @@ def _check_source(source: Source) -> None:
 def _tokenizer(ds: NanosetReader):
     """The tokenizer the dataset was made with, if its file is still there and unchanged, and the files beside it
     still register the tokens the dataset was made with."""
-    from nanoset.tokenize.tokenizer import load_tokenizer, registered_tokens
-
     info = ds.manifest.tokenizer
     if not info.path or not Path(info.path).is_file():
         raise _gone(info.path or info.name, "tokenizer")
@@ -87,9 +90,6 @@ def _tokenizer(ds: NanosetReader):
 def _chat_reader_factory(ds: NanosetReader):
     """How to read the pieces of a ``--chat`` dataset: its recorded template (the file it names, else the
     tokenizer's own, by sha256), special tokens and columns."""
-    from nanoset.tokenize.chat import ChatColumns, ChatReader
-    from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template
-
     m = ds.manifest
     chat = m.build["chat"]
     file = m.chat_template_file
@@ -108,10 +108,6 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
     """Compare ``count`` sampled documents of the dataset at ``path`` with the tokenizers backend's encoding of
     their recorded inputs. Returns one line per differing document and a summary line; raises (one line) when
     the check cannot be made."""
-    from nanoset.tokenize.backends import TokenizersEncoder
-    from nanoset.tokenize.chat import MASK_RULE, encode_chats
-    from nanoset.tokenize.job import _appends_eos, _encode
-
     if count < 1:
         raise NanosetError(f"--retokenize must be ≥ 1, got {count}")
     ds = open_dataset(path)
@@ -127,7 +123,7 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
         reader_of = _chat_reader_factory(ds)
     else:
         reader_of = lambda piece: TextReader(piece, m.build["text_column"], m.build["skip_bad_lines"])  # noqa: E731
-    append_eos = _appends_eos(encoder.tok, eos_id)
+    append_eos = appends_eos(encoder.tok, eos_id)
     picks = np.sort(np.random.default_rng(SAMPLE_SEED).choice(ds.num_documents, min(count, ds.num_documents),
                                                               replace=False))
     sources = _sources(ds)
@@ -143,7 +139,7 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
         if chat:
             flat, loss, lengths = encode_chats(encoder, values, eos_id)
         else:
-            (flat, lengths), loss = _encode(encoder, values, eos_id, append_eos), None
+            (flat, lengths), loss = encode_texts(encoder, values, eos_id, append_eos), None
         ends = np.cumsum(lengths)
         for k, s in enumerate(sampled):
             a, b = int(ends[k] - lengths[k]), int(ends[k])
