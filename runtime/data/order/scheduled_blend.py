@@ -113,13 +113,16 @@ def allocate(shares: np.ndarray, global_batch: int, deviation: np.ndarray) -> tu
     index): all bids ≥ 1 first, then single bids added or removed until ``G`` are taken. Plain Python
     floats, one step after the other: IEEE arithmetic, the same on every machine. For two datasets the
     rule is the rounding of the first one's cumulative target, ``C_0(s) = ⌊T_0(s) + ½⌋``: one cumulative
-    sum (sequential, so as reproducible), no loop."""
+    sum (sequential, so as reproducible), no loop. The two float evaluations agree except where a target
+    lies within rounding of a tie (``T_0`` about ``m + ½``): there the float sums decide, not the tie order,
+    and the two-dataset order is the cumulative sum's."""
     return _round_two(shares, global_batch, deviation) if shares.shape[1] == 2 else _water_fill(
         shares, global_batch, deviation)
 
 
 def _round_two(shares: np.ndarray, global_batch: int, deviation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rule for two datasets: the bids' tie order makes it ``C_0(s) = ⌊T_0(s) + ½⌋``."""
+    """The rule for two datasets: the bids' tie order makes it ``C_0(s) = ⌊T_0(s) + ½⌋`` (``T_0`` the float64
+    cumulative sum, so a target within its rounding of ``m + ½`` goes the way that sum rounds)."""
     n, g = shares.shape[0], int(global_batch)
     target = np.cumsum(np.concatenate([[float(deviation[0])], shares[:, 0] * float(g)]))[1:]
     first = np.floor(target + 0.5).astype(np.int64)
