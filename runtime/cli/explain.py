@@ -125,7 +125,7 @@ def _queries(document: str | None, documents: str | None) -> list[tuple[str, int
     out = [parse_document(line, f"{documents} line {n}") for n, line in enumerate(lines, 1) if line.strip()]
     if not out:
         raise ConfigError(f"--documents {documents}: no FOLDER:DOC line in it")
-    return out
+    return list(dict.fromkeys(out))  # a document listed twice is reported once
 
 
 def _print_hits(hits: list[dict], queries: list[tuple[str, int]], train_steps: int, as_json: bool) -> int:

@@ -161,3 +161,25 @@ def test_a_million_step_run_answers_in_seconds(tmp_path):
         assert plan.datasets[int(loc.dataset[h["position"]])] is web and int(loc.sample[h["position"]]) == h["sample"]
     print(f"1,000,000-step lookup: {seconds:.1f} s for {len(hits)} hits in {epochs} epochs")
     assert seconds < 10, f"{seconds:.1f} s"
+
+
+def test_a_document_listed_twice_is_answered_once(tmp_path, capsys):
+    """An audit list naming a document twice (or as 0153 and 153) reports its hits once: not twice the samples."""
+    config = make_config(mbs=4, train_steps=16, stages=two_stages())
+    cfg = write(config, tmp_path / "c.yaml")
+    plan = DataPlan(config)
+    _, loc = plan.global_batch(3)
+    web = plan.datasets[int(loc.dataset[0])]
+    doc = int(web.reader.document_ids(*web.token_range(int(loc.sample[0])))[-1])
+    once = document_steps(plan, [(web.folder, doc)])
+    assert once and document_steps(plan, [(web.folder, doc), (web.folder, doc), ("shards/code", 0)])[:len(once)] == once
+    listing = tmp_path / "docs.txt"
+    listing.write_text(f"{web.folder}:{doc}\n{web.folder}:0{doc}\n")
+    assert main(["--config", str(cfg), "--documents", str(listing), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == once
+    assert main(["--config", str(cfg), "--documents", str(listing)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    steps = sorted({h["step"] for h in once})
+    assert lines[0] == (f"document {web.folder}:{doc}: {len(once)} samples in {len(steps)} steps (first {steps[0]}, "
+                        f"last {steps[-1]})")
+    assert len(lines) == 1 + len(once)
