@@ -183,3 +183,35 @@ def test_a_document_listed_twice_is_answered_once(tmp_path, capsys):
     assert lines[0] == (f"document {web.folder}:{doc}: {len(once)} samples in {len(steps)} steps (first {steps[0]}, "
                         f"last {steps[-1]})")
     assert len(lines) == 1 + len(once)
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_a_range_is_written_step_by_step(tmp_path, monkeypatch, as_json):
+    """--steps A:B writes each step's rows before it computes the next (memory for one step, not the range; a
+    pipe sees rows at once), and the output is what one list of the whole range prints."""
+    import io
+
+    from runtime.cli import explain as cli_module
+
+    config = make_config(mbs=4, train_steps=16, stages=two_stages())
+    cfg = write(config, tmp_path / "c.yaml")
+    rows = explain_steps(DataPlan(config), 8, 11)
+    out = io.StringIO()
+    written_before: list[int] = []
+    real = cli_module.explain_step
+
+    def step_rows(plan, step):
+        written_before.append(len(out.getvalue()))
+        return real(plan, step)
+
+    monkeypatch.setattr(cli_module, "explain_step", step_rows)
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["--config", str(cfg), "--steps", "8:11"] + (["--json"] if as_json else [])) == 0
+    monkeypatch.setattr(sys, "stdout", sys.__stdout__)
+    assert len(written_before) == 4 and written_before[0] < written_before[1] < written_before[2] < written_before[3]
+    if as_json:
+        assert out.getvalue() == json.dumps(rows) + "\n"
+    else:
+        lines = out.getvalue().splitlines()
+        assert len(lines) == 4 * 5 and lines[0].startswith("step 8: stage 'pretrain', 4 samples, data_hash ")
+        assert lines[15] == f"step 11: stage 'sft', 4 samples, data_hash {rows[-1]['data_hash']}"
