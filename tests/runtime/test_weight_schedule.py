@@ -128,7 +128,7 @@ def test_two_datasets_round_the_cumulative_target_as_the_step_by_step_rule_does(
     s = WeightSchedule.from_entries([{"step": 1, "weights": first}, {"step": 1 + span, "weights": last}])
     shares = s.shares(np.arange(1, 2 * span + 2))
     deviation = np.array([carried, -carried])
-    fast, slow = scheduled_blend._round_two(shares, batch, deviation), scheduled_blend._water_fill(
+    fast, slow = scheduled_blend._round_two(shares, batch, deviation)[:2], scheduled_blend._water_fill(
         shares, batch, deviation)
     targets = np.cumsum([Fraction(float(carried))] + [batch * Fraction(float(w)) for w in shares[:, 0]])[1:]
     near_tie = np.array([half_integer_distance(t) < Fraction(1, 10**9) for t in targets])
@@ -201,6 +201,37 @@ def test_long_parts_are_cached_atomically_and_a_damaged_cache_is_recomputed(tmp_
     np.testing.assert_array_equal(redone.cumulative, first.cumulative)
     assert ScheduledBlend(s, 1, 100, 8, cache_dir=tmp_path / "short").cumulative.shape == (101, 2)
     assert not (tmp_path / "short").exists()  # short parts take milliseconds: no file
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_a_long_part_computed_block_by_block_is_the_part_computed_at_once(monkeypatch, k):
+    """Blocks of 7 steps (a part of 50, a deviation carried in from an earlier part): the same counts and the
+    same deviation bits as one pass over all 50 steps, so a long part's order does not depend on the block."""
+    s = WeightSchedule.from_entries([{"step": 3, "weights": [0.9, 0.1, 0.3][:k]},
+                                     {"step": 30, "weights": [0.2, 0.8, 0.1][:k]}])
+    carried = np.array([0.3, -0.3]) if k == 2 else np.array([0.25, -0.5, 0.25])
+    whole_counts, whole_deviation = scheduled_blend.allocate(s.shares(np.arange(3, 53)), 5, carried)[:2]
+    monkeypatch.setattr(scheduled_blend, "ALLOCATION_BLOCK", 7)
+    blocked = ScheduledBlend(s, 3, 50, 5, carried)
+    np.testing.assert_array_equal(blocked.cumulative[1:], np.cumsum(whole_counts, axis=0))
+    assert blocked.deviation.tobytes() == whole_deviation.tobytes()
+
+
+def test_computing_a_long_part_needs_little_memory_beyond_its_table(monkeypatch):
+    """40,000 steps of three datasets: the peak of memory allocated while the counts are computed stays within
+    twice the table kept ([n + 1, k] int64; blocks of 1,024 steps), not the 14 times the per-step Python lists of
+    the whole part took."""
+    import tracemalloc
+
+    monkeypatch.setattr(scheduled_blend, "ALLOCATION_BLOCK", 1024)
+    s = WeightSchedule.from_entries([{"step": 1, "weights": [1, 2, 3]}, {"step": 20_000, "weights": [3, 2, 1]}])
+    tracemalloc.start()
+    try:
+        blend = ScheduledBlend(s, 1, 40_000, 64)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * blend.cumulative.nbytes, (peak, blend.cumulative.nbytes)
 
 
 def schedule_config(weights, start=1, steps=40):

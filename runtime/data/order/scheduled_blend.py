@@ -41,6 +41,7 @@ from nanoset.errors import NanosetError
 
 CACHE_VERSION = 1
 CACHE_MIN_STEPS = 4096  # shorter parts are computed in milliseconds: no file
+ALLOCATION_BLOCK = 1 << 16  # steps whose shares and counts are computed at once (the rest of the part waits)
 MAX_GLOBAL_BATCH = 1 << 24  # in-step positions compare (2m + 1) / 2n as float64 exactly below this
 
 
@@ -105,9 +106,11 @@ class WeightSchedule:
         return list(zip(self.steps, self.weights))
 
 
-def allocate(shares: np.ndarray, global_batch: int, deviation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The per-step counts of the rule: ``[n, k]`` int64 for ``n`` steps of ``shares``, and the deviation
-    ``T − C`` after the last step (start: ``deviation``).
+def allocate(shares: np.ndarray, global_batch: int, deviation: np.ndarray,
+             running: object = None) -> tuple[np.ndarray, np.ndarray, object]:
+    """The per-step counts of the rule: ``[n, k]`` int64 for ``n`` steps of ``shares``, the deviation ``T − C``
+    after the last step (start: ``deviation``), and what a next block of the same part continues from
+    (``running``: None at the part's start), so a long part is computed block by block to the same bits.
 
     Each step takes the ``G`` largest "bids" ``x_d − j`` (``x = e + G·w``, ``j = 0, 1, …``; ties to the lower
     index): all bids ≥ 1 first, then single bids added or removed until ``G`` are taken. Plain Python
@@ -116,19 +119,29 @@ def allocate(shares: np.ndarray, global_batch: int, deviation: np.ndarray) -> tu
     sum (sequential, so as reproducible), no loop. The two float evaluations agree except where a target
     lies within rounding of a tie (``T_0`` about ``m + ½``): there the float sums decide, not the tie order,
     and the two-dataset order is the cumulative sum's."""
-    return _round_two(shares, global_batch, deviation) if shares.shape[1] == 2 else _water_fill(
-        shares, global_batch, deviation)
+    if shares.shape[1] == 2:
+        return _round_two(shares, global_batch, deviation, running)
+    counts, after = _water_fill(shares, global_batch, deviation if running is None else running)
+    return counts, after, after
 
 
-def _round_two(shares: np.ndarray, global_batch: int, deviation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _round_two(shares: np.ndarray, global_batch: int, deviation: np.ndarray,
+               running: tuple[float, int, int] | None = None) -> tuple[np.ndarray, np.ndarray, tuple[float, int, int]]:
     """The rule for two datasets: the bids' tie order makes it ``C_0(s) = ⌊T_0(s) + ½⌋`` (``T_0`` the float64
-    cumulative sum, so a target within its rounding of ``m + ½`` goes the way that sum rounds)."""
+    cumulative sum, so a target within its rounding of ``m + ½`` goes the way that sum rounds). ``running``:
+    the earlier blocks' last ``T_0``, last ``⌊T_0 + ½⌋`` and samples of dataset 0 (the sum goes on from them)."""
     n, g = shares.shape[0], int(global_batch)
-    target = np.cumsum(np.concatenate([[float(deviation[0])], shares[:, 0] * float(g)]))[1:]
+    total, rounded, drawn = running if running is not None else (float(deviation[0]), 0, 0)
+    if not n:
+        last = float(np.float64(total) - drawn) if running is not None else float(deviation[0])
+        return np.zeros((0, 2), dtype=np.int64), np.array([last, -last], dtype=np.float64), (total, rounded, drawn)
+    target = np.cumsum(np.concatenate([[total], shares[:, 0] * float(g)]))[1:]
     first = np.floor(target + 0.5).astype(np.int64)
-    per_step = np.clip(np.diff(first, prepend=0), 0, g)  # never below 0 or above G (a guard against rounding)
-    last = float(target[-1] - per_step.sum()) if n else float(deviation[0])
-    return np.stack([per_step, g - per_step], axis=1).astype(np.int64), np.array([last, -last], dtype=np.float64)
+    per_step = np.clip(np.diff(first, prepend=rounded), 0, g)  # never below 0 or above G (a guard against rounding)
+    drawn += int(per_step.sum())
+    last = float(target[-1] - drawn)
+    counts = np.stack([per_step, g - per_step], axis=1).astype(np.int64)
+    return counts, np.array([last, -last], dtype=np.float64), (float(target[-1]), int(first[-1]), drawn)
 
 
 def _water_fill(shares: np.ndarray, global_batch: int, deviation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -282,11 +295,16 @@ def _cached_allocation(blend: ScheduledBlend, cache_dir: str | Path | None) -> t
                 return table[1:], np.array(table[0]).view(np.float64)
         except (OSError, ValueError):
             pass
-    steps = np.arange(blend.start_step, blend.start_step + n, dtype=np.int64)
-    counts, deviation = allocate(blend.schedule.shares(steps), blend.global_batch, blend.initial_deviation)
     table = np.zeros((n + 2, k), dtype=np.int64)
+    deviation, running = blend.initial_deviation, None
+    for lo in range(0, n, ALLOCATION_BLOCK) if n else [0]:  # block by block: memory O(block · k) beyond the table
+        hi = min(n, lo + ALLOCATION_BLOCK)
+        steps = np.arange(blend.start_step + lo, blend.start_step + hi, dtype=np.int64)
+        counts, deviation, running = allocate(blend.schedule.shares(steps), blend.global_batch,
+                                              blend.initial_deviation, running)
+        np.cumsum(counts, axis=0, out=table[2 + lo : 2 + hi])
+        table[2 + lo : 2 + hi] += table[1 + lo]
     table[0] = deviation.view(np.int64)
-    np.cumsum(counts, axis=0, out=table[2:])
     if path is not None:
         _write_atomically(path, table)
     return table[1:], deviation
