@@ -46,3 +46,18 @@ def test_samples_that_repeat_and_packing_that_drops_tokens(shards, monkeypatch):
     (line,) = notes(make_config(train_steps=2, seq=24, stages=[packed]))
     assert line == ("packing shards/sft at sequence length 24: 37.6% of its tokens are in documents longer than 25 "
                     "tokens and dropped; raise the stage's sequence_length to train on them")
+
+
+def test_the_check_report_names_a_schedule_not_its_first_weights(shards, monkeypatch):
+    """nanoset train --check: a scheduled stage's datasets show their weights at the stage's first and last steps
+    (a ramp 0.9 → 0.2 drew 11 of 20 samples, not the 18 'weight 0.9' would)."""
+    from runtime.cli.launch import plan_report
+
+    monkeypatch.chdir(shards)
+    stage = {"name": "ramp", "start_training_step": 1, "data": {"dataset": {
+        "dataset_folder": ["shards/web", "shards/code"],
+        "dataset_weights": [{"step": 1, "weights": [0.9, 0.1]}, {"step": 10, "weights": [0.2, 0.8]}]}}}
+    assert plan_report(DataPlan(make_config(train_steps=10, stages=[stage]))) == [
+        "stage 'ramp': steps 1-10 (10 steps), sequence length 128, global batch 2: 20 samples, 2,560 tokens",
+        "  shards/web (weight 0.9 → 0.2 by schedule): 11 of its 2,659 samples, 1,408 tokens, 0.00 epochs",
+        "  shards/code (weight 0.1 → 0.8 by schedule): 9 of its 953 samples, 1,152 tokens, 0.01 epochs"]
