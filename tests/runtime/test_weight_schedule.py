@@ -261,6 +261,10 @@ def test_a_schedule_is_a_form_of_dataset_weights():
     ([{"step": 1, "weights": [1, -0.5]}], 1, "dataset_weights[0].weights: weights must be ≥ 0 and finite"),
     ([{"step": 1, "weights": [1, 1]}, {"step": 5, "weights": [0, 0]}], 1, "dataset_weights[1].weights: all zero"),
     ([{"step": 1, "weight": [1, 1]}], 1, "dataset_weights[0].weight: unknown key; did you mean 'weights'?"),
+    # finite weights whose sum is not: every share would be 0 (or the periodic blend 999 : 1)
+    ([{"step": 1, "weights": [1, 1]}, {"step": 5, "weights": [1e308, 1e308]}], 1,
+     "dataset_weights[1].weights: [1e+308, 1e+308] sum to more than a float holds; scale them down"),
+    ([1e308, 1e308], 1, "dataset_weights: [1e+308, 1e+308] sum to more than a float holds; scale them down"),
 ])
 def test_bad_schedules_are_one_line_naming_the_entry(weights, start, fragment):
     with pytest.raises(ConfigError) as e:
