@@ -30,6 +30,7 @@ for long parts, cached under ``general.cache_dir/blend/``.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +145,9 @@ def _round_two(shares: np.ndarray, global_batch: int, deviation: np.ndarray,
     return counts, np.array([last, -last], dtype=np.float64), (float(target[-1]), int(first[-1]), drawn)
 
 
+HEAP_DATASETS = 12  # from this many datasets a step's picks come from a heap (O(k log k)) instead of scans (O(k²))
+
+
 def _water_fill(shares: np.ndarray, global_batch: int, deviation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rule step by step: the ``G`` largest bids of each step."""
     n, k = shares.shape
@@ -151,32 +155,62 @@ def _water_fill(shares: np.ndarray, global_batch: int, deviation: np.ndarray) ->
     targets = (shares * float(g)).tolist()
     e = [float(v) for v in deviation]
     rows: list[list[int]] = [[]] * n
-    ks = range(k)
+    settle = _settle_by_heap if k >= HEAP_DATASETS else _settle_by_scan
     for t in range(n):
         x = [a + b for a, b in zip(e, targets[t])]
         a = [int(v) if v >= 1.0 else 0 for v in x]  # the bids ≥ 1 of each dataset: floor(x)
         total = sum(a)
-        while total < g:  # the next bid x_d − a_d, highest first
-            best, value = 0, x[0] - a[0]
-            for i in ks:
-                v = x[i] - a[i]
-                if v > value:
-                    best, value = i, v
-            a[best] += 1
-            total += 1
-        while total > g:  # the lowest bid taken, x_d − a_d + 1 (ties: the higher index gives it back)
-            worst, value = -1, 0.0
-            for i in ks:
-                if a[i]:
-                    v = x[i] - a[i]
-                    if worst < 0 or v <= value:
-                        worst, value = i, v
-            a[worst] -= 1
-            total -= 1
+        if total != g:
+            settle(x, a, total, g)
         e = [p - q for p, q in zip(x, a)]
         rows[t] = a
     counts = np.array(rows, dtype=np.int64).reshape(n, k)
     return counts, np.array(e, dtype=np.float64)
+
+
+def _settle_by_scan(x: list[float], a: list[int], total: int, g: int) -> None:
+    """Bids added (the highest ``x_d − a_d`` first, ties to the lower index) or given back (the lowest taken,
+    ``x_d − a_d + 1``; ties: the higher index gives it back) until ``a`` sums to ``g``; a scan per bid."""
+    ks = range(len(x))
+    while total < g:
+        best, value = 0, x[0] - a[0]
+        for i in ks:
+            v = x[i] - a[i]
+            if v > value:
+                best, value = i, v
+        a[best] += 1
+        total += 1
+    while total > g:
+        worst, value = -1, 0.0
+        for i in ks:
+            if a[i]:
+                v = x[i] - a[i]
+                if worst < 0 or v <= value:
+                    worst, value = i, v
+        a[worst] -= 1
+        total -= 1
+
+
+def _settle_by_heap(x: list[float], a: list[int], total: int, g: int) -> None:
+    """``_settle_by_scan``'s picks, in its order and with its ties, from a heap of the bids: the same values
+    (``x_d − a_d`` computed afresh after each pick), ordered by (value, index) as the scans compare them."""
+    if total < g:
+        heap = [(-(v - a[i]), i) for i, v in enumerate(x)]  # -(x_i - a_i): the highest bid first, then the lower index
+        heapq.heapify(heap)
+        while total < g:
+            i = heapq.heappop(heap)[1]
+            a[i] += 1
+            total += 1
+            heapq.heappush(heap, (-(x[i] - a[i]), i))
+        return
+    heap = [(v - a[i], -i) for i, v in enumerate(x) if a[i]]  # the lowest bid taken first, then the higher index
+    heapq.heapify(heap)
+    while total > g:
+        i = -heapq.heappop(heap)[1]
+        a[i] -= 1
+        total -= 1
+        if a[i]:
+            heapq.heappush(heap, (x[i] - a[i], -i))
 
 
 def step_orders(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
