@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 
 import numpy as np
@@ -95,9 +97,17 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
     if checkpoint:
         path = find_checkpoint(checkpoint, "checkpoint ")
         plan = plan.resumed_from(path, read_metadata(path, model=False))
-    if queries is not None:
-        return _print_hits(document_steps(plan, queries), queries, config.tokens.train_steps, as_json)
-    # step by step: a long range holds one step's rows at a time, and a pipe reads them as they come
+    try:
+        if queries is not None:
+            return _print_hits(document_steps(plan, queries), queries, config.tokens.train_steps, as_json)
+        return _print_steps(plan, first, last, as_json)
+    except BrokenPipeError:  # the reader went away (`| head`): stop, as a process a closed pipe ends does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush has nowhere to fail
+        return 128 + signal.SIGPIPE
+
+
+def _print_steps(plan: DataPlan, first: int, last: int, as_json: bool) -> int:
+    """Step by step: a long range holds one step's rows at a time, and a pipe reads them as they come."""
     out = sys.stdout
     if as_json:  # the text of json.dumps of the whole list, written a step at a time
         out.write("[")

@@ -215,3 +215,15 @@ def test_a_range_is_written_step_by_step(tmp_path, monkeypatch, as_json):
         lines = out.getvalue().splitlines()
         assert len(lines) == 4 * 5 and lines[0].startswith("step 8: stage 'pretrain', 4 samples, data_hash ")
         assert lines[15] == f"step 11: stage 'sft', 4 samples, data_hash {rows[-1]['data_hash']}"
+
+
+def test_a_range_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
+    """explain --steps 1:400 | head -1: the reader closes the pipe after a line; explain stops without a
+    BrokenPipeError traceback and exits as a process a closed pipe stops does (128 + SIGPIPE)."""
+    cfg = write(make_config(mbs=4, train_steps=400, stages=two_stages()), tmp_path / "c.yaml")
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.explain", "--config", str(cfg), "--steps", "1:400"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("step 1: stage 'pretrain', 4 samples, data_hash ")
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 141
+    assert proc.stderr.read() == ""
