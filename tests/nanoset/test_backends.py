@@ -15,7 +15,8 @@ import pytest
 
 from nanoset import open_dataset
 from nanoset.tokenize import backends
-from nanoset.tokenize.backends import ByteLevelOffsets, choose_backend, load_encoder
+from nanoset.tokenize.backends import choose_backend, load_encoder
+from nanoset.tokenize.byte_offsets import ByteLevelOffsets
 from nanoset.tokenize.job import TokenizeOptions, tokenize
 from nanoset.tokenize.tokenizer import PROBE_TEXTS
 from tests.support import FIXTURES, TOKENIZER, one_line_error, run_cli
