@@ -200,9 +200,8 @@ def test_offsets_trimmed_as_a_byte_level_post_processor_trims_them(tmp_path):
         assert (derived[:, 0] == derived[:, 1]).any()  # some tokens were trimmed to nothing, as tokenizers does
 
 
-def test_a_normalizer_keeps_chats_on_tokenizers_with_a_note(tmp_path):
-    """NFC (as Qwen2's tokenizers have) moves characters: token bytes cannot give offsets there, so --chat
-    encodes with tokenizers (one note) while text still takes fastokens."""
+def nfc_tokenizer(tmp_path: Path) -> Path:
+    """The fixture tokenizer with an NFC normalizer (as Qwen2's has): token bytes cannot give its offsets."""
     from tokenizers import Tokenizer, normalizers
 
     tok = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
@@ -211,6 +210,13 @@ def test_a_normalizer_keeps_chats_on_tokenizers_with_a_note(tmp_path):
     folder.mkdir()
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text((TOKENIZER / "tokenizer_config.json").read_text())
+    return folder
+
+
+def test_a_normalizer_keeps_chats_on_tokenizers_with_a_note(tmp_path):
+    """NFC (as Qwen2's tokenizers have) moves characters: token bytes cannot give offsets there, so --chat
+    encodes with tokenizers (one note) while text still takes fastokens."""
+    folder = nfc_tokenizer(tmp_path)
     assert ByteLevelOffsets.of_tokenizer(json.loads((folder / "tokenizer.json").read_text())) == \
         (None, "its normalizer (NFC) moves characters")
     assert choose_backend(folder / "tokenizer.json", "auto", chat=False).backend == "fastokens"
@@ -499,14 +505,7 @@ def test_a_run_killed_right_after_marking_a_differing_task_done_redoes_it(monkey
 def test_a_backend_that_cannot_run_is_refused_before_the_output_folder_is_touched(tmp_path):
     """``--backend fastokens --overwrite`` with a --chat tokenizer whose offsets fastokens cannot give removed
     the complete dataset there, then refused; an unknown backend passed the Python API on a complete one."""
-    from tokenizers import Tokenizer, normalizers
-
-    tok = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
-    tok.normalizer = normalizers.NFC()
-    folder = tmp_path / "nfc"
-    folder.mkdir()
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text((TOKENIZER / "tokenizer_config.json").read_text())
+    folder = nfc_tokenizer(tmp_path)
     out = tmp_path / "out"
     options = dict(inputs=[str(FIXTURES / "chat")], output=out, tokenizer=str(folder), chat=True, progress=False)
     tokenize(TokenizeOptions(**options, backend="tokenizers"))
