@@ -17,9 +17,11 @@ import os
 import signal
 from pathlib import Path
 
+import numpy as np
+
 from nanoset.errors import ConfigError, print_error, report_user_errors
 from runtime.config.load import load_config
-from runtime.data.order.plan import DataPlan
+from runtime.data.order.plan import DataPlan, StagePlan
 from runtime.startup import start_up, startup_notes
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "train.py"
@@ -81,6 +83,14 @@ def launch(config_path: str, nproc: int | None, check: bool, torchrun_args: list
     return 0
 
 
+def _weights_shown(part: StagePlan) -> list[str]:
+    """Each dataset's weight as the plan shows it; with a schedule, its weights at the part's first and last steps."""
+    if part.schedule is None:
+        return [f"{w:g}" for w in part.weights]
+    first, last = part.schedule.shares(np.array([part.start_step, part.end_step - 1]))
+    return [f"{a:g} by schedule" if f"{a:g}" == f"{b:g}" else f"{a:g} → {b:g} by schedule" for a, b in zip(first, last)]
+
+
 def plan_report(plan: DataPlan) -> list[str]:
     """What each stage (part) trains: its steps, sequence length and global batch, and per dataset the samples,
     tokens and epochs it draws, and whether it repeats samples (more than one epoch by the end of the stage)."""
@@ -90,11 +100,12 @@ def plan_report(plan: DataPlan) -> list[str]:
                      f"sequence length {part.sequence_length}, global batch {part.global_batch_size}: "
                      f"{part.num_samples:,} samples, {part.num_samples * part.sequence_length:,} tokens")
         draws = part.blend.draws(part.num_samples)
-        for d, weight, offset, n in zip(part.dataset_ids, part.weights, part.draw_offsets.tolist(), draws.tolist()):
+        for d, weight, offset, n in zip(part.dataset_ids, _weights_shown(part), part.draw_offsets.tolist(),
+                                        draws.tolist()):
             w = plan.datasets[d]
             epochs = n / w.num_samples
             end = (offset + n) / w.num_samples
             repeat = f"; repeats: epoch {end:.2f} by the stage's end" if end > 1 else ""
-            lines.append(f"  {w.folder} (weight {weight:g}): {n:,} of its {w.num_samples:,} samples, "
+            lines.append(f"  {w.folder} (weight {weight}): {n:,} of its {w.num_samples:,} samples, "
                          f"{n * w.sequence_length:,} tokens, {epochs:.2f} epochs{repeat}")
     return lines

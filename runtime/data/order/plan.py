@@ -288,9 +288,11 @@ class DataPlan:
         first = (step - stage.start_step) * g
         return stage, self.locate(stage, np.arange(first, first + g))
 
-    def data_hash(self, step: int) -> str:
-        """A short hash of the ordered (dataset, sample) ids of step ``step``'s global batch."""
-        _, loc = self.global_batch(step)
+    def data_hash(self, step: int, loc: SampleLocation | None = None) -> str:
+        """A short hash of the ordered (dataset, sample) ids of step ``step``'s global batch (``loc``: that batch,
+        when the caller has located it already)."""
+        if loc is None:
+            _, loc = self.global_batch(step)
         h = hashlib.sha256()
         for d, s in zip(loc.dataset.tolist(), loc.sample.tolist()):
             w = self.datasets[d]
