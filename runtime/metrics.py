@@ -150,9 +150,12 @@ class MetricsLogger:
 
     def log_validation(self, step: int, stage: str, results: dict[str, dict], lines: list[str]) -> None:
         """A validation row ``{"step", "stage", "val": {name: {"loss", "ppl", "tokens"}}}``, a log line,
-        and a TensorBoard scalar ``val/NAME/loss`` per dataset."""
+        and a TensorBoard scalar ``val/NAME/loss`` per dataset whose loss is finite (a non-finite one is null, as
+        in a training row)."""
         if not self.enabled:
             return
+        results = {name: {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in r.items()}
+                   for name, r in results.items()}
         with open(self.path, "a") as f:
             f.write(json.dumps({"step": step, "stage": stage, "val": results}) + "\n")
         if self.tb is not None:
