@@ -4,7 +4,6 @@ markers, checkpoint metadata, caches, metrics)."""
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import uuid
@@ -14,7 +13,7 @@ from typing import IO
 
 import numpy as np
 
-from nanoset.errors import NanosetError, WriteFailed
+from nanoset.errors import WRITE_ERRNOS, NanosetError, WriteFailed
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
@@ -42,7 +41,7 @@ def write_beside(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
             os.fsync(f.fileno())
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG):
+        if e.errno not in WRITE_ERRNOS:
             raise
         raise WriteFailed(path, e.strerror) from None
     except BaseException:

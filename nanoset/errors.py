@@ -30,6 +30,11 @@ class RunFolderError(NanosetError):
     """A run folder that is in use by another run, or cannot be written."""
 
 
+# errors of writing to a file that is open: the machine's (a full disk, a quota, a file size limit), and the
+# OSError names no file
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
 class WriteFailed(NanosetError):
     """A file that could not be written for want of space (a full disk, a quota): names it and the cause."""
 

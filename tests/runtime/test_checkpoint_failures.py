@@ -1,10 +1,13 @@
 """A checkpoint that cannot be written (a full disk) is one line naming the folder and the cause, its partial
-folder is removed, the earlier checkpoints stay, and the rerun resumes from them."""
+folder is removed, the earlier checkpoints stay, and the rerun resumes from them; metrics.jsonl that cannot be
+written is one line naming it."""
 
 from __future__ import annotations
 
 import errno
 import os
+import resource
+import signal
 import subprocess
 import sys
 
@@ -13,6 +16,7 @@ import pytest
 from nanoset.atomic import atomic_write, atomic_write_text
 from nanoset.errors import WriteFailed
 from runtime.checkpoint.layout import resolve_resume
+from runtime.metrics import MetricsLogger
 from tests.support import ROOT
 from tests.support.configs import small_config
 from tests.support.harness import error_lines, metrics, train_one
@@ -132,3 +136,40 @@ def test_an_atomic_write_that_fails_leaves_no_temporary_file(tmp_path, monkeypat
     with pytest.raises(OSError):
         atomic_write_text(tmp_path / "latest", "step-000003\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def _file_size_limit(size: int):
+    def limit() -> None:  # a write past `size` bytes fails with EFBIG (SIGXFSZ ignored, as a shell's ulimit -f)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return limit
+
+
+def test_metrics_that_cannot_be_written_are_one_line_naming_the_file(shards, tmp_path):
+    """metrics.jsonl growing past a file size limit (checkpoints only at the end): a bare `[Errno 27] File too
+    large` without the file's name. Under the launcher, with two ranks, the same one line."""
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, dp=2, steps=12, interval=0, single_stage=True)
+    proc = subprocess.run([sys.executable, "-m", "nanoset.cli", "train", "--config", str(cfg), "--nproc-per-node",
+                           "2"], capture_output=True, text=True, cwd=shards, preexec_fn=_file_size_limit(1500),
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert error_lines(proc.stderr) == [f"error: {run / 'metrics.jsonl'}: cannot write it (File too large); free "
+                                        f"some space (or fix the cause) and rerun the same command"]
+    assert "step      1 |" in proc.stdout and "step     12 |" not in proc.stdout  # it stopped where it could not log
+
+
+def test_metrics_on_a_full_disk_are_one_line_naming_the_file(tmp_path):
+    """The kernel's own ENOSPC: metrics.jsonl is a link to /dev/full."""
+    logger = MetricsLogger(tmp_path, enabled=True, tensorboard=False)
+    logger.path.symlink_to("/dev/full")
+    message = (f"{logger.path}: cannot write it (No space left on device); free some space (or fix the cause) and "
+               f"rerun the same command")
+    with pytest.raises(WriteFailed) as e:
+        logger.log_validation(4, "sft", {"web": {"loss": 2.5, "ppl": 12.2, "tokens": 2}}, ["web: loss 2.5"])
+    assert str(e.value) == message
+    row = {"step": 4, "stage": "sft", "loss": 2.5, "lr": 1e-3, "grad_norm": 1.0, "skipped": False,
+           "tokens_per_s": 1.0, "data_wait_ms": 0.0, "mfu": None}
+    with pytest.raises(WriteFailed) as e:
+        logger.log(row)
+    assert str(e.value) == message
