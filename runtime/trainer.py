@@ -21,7 +21,7 @@ import torch
 from nanoset.errors import NanosetError
 from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
 from runtime.checkpoint.run_folder import Rewound, move_aside, rewind
-from runtime.checkpoint.store import SKIPPED, CheckpointManager
+from runtime.checkpoint.store import SKIPPED, SKIPPED_IN_A_ROW, CheckpointManager
 from runtime.config import Config, HFDatasetArgs
 from runtime.data.loading.collator import check_micro_batch
 from runtime.data.loading.dataloader import from_loader_worker
@@ -92,7 +92,7 @@ class Trainer:
         self._iterator: Iterator | None = None
         self._check_replica_batches = False  # compare the cp × tp ranks' batches at the next step
         self._step_end = 0.0  # when the previous step ended (tokens/s)
-        self._skipped_in_a_row = 0  # non-finite steps since the last finite one
+        self._skipped_in_a_row = 0  # non-finite steps since the last finite one (kept in checkpoints)
         self._peak = peak_flops(self.parallel_context.device)
         if moved:
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
@@ -168,7 +168,7 @@ class Trainer:
                 summary.stopped_by_signal = stop.agreed() and step < c.tokens.train_steps
                 interval = c.checkpoints.checkpoint_interval
                 if summary.stopped_by_signal or interval and step % interval == 0 and step < c.tokens.train_steps:
-                    self._save(step, result.skipped)
+                    self._save(step)
                     last_save = step
                     summary.stopped_by_signal = stop.agreed()  # a signal during the save: this checkpoint is it
                 if summary.stopped_by_signal:
@@ -176,7 +176,7 @@ class Trainer:
             # the final checkpoint; with train_steps 0, of the weights loaded (an exact HF → checkpoint → HF trip)
             loaded_only = c.tokens.train_steps == 0 and self.start.checkpoint is None
             if c.checkpoints.save_final and (self.last_step > last_save or loaded_only):
-                self._save(self.last_step, self._skipped_in_a_row > 0)
+                self._save(self.last_step)
         summary.checkpoint = self.checkpoints.resolve(LATEST)
         summary.last_step = self.last_step
         if c.checkpoints.export_hf and not summary.stopped_by_signal and summary.checkpoint is not None:
@@ -291,12 +291,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints -------------
 
-    def _save(self, step: int, skipped: bool = False) -> Path:
-        """``skipped``: the step was not trained (non-finite), so this checkpoint is not one to return to."""
+    def _save(self, step: int) -> Path:
+        """A checkpoint of ``step``; one of a skipped (non-finite) step is not one to return to, and carries the count
+        of skipped steps in a row, so that a resumed diverging run stops where an uninterrupted one would."""
         tokenizer = data_tokenizer(self.plan)  # for runtime.export: bos/eos ids and the tokenizer files
         meta = {"training": training_metadata(self.plan, step).to_json(),
                 "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict(),
-                "tokenizer": asdict(tokenizer) if tokenizer is not None else None, SKIPPED: skipped}
+                "tokenizer": asdict(tokenizer) if tokenizer is not None else None,
+                SKIPPED: self._skipped_in_a_row > 0, SKIPPED_IN_A_ROW: self._skipped_in_a_row}
         return self.checkpoints.save(self.engine, step, meta)
 
     def _resume(self) -> int:
@@ -306,7 +308,10 @@ class Trainer:
                 load_hf_weights(self.engine.chunks, self.config.model.init_from_hf)
                 self.metrics.info(f"weights from {self.config.model.init_from_hf} (model.init_from_hf)")
             return 0
-        last = last_step(self.checkpoints.load(self.engine, path))
+        metadata = self.checkpoints.load(self.engine, path)
+        last = last_step(metadata)
+        # a checkpoint from before the count was saved: its own step's skip, if any
+        self._skipped_in_a_row = metadata.get(SKIPPED_IN_A_ROW, int(bool(metadata.get(SKIPPED, False))))
         self.metrics.info(f"resumed from {path} at step {last}")
         return last
 

@@ -45,6 +45,7 @@ from runtime.engine import Engine
 
 FAULT_ENV = "NANOSET_FAULT_KILL_IN_CHECKPOINT"  # fault injection for tests: SIGKILL before the rename
 SKIPPED = "step_skipped"  # metadata key: the checkpoint's step was skipped (non-finite), not a state to return to
+SKIPPED_IN_A_ROW = "skipped_in_a_row"  # metadata key: skipped steps in a row up to it (a resume counts on)
 
 
 def _optimizer_state(engine: Engine) -> dict[str, torch.Tensor]:
