@@ -17,6 +17,7 @@ from typing import IO
 from nanoset.errors import ConfigError
 from runtime.checkpoint.layout import (
     LATEST,
+    RESUME,
     check_same_model,
     checkpoints_folder,
     last_step,
@@ -92,9 +93,9 @@ def plan_start(config: Config, lock: bool = True) -> RunStart:
         check_same_model(config, metadata, path)
         last = last_step(metadata)
         if last > config.tokens.train_steps:  # it would train nothing and report "done: step 12/10"
-            raise ConfigError(f"checkpoint {path} is at step {last}, past tokens.train_steps "
-                              f"{config.tokens.train_steps}; raise tokens.train_steps or resume from an earlier "
-                              f"checkpoint")
+            raise ConfigError(f"{RESUME.about(path)}: at step {last}, past tokens.train_steps "
+                              f"{config.tokens.train_steps}; raise tokens.train_steps or "
+                              f"{RESUME.another('an earlier checkpoint')}")
     found = [] if continues else existing_run(config)
     if found and not config.checkpoints.replace_run:
         how = "starts fresh" if path is None else f"starts from {path}"
