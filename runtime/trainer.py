@@ -43,6 +43,7 @@ from runtime.metrics import (
     source_metrics,
     tokens_per_second,
 )
+from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
 from runtime.preemption import StopOnSignal
 from runtime.startup import Startup, start_up, startup_notes
@@ -236,6 +237,28 @@ class Trainer:
                 self.metrics.info(f"  {self.plan.datasets[d].describe()}")
 
     def _next_batches(self, stage: StagePlan, step: int) -> list[dict]:
+        ctx = self.parallel_context
+        if self._source.from_config:  # the config's loaders give the contract's batches on every rank
+            batches = self._read_batches(stage, step)
+        else:  # a user's loader runs on every rank and may fail on some: all stop with the same line
+            batches, error = None, None
+            try:
+                batches = self._read_batches(stage, step)
+            except NanosetError as e:
+                error = e
+            raise_together(error, ctx.device)
+        accum, mbs = self.config.tokens.batch_accumulation_per_replica, self.config.tokens.micro_batch_size
+        # full-length batches, also for cp ranks (the engine keeps each one's part of the sequences)
+        if self._check_replica_batches and needs_broadcast(ctx):  # a user's loader runs on every rank
+            check_same_batches(batches, ctx, f"stage {stage.name!r} step {step}")
+        self._check_replica_batches = False
+        if self._source.from_config and needs_broadcast(ctx):
+            batches = broadcast_batches(batches, accum, mbs, stage.sequence_length, stage.use_position_ids, ctx,
+                                        with_sources=True)
+        return batches
+
+    def _read_batches(self, stage: StagePlan, step: int) -> list[dict] | None:
+        """This rank's micro-batches of ``step`` (None where it reads none), checked against the batch contract."""
         accum = self.config.tokens.batch_accumulation_per_replica
         ctx = self.parallel_context
         try:
@@ -246,18 +269,10 @@ class Trainer:
             raise NanosetError(f"the data loader of stage {stage.name!r} ran out at step {step}, but the stage runs "
                                f"steps {stage.start_step}-{stage.end_step - 1}; give it more micro-batches (a larger "
                                f"dataset or a looping sampler)") from None
-        mbs = self.config.tokens.micro_batch_size
-        if batches is not None and (ctx.is_first_pp_rank or ctx.is_last_pp_rank):
-            for i, batch in enumerate(batches):
-                check_micro_batch(batch, ctx.is_first_pp_rank, ctx.is_last_pp_rank, mbs, stage.sequence_length,
-                                  f"stage {stage.name!r} step {step} micro-batch {i}")
-        # full-length batches, also for cp ranks (the engine keeps each one's part of the sequences)
-        if self._check_replica_batches and needs_broadcast(ctx):  # a user's loader runs on every rank
-            check_same_batches(batches, ctx, f"stage {stage.name!r} step {step}")
-        self._check_replica_batches = False
-        if self._source.from_config and needs_broadcast(ctx):
-            batches = broadcast_batches(batches, accum, mbs, stage.sequence_length, stage.use_position_ids, ctx,
-                                        with_sources=True)
+        rank = f" on rank {ctx.world_rank}" if torch.distributed.get_world_size() > 1 else ""  # said by every rank
+        for i, batch in enumerate(batches or []):
+            check_micro_batch(batch, ctx.is_first_pp_rank, ctx.is_last_pp_rank, self.config.tokens.micro_batch_size,
+                              stage.sequence_length, f"stage {stage.name!r} step {step} micro-batch {i}{rank}")
         return batches
 
     def _release_loader(self) -> None:
