@@ -22,7 +22,7 @@ from nanoset.errors import NanosetError
 from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
 from runtime.checkpoint.run_folder import move_aside, rewind
 from runtime.checkpoint.store import SKIPPED, CheckpointManager
-from runtime.config import Config, HFDatasetArgs
+from runtime.config import Config
 from runtime.data.loading.collator import check_micro_batch
 from runtime.data.loading.dataloader import from_loader_worker
 from runtime.data.loading.prefetch import PrefetchIterator
@@ -222,10 +222,8 @@ class Trainer:
                 self._check_replica_batches = not source.from_config  # a user's loader: at its first step
         self._stage = stage
         consumed = stage.consumed_samples(step - 1)
-        source = self.config.data_stages[stage.index].data.dataset
-        named = (lambda folder: f"{source.hf_dataset_or_datasets} (tokenized in {folder})") if isinstance(
-            source, HFDatasetArgs) else (lambda folder: folder)
-        folders = ", ".join(f"{named(self.plan.datasets[d].folder)} ({w:g})"
+        named = self.plan.shown_names()
+        folders = ", ".join(f"{named[self.plan.datasets[d].folder]} ({w:g})"
                             for d, w in zip(stage.dataset_ids, stage.weights))
         self.metrics.info(f"stage {stage.name!r} at step {step} (steps {stage.start_step}-{stage.end_step - 1}): "
                           f"datasets {folders}, sequence length {stage.sequence_length}, "
