@@ -146,8 +146,10 @@ def startup_notes(startup: Startup) -> list[str]:
         if w.packing == "documents" and w.reader.num_tokens:
             lost = 1 - w.kept_tokens / w.reader.num_tokens
             if lost > LOST_TOKENS_NOTE:
-                fate = "dropped" if w.drop_long_documents else "truncated"
+                # dropping loses whole long documents, truncating only their tails past the sample length
+                fate = ("are in documents longer than {} tokens and dropped" if w.drop_long_documents else
+                        "are the tails cut off documents longer than {} tokens (truncated)")
                 notes.append(f"packing {named[w.folder]} at sequence length {w.sequence_length}: {100 * lost:.1f}% of "
-                             f"its tokens are in documents longer than {w.sequence_length + 1} tokens and {fate}; "
-                             f"raise the stage's sequence_length to train on them")
+                             f"its tokens {fate.format(w.sequence_length + 1)}; raise the stage's sequence_length "
+                             f"to train on them")
     return notes
