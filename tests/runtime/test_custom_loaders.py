@@ -12,7 +12,7 @@ from runtime.config import ConfigError
 from runtime.data.loading.sources import loader_from_source
 from tests.support import ROOT
 from tests.support.configs import small_config
-from tests.support.harness import metrics, torchrun
+from tests.support.harness import metrics, torchrun, train_one
 
 
 class Countdown:
@@ -183,16 +183,16 @@ def run_docs_script(tmp_path, shards, script: str, name: str):
 
 def test_the_docs_custom_loader_script_trains_with_pp2_as_the_config_loaders_do(shards, tmp_path):
     """The snippet runs as written (imports, factories by stage, the DataLoader) and trains the config's samples:
-    the same losses and label tokens as `runtime/train.py` on the same config, without a data_hash."""
+    the same losses and label tokens as `runtime.train` on the config (one process), without a data_hash."""
     run, cfg, proc = run_docs_script(tmp_path, shards, docs_script(), "docs")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    reference = tmp_path / "reference"
-    torchrun(small_config(tmp_path, reference, dp=1, steps=2, single_stage=True, name="reference.yaml", **PP2), 2,
-             cwd=shards)
+    reference = tmp_path / "reference"  # one process: every layout gives the same loss to float rounding
+    train_one(small_config(tmp_path, reference, dp=1, steps=2, single_stage=True, name="reference.yaml",
+                           tokens={"batch_accumulation_per_replica": 2}), cwd=shards)
     mine, theirs = metrics(run), metrics(reference)
     assert [(r["step"], r["label_tokens"], r["data_hash"]) for r in mine] == [
         (r["step"], r["label_tokens"], None) for r in theirs]
-    assert [r["loss"] for r in mine] == pytest.approx([r["loss"] for r in theirs], abs=1e-6, rel=0)
+    assert [r["loss"] for r in mine] == pytest.approx([r["loss"] for r in theirs], abs=1e-5, rel=0)
 
 
 def test_a_batch_only_the_last_pipeline_rank_finds_wrong_is_one_line_from_every_rank(shards, tmp_path):
