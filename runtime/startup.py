@@ -135,6 +135,7 @@ def startup_notes(startup: Startup) -> list[str]:
             notes.append(f"tokens.train_steps is {c.tokens.train_steps}, the checkpoint's learning-rate schedule was "
                          f"for {old_steps}: it is recomputed for {c.tokens.train_steps} steps from step {last + 1}")
     resumed = last_step(metadata) if metadata is not None else 0
+    named = plan.shown_names()
     for part in plan.stages:
         if part.end_step <= resumed + 1:
             continue  # finished before this start
@@ -142,14 +143,16 @@ def startup_notes(startup: Startup) -> list[str]:
         for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), draws.tolist()):
             w = plan.datasets[d]
             if offset + n > w.num_samples:
-                notes.append(f"stage {part.name!r} reads {w.folder} up to {(offset + n) / w.num_samples:.2f} epochs: "
-                             f"its samples repeat (add data, or fewer steps or a lower weight for it)")
+                notes.append(f"stage {part.name!r} reads {named[w.folder]} up to {(offset + n) / w.num_samples:.2f} "
+                             f"epochs: its samples repeat (add data, or fewer steps or a lower weight for it)")
     for w in plan.datasets:
         if w.packing == "documents" and w.reader.num_tokens:
             lost = 1 - w.kept_tokens / w.reader.num_tokens
             if lost > LOST_TOKENS_NOTE:
-                fate = "dropped" if w.drop_long_documents else "truncated"
-                notes.append(f"packing {w.folder} at sequence length {w.sequence_length}: {100 * lost:.1f}% of its "
-                             f"tokens are in documents longer than {w.sequence_length + 1} tokens and {fate}; raise "
-                             f"the stage's sequence_length to train on them")
+                # dropping loses whole long documents, truncating only their tails past the sample length
+                fate = ("are in documents longer than {} tokens and dropped" if w.drop_long_documents else
+                        "are the tails cut off documents longer than {} tokens (truncated)")
+                notes.append(f"packing {named[w.folder]} at sequence length {w.sequence_length}: {100 * lost:.1f}% of "
+                             f"its tokens {fate.format(w.sequence_length + 1)}; raise the stage's sequence_length "
+                             f"to train on them")
     return notes

@@ -94,7 +94,7 @@ def _weights_shown(part: StagePlan) -> list[str]:
 def plan_report(plan: DataPlan) -> list[str]:
     """What each stage (part) trains: its steps, sequence length and global batch, and per dataset the samples,
     tokens and epochs it draws, and whether it repeats samples (more than one epoch by the end of the stage)."""
-    lines = []
+    lines, named = [], plan.shown_names()
     for part in plan.stages:
         lines.append(f"stage {part.name!r}: steps {part.start_step}-{part.end_step - 1} ({part.num_steps} steps), "
                      f"sequence length {part.sequence_length}, global batch {part.global_batch_size}: "
@@ -106,6 +106,6 @@ def plan_report(plan: DataPlan) -> list[str]:
             epochs = n / w.num_samples
             end = (offset + n) / w.num_samples
             repeat = f"; repeats: epoch {end:.2f} by the stage's end" if end > 1 else ""
-            lines.append(f"  {w.folder} (weight {weight}): {n:,} of its {w.num_samples:,} samples, "
+            lines.append(f"  {named[w.folder]} (weight {weight}): {n:,} of its {w.num_samples:,} samples, "
                          f"{n * w.sequence_length:,} tokens, {epochs:.2f} epochs{repeat}")
     return lines
