@@ -4,7 +4,6 @@ markers, checkpoint metadata, caches, metrics)."""
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import uuid
@@ -14,13 +13,25 @@ from typing import IO
 
 import numpy as np
 
-from nanoset.errors import NanosetError
+from nanoset.errors import WRITE_ERRNOS, NanosetError, WriteFailed
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Call ``write`` on a temporary file in the same folder, fsync, then rename: old or new, never half. The
-    name is unique across the machines sharing a folder (a PID alone is not: two nodes' writers of one manifest
-    wrote into one file). A full disk is one line naming the file, and leaves no temporary file behind."""
+    """Call ``write`` on a temporary file in the same folder, fsync, then rename: old or new, never half. A full
+    disk is one line naming the file, and leaves no temporary file behind (nor does a failed rename)."""
+    tmp = write_beside(path, write)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_beside(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
+    """``write`` into a fsynced temporary file beside ``path``, returned for the caller to rename onto ``path``
+    (``os.replace``), which needs no more space. The name is unique across the machines sharing a folder (a PID
+    alone is not: two nodes' writers of one manifest wrote into one file) and starts with
+    ``.NAME.tmp-``. A failure removes it; a full disk is a ``WriteFailed`` naming ``path``."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     try:
@@ -30,14 +41,13 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
             os.fsync(f.fileno())
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+        if e.errno not in WRITE_ERRNOS:
             raise
-        raise NanosetError(f"{path}: cannot write it ({e.strerror}); free some space (or fix the cause) and rerun "
-                           f"the same command") from None
+        raise WriteFailed(path, e.strerror) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    os.replace(tmp, path)
+    return tmp
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -30,6 +30,23 @@ class RunFolderError(NanosetError):
     """A run folder that is in use by another run, or cannot be written."""
 
 
+# errors of writing to a file that is open: the machine's (a full disk, a quota, a file size limit), and the
+# OSError names no file
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
+class WriteFailed(NanosetError):
+    """A file that could not be written for want of space (a full disk, a quota): names it and the cause."""
+
+    def __init__(self, path, reason: str) -> None:
+        super().__init__(path, reason)  # both, so that it pickles across worker processes
+        self.path, self.reason = path, reason
+
+    def __str__(self) -> str:
+        return (f"{self.path}: cannot write it ({self.reason}); free some space (or fix the cause) and rerun the "
+                f"same command")
+
+
 class MissingPath(NanosetError, FileNotFoundError):
     """A file or folder the user named (or a run needs) does not exist."""
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from nanoset.atomic import atomic_write_text
+from nanoset.errors import WRITE_ERRNOS, WriteFailed
 
 # dense bf16 peak FLOP/s by device name fragment, for MFU
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
@@ -127,8 +128,7 @@ class MetricsLogger:
             return
         shown = dict(record)
         record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        self._append(record)
         if self.tb is not None:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key != "step":
@@ -150,16 +150,28 @@ class MetricsLogger:
 
     def log_validation(self, step: int, stage: str, results: dict[str, dict], lines: list[str]) -> None:
         """A validation row ``{"step", "stage", "val": {name: {"loss", "ppl", "tokens"}}}``, a log line,
-        and a TensorBoard scalar ``val/NAME/loss`` per dataset."""
+        and a TensorBoard scalar ``val/NAME/loss`` per dataset whose loss is finite (a non-finite one is null, as
+        in a training row)."""
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"step": step, "stage": stage, "val": results}) + "\n")
+        results = {name: {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in r.items()}
+                   for name, r in results.items()}
+        self._append({"step": step, "stage": stage, "val": results})
         if self.tb is not None:
             for name, r in results.items():
                 if r["loss"] is not None:
                     self.tb.add_scalar(f"val/{name}/loss", r["loss"], step)
         self.info(f"val  {step:>6} | {stage} | " + " | ".join(lines))
+
+    def _append(self, row: dict) -> None:
+        """One line of metrics.jsonl; a full disk (or a quota, a file size limit) is one line naming the file."""
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        except OSError as e:
+            if e.errno not in WRITE_ERRNOS:
+                raise
+            raise WriteFailed(self.path, e.strerror) from None
 
     def info(self, message: str) -> None:
         if self.enabled:

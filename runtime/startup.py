@@ -17,13 +17,14 @@ from typing import IO
 from nanoset.errors import ConfigError
 from runtime.checkpoint.layout import (
     LATEST,
+    RESUME,
     check_same_model,
     checkpoints_folder,
     last_step,
     read_metadata,
     resolve_resume,
 )
-from runtime.checkpoint.run_folder import check_writable, existing_run, run_lock
+from runtime.checkpoint.run_folder import check_writable, existing_run, refuse_a_checkpoint_inside_the_run, run_lock
 from runtime.config import Config
 from runtime.config.load import load_config
 from runtime.data.heldout import HeldOutSet, open_heldout, training_readers
@@ -83,16 +84,18 @@ def plan_start(config: Config, lock: bool = True) -> RunStart:
         held = None
     folder = checkpoints_folder(config)
     path = resolve_resume(folder, config.checkpoints.resume)
+    continues = config.checkpoints.resume == LATEST or (
+        path is not None and path.resolve().parent == folder.resolve())
+    if path is not None and not continues:
+        refuse_a_checkpoint_inside_the_run(config, path)
     metadata = read_metadata(path) if path is not None else None
     if path is not None:
         check_same_model(config, metadata, path)
         last = last_step(metadata)
         if last > config.tokens.train_steps:  # it would train nothing and report "done: step 12/10"
-            raise ConfigError(f"checkpoint {path} is at step {last}, past tokens.train_steps "
-                              f"{config.tokens.train_steps}; raise tokens.train_steps or resume from an earlier "
-                              f"checkpoint")
-    continues = config.checkpoints.resume == LATEST or (
-        path is not None and path.resolve().parent == folder.resolve())
+            raise ConfigError(f"{RESUME.about(path)}: at step {last}, past tokens.train_steps "
+                              f"{config.tokens.train_steps}; raise tokens.train_steps or "
+                              f"{RESUME.another('an earlier checkpoint')}")
     found = [] if continues else existing_run(config)
     if found and not config.checkpoints.replace_run:
         how = "starts fresh" if path is None else f"starts from {path}"

@@ -20,8 +20,8 @@ import torch
 
 from nanoset.errors import NanosetError
 from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
-from runtime.checkpoint.run_folder import move_aside, rewind
-from runtime.checkpoint.store import SKIPPED, CheckpointManager
+from runtime.checkpoint.run_folder import Rewound, move_aside, rewind
+from runtime.checkpoint.store import SKIPPED, SKIPPED_IN_A_ROW, CheckpointManager
 from runtime.config import Config
 from runtime.data.loading.collator import check_micro_batch
 from runtime.data.loading.dataloader import from_loader_worker
@@ -75,11 +75,8 @@ class Trainer:
         self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp)
         self.is_main = self.parallel_context.world_rank == 0
         self.run_dir = config.general.run_path
-        moved = move_aside(config) if self.is_main and self.start.replace_old_run else []
         resumed = last_step(self.start.metadata) if self.start.checkpoint is not None else 0
-        rewound = rewind(config, resumed) if self.is_main and self.start.checkpoint is not None else None
-        if self.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+        moved, rewound = self._prepare_run_folder(resumed)
         torch.manual_seed(config.general.seed)
         # resumed or from Hugging Face: every weight is loaded in _resume, so none is drawn first
         self.engine = Engine(config, self.parallel_context,
@@ -96,15 +93,36 @@ class Trainer:
         self._iterator: Iterator | None = None
         self._check_replica_batches = False  # compare the cp × tp ranks' batches at the next step
         self._step_end = 0.0  # when the previous step ended (tokens/s)
-        self._skipped_in_a_row = 0  # non-finite steps since the last finite one
+        self._skipped_in_a_row = 0  # non-finite steps since the last finite one (kept in checkpoints)
         self._peak = peak_flops(self.parallel_context.device)
         if moved:
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
         for note in startup_notes(startup):
             self.metrics.info(f"note: {note}")
         if rewound is not None:
-            self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): the run's later checkpoints and "
-                              f"its metrics.jsonl were moved to {rewound}")
+            self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): {rewound.describe()}")
+
+    def _prepare_run_folder(self, resumed: int) -> tuple[list[Path], Rewound | None]:
+        """Global rank 0 moves an old run aside (``replace_run``) or rewinds to the resumed checkpoint, and makes the
+        run folder; a failure there is raised on every rank (none goes on alone into the engine's collectives)."""
+        moved, rewound, failure = [], None, ""
+        if self.is_main:
+            try:
+                moved = move_aside(self.config) if self.start.replace_old_run else []
+                if self.start.checkpoint is not None:
+                    rewound = rewind(self.config, self.start.checkpoint, resumed)
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            except NanosetError as e:
+                failure = str(e)
+            except OSError as e:
+                failure = f"{self.run_dir}: preparing the run folder failed ({e}); fix the cause and rerun"
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            shared = [failure]
+            torch.distributed.broadcast_object_list(shared, src=0)
+            failure = shared[0]
+        if failure:
+            raise NanosetError(failure)
+        return moved, rewound
 
     # ------------------------------------------------------------------ public -----------------
 
@@ -151,7 +169,7 @@ class Trainer:
                 summary.stopped_by_signal = stop.agreed() and step < c.tokens.train_steps
                 interval = c.checkpoints.checkpoint_interval
                 if summary.stopped_by_signal or interval and step % interval == 0 and step < c.tokens.train_steps:
-                    self._save(step, result.skipped)
+                    self._save(step)
                     last_save = step
                     summary.stopped_by_signal = stop.agreed()  # a signal during the save: this checkpoint is it
                 if summary.stopped_by_signal:
@@ -159,7 +177,7 @@ class Trainer:
             # the final checkpoint; with train_steps 0, of the weights loaded (an exact HF → checkpoint → HF trip)
             loaded_only = c.tokens.train_steps == 0 and self.start.checkpoint is None
             if c.checkpoints.save_final and (self.last_step > last_save or loaded_only):
-                self._save(self.last_step, self._skipped_in_a_row > 0)
+                self._save(self.last_step)
         summary.checkpoint = self.checkpoints.resolve(LATEST)
         summary.last_step = self.last_step
         if c.checkpoints.export_hf and not summary.stopped_by_signal and summary.checkpoint is not None:
@@ -286,12 +304,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints -------------
 
-    def _save(self, step: int, skipped: bool = False) -> Path:
-        """``skipped``: the step was not trained (non-finite), so this checkpoint is not one to return to."""
+    def _save(self, step: int) -> Path:
+        """A checkpoint of ``step``; one of a skipped (non-finite) step is not one to return to, and carries the count
+        of skipped steps in a row, so that a resumed diverging run stops where an uninterrupted one would."""
         tokenizer = data_tokenizer(self.plan)  # for runtime.export: bos/eos ids and the tokenizer files
         meta = {"training": training_metadata(self.plan, step).to_json(),
                 "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict(),
-                "tokenizer": asdict(tokenizer) if tokenizer is not None else None, SKIPPED: skipped}
+                "tokenizer": asdict(tokenizer) if tokenizer is not None else None,
+                SKIPPED: self._skipped_in_a_row > 0, SKIPPED_IN_A_ROW: self._skipped_in_a_row}
         return self.checkpoints.save(self.engine, step, meta)
 
     def _resume(self) -> int:
@@ -301,7 +321,10 @@ class Trainer:
                 load_hf_weights(self.engine.chunks, self.config.model.init_from_hf)
                 self.metrics.info(f"weights from {self.config.model.init_from_hf} (model.init_from_hf)")
             return 0
-        last = last_step(self.checkpoints.load(self.engine, path))
+        metadata = self.checkpoints.load(self.engine, path)
+        last = last_step(metadata)
+        # a checkpoint from before the count was saved: its own step's skip, if any
+        self._skipped_in_a_row = metadata.get(SKIPPED_IN_A_ROW, int(bool(metadata.get(SKIPPED, False))))
         self.metrics.info(f"resumed from {path} at step {last}")
         return last
 

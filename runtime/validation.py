@@ -56,16 +56,21 @@ class Validator:
 
 
 def summarize(loss_sum: float, count: int) -> dict[str, float | int | None]:
-    """``{"loss", "ppl", "tokens"}``; a set whose windows hold no label token (chat data sampled in user
-    turns only) has loss and ppl null: NaN and Infinity are not JSON, and metrics.jsonl must stay JSON."""
+    """``{"loss", "ppl", "tokens"}``; loss and ppl are null when not finite (a diverged model's NaN or infinity) or
+    when the set's windows hold no label token (chat data sampled in user turns only): NaN and Infinity are not
+    JSON, and metrics.jsonl must stay JSON."""
     if not count:
         return {"loss": None, "ppl": None, "tokens": 0}
     loss = loss_sum / count
+    if not math.isfinite(loss):
+        return {"loss": None, "ppl": None, "tokens": count}
     return {"loss": loss, "ppl": math.exp(loss) if loss < 700 else None, "tokens": count}
 
 
 def describe(results: dict[str, dict[str, float | int | None]]) -> list[str]:
-    """One line per dataset: ``NAME: loss L ppl P tokens N`` (``no label tokens`` when there are none)."""
-    return [f"{name}: no label tokens (raise validation.samples)" if r["loss"] is None else
+    """One line per dataset: ``NAME: loss L ppl P tokens N`` (``no label tokens`` when there are none, ``loss not
+    finite`` when it is NaN or infinite)."""
+    return [f"{name}: no label tokens (raise validation.samples)" if not r["tokens"] else
+            f"{name}: loss not finite (NaN or infinity) tokens {r['tokens']}" if r["loss"] is None else
             f"{name}: loss {r['loss']:.4f} ppl " + ("overflow" if r["ppl"] is None else f"{r['ppl']:.2f}") +
             f" tokens {r['tokens']}" for name, r in results.items()]

@@ -55,6 +55,33 @@ def test_every_config_key_is_documented_with_its_default():
     assert len(expected) > 80 and expected["general.seed"] == "42" and expected["data_stages[].name"] == "required"
 
 
+def schema_ranges(cls: type = Config, prefix: str = "") -> dict[str, str]:
+    """Every numeric key path of the schema → its valid range as the config check says it (``≥ 0``, ...)."""
+    out = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path, tp = f"{prefix}{f.name}", hints[f.name]
+        if "range" in f.metadata:
+            out[path] = str(f.metadata["range"])
+        if typing.get_origin(tp) is list and dataclasses.is_dataclass(typing.get_args(tp)[0]):
+            out.update(schema_ranges(typing.get_args(tp)[0], f"{path}[]."))
+            continue
+        for arg in typing.get_args(tp) or [tp]:
+            if dataclasses.is_dataclass(arg):
+                out.update(schema_ranges(arg, f"{path}."))
+    return out
+
+
+def test_every_range_other_than_positive_is_in_its_row():
+    """docs/config.md says a key is > 0 unless its row says otherwise: each other range is in its row."""
+    rows = dict(re.findall(r"^\| `([a-z0-9_\[\].]+)` \| (.*)$", (ROOT / "docs" / "config.md").read_text(), re.M))
+    ranges = schema_ranges()
+    assert ranges["general.seed"] == "in [0, 18446744073709551615]" and ranges["data_stages[].data.prefetch"] == "≥ 0"
+    unsaid = {key: valid for key, valid in ranges.items() if valid != "> 0"
+              and valid.replace("18446744073709551615", "2^64 − 1") not in rows[key]}
+    assert unsaid == {}
+
+
 def test_every_docs_page_is_linked_from_the_readme_and_the_readme_is_short():
     readme = (ROOT / "README.md").read_text()
     pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))

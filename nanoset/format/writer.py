@@ -9,7 +9,6 @@ final name, so a crash never leaves a partial shard that looks complete. A write
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ from typing import BinaryIO
 import numpy as np
 
 from nanoset.atomic import atomic_write_text
-from nanoset.errors import NanosetError
+from nanoset.errors import WRITE_ERRNOS, NanosetError
 from nanoset.format.spec import (
     INDEX_DTYPE,
     LOSS_DTYPE,
@@ -30,9 +29,6 @@ from nanoset.format.spec import (
     metadata_text,
     shard_files,
 )
-
-# errors of writing to a file that is open: the machine's, and the OSError names no file
-WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
 def write_error(path: Path, error: OSError) -> NanosetError:

@@ -169,19 +169,31 @@ PROBE_TEXTS = (
 )
 
 
-def encoding_difference(a: Path, b: Path) -> str | None:
+def encoding_difference(a: Path, b: Path, names: tuple[str, str] = ("one", "the other")) -> str | None:
     """How the tokenizers at ``a`` and ``b`` encode differently, None when they encode alike: the same vocabulary
     and added tokens, and the same ids (with and without special tokens) for a probe of texts and of their added
     tokens. A tokenizer that ``transformers`` saved again (a no-op post-processor added) is another file but
-    encodes alike."""
+    encodes alike. ``names`` say which is which in the answer."""
     ta, tb = load_tokenizer(a), load_tokenizer(b)
     if ta.get_vocab(with_added_tokens=True) != tb.get_vocab(with_added_tokens=True):
         return "their vocabularies (or added tokens) differ"
     added = " ".join(sorted(ta.get_vocab(with_added_tokens=True).keys() - ta.get_vocab(with_added_tokens=False)))
     for text in (*PROBE_TEXTS, added):  # texts whose ids tell tokenizers apart
         for special in (True, False):
-            ids_a = ta.encode(text, add_special_tokens=special).ids
-            ids_b = tb.encode(text, add_special_tokens=special).ids
-            if ids_a != ids_b:
-                return f"{text[:40]!r} encodes to {ids_a[:8]} with one and {ids_b[:8]} with the other"
+            enc_a, enc_b = ta.encode(text, add_special_tokens=special), tb.encode(text, add_special_tokens=special)
+            if enc_a.ids != enc_b.ids:
+                return _first_difference(text, enc_a, enc_b, names)
     return None
+
+
+def _first_difference(text: str, enc_a, enc_b, names: tuple[str, str]) -> str:
+    """Where two encodings of ``text`` part: the first differing token, the ids around it in both, and the text
+    there (long probe texts share their first ids, so their beginnings tell nothing)."""
+    a, b = enc_a.ids, enc_b.ids
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    lo, hi = max(0, i - 3), i + 4
+    offsets = enc_a.offsets if i < len(a) else enc_b.offsets
+    start = offsets[i][0] if i < len(offsets) else len(text)
+    return (f"a probe text encodes differently from its token {i} on (character {start}: {text[start:start + 24]!r}"
+            f"{'…' if len(text) > start + 24 else ''}): its ids {lo}-{hi - 1} are {a[lo:hi]} with {names[0]} and "
+            f"{b[lo:hi]} with {names[1]}")

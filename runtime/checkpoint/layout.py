@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
-from nanoset.atomic import atomic_write_text
+from nanoset.atomic import atomic_write_text, fsync_dir, write_beside
 from nanoset.errors import CheckpointError, ConfigError, MissingPath
 from runtime.config import Config
 from runtime.config.schema import SHAPE_KEYS
@@ -24,6 +26,27 @@ from runtime.data.order.record import TrainingMetadata
 LATEST = "latest"
 METADATA = "metadata.json"
 TMP_PREFIX = ".tmp-"  # saves in progress (and checkpoints being discarded): stale after a crash
+
+
+@dataclass(frozen=True)
+class NamedBy:
+    """How the user named a checkpoint, for the error lines about it: the trainer's config key or a command's
+    argument. Every such line starts with it and the path (``checkpoints.resume: PATH: ...``, ``--checkpoint PATH:
+    ...``) and its advice is about what that user can change (a config key, a command-line argument)."""
+
+    name: str  # what starts the line
+    advice: str  # how to name another checkpoint, with {} for what
+
+    def about(self, path: Path | str) -> str:
+        return f"{self.name} {path}"
+
+    def another(self, what: str) -> str:
+        return self.advice.format(what)
+
+
+RESUME = NamedBy("checkpoints.resume:", "set checkpoints.resume to {}")  # the trainer
+CHECKPOINT_OPTION = NamedBy("--checkpoint", "pass {} as --checkpoint")  # explain, evaluate
+CHECKPOINT_ARGUMENT = NamedBy("checkpoint", "give {} as the checkpoint")  # export's CHECKPOINT
 
 
 def checkpoints_folder(config: Config) -> Path:
@@ -67,40 +90,58 @@ def write_latest(folder: Path, checkpoint: Path) -> None:
     atomic_write_text(folder / LATEST, checkpoint.name + "\n")
 
 
-def _latest(folder: Path) -> Path | None:
-    """The checkpoint ``folder/latest`` names (None when nothing was saved yet)."""
+def stage_latest(folder: Path, checkpoint: Path) -> Path:
+    """``latest`` naming ``checkpoint``, written beside it under a temporary name while the checkpoint is written
+    (where a full disk is handled like any of its files); ``commit_latest`` renames it into place, which needs no
+    space."""
+    return write_beside(folder / LATEST, lambda f: f.write((checkpoint.name + "\n").encode()))
+
+
+def commit_latest(folder: Path, staged: Path) -> None:
+    os.replace(staged, folder / LATEST)
+    fsync_dir(folder)
+
+
+def stale_temporaries(folder: Path) -> list[Path]:
+    """What saves that a crash interrupted leave in a checkpoints folder: ``.tmp-*`` folders and a staged
+    ``latest`` (``.latest.tmp-*``)."""
+    return sorted([*folder.glob(TMP_PREFIX + "*"), *folder.glob(f".{LATEST}.tmp-*")])
+
+
+def _latest(folder: Path, named: NamedBy, given: Path | str) -> Path | None:
+    """The checkpoint ``folder/latest`` names (None when nothing was saved yet). Without a ``latest`` file, the
+    newest complete checkpoint: a checkpoint is complete once its metadata.json is written, and a kill between
+    its rename and the pointer's leaves it without one."""
     name = latest_name(folder)
     if name is None:
-        orphans = saved_checkpoints(folder)
-        if orphans:
-            raise MissingPath(f"{folder}: checkpoints {', '.join(p.name for p in orphans)} but no `latest` pointer; "
-                              f"set checkpoints.resume to one of them")
-        return None
+        complete = saved_checkpoints(folder)
+        return complete[-1] if complete else None
     path = folder / name
     if not is_complete(path):
         there = ", ".join(p.name for p in saved_checkpoints(folder)) or "none"
-        raise MissingPath(f"{folder / LATEST} names {path.name}, which is missing or incomplete (checkpoints there: "
-                          f"{there}); set checkpoints.resume to one of them")
+        raise MissingPath(f"{named.about(given)}: {folder / LATEST} names {path.name}, which is missing or incomplete "
+                          f"(checkpoints there: {there}); {named.another('the path of one of them')}")
     return path
 
 
-def find_checkpoint(given: str | Path, option: str = "", choices: str = "") -> Path:
+def find_checkpoint(given: str | Path, named: NamedBy = CHECKPOINT_ARGUMENT, choices: str = "") -> Path:
     """The checkpoint a user named: a ``step-N`` folder, or a checkpoints folder (its ``latest``).
 
-    ``option`` starts the error line (``--checkpoint ``, ``checkpoints.resume: ``); ``choices`` follows
-    a missing folder's "no such folder" (what the option takes)."""
+    ``named``: how (the error lines start with it and advise in its terms); ``choices`` follows a missing folder's
+    "no such folder" (what the option takes)."""
     path = Path(given)
     if is_complete(path):
         return path
     if (path / LATEST).is_file():
-        return _latest(path)
+        return _latest(path, named, path)
     if not path.exists():
         typo = "; did you mean 'latest'?" if choices and difflib.get_close_matches(str(given), [LATEST]) else ""
-        raise MissingPath(f"{option}{path}: no such folder{f' ({choices})' if choices else ''}{typo}")
+        raise MissingPath(f"{named.about(path)}: no such folder{f' ({choices})' if choices else ''}{typo}")
     if not path.is_dir():
-        raise MissingPath(f"{option}{path}: not a folder; give a step-N checkpoint folder (or the checkpoints folder, "
-                          f"for its latest)")
-    raise MissingPath(f"{option}{path}: no {METADATA}; it is not a complete checkpoint (give a step-N folder)")
+        raise MissingPath(f"{named.about(path)}: not a folder; "
+                          f"{named.another('a step-N checkpoint folder (or a checkpoints folder, for its latest)')}")
+    raise MissingPath(f"{named.about(path)}: no {METADATA}; it is not a complete checkpoint "
+                      f"({named.another('a step-N folder')})")
 
 
 def resolve_resume(folder: Path, resume: str | None) -> Path | None:
@@ -108,8 +149,8 @@ def resolve_resume(folder: Path, resume: str | None) -> Path | None:
     if resume is None:
         return None
     if resume == LATEST:
-        return _latest(folder)
-    return find_checkpoint(resume, "checkpoints.resume: ", "latest | PATH of a step-N folder | null")
+        return _latest(folder, RESUME, LATEST)
+    return find_checkpoint(resume, RESUME, "latest | PATH of a step-N folder | null")
 
 
 def read_metadata(path: Path, record: bool = True, model: bool = True) -> dict:
@@ -117,7 +158,7 @@ def read_metadata(path: Path, record: bool = True, model: bool = True) -> dict:
     the ``model`` it was saved with (what resuming and export need)."""
     file = Path(path) / METADATA
     if not file.is_file():
-        raise MissingPath(f"checkpoint {path}: no {METADATA}; it is not a complete checkpoint (give a step-N folder)")
+        raise MissingPath(f"{path}: no {METADATA}; it is not a complete checkpoint (give a step-N folder)")
     try:
         metadata = json.loads(file.read_text(encoding="utf-8"))
         if record:
@@ -143,7 +184,7 @@ def last_step(metadata: dict) -> int:
     return int(metadata["training"]["last_train_step"])
 
 
-def check_same_model(config: Config, metadata: dict, path: Path) -> None:
+def check_same_model(config: Config, metadata: dict, path: Path, named: NamedBy = RESUME) -> None:
     """Refuse a checkpoint saved with another model shape (it would load partly, or crash on every rank)."""
     saved = dict(metadata.get("config", {}).get("model", {}))
     now = config.to_dict()["model"]
@@ -154,8 +195,8 @@ def check_same_model(config: Config, metadata: dict, path: Path) -> None:
             d["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
     diff = [f"{k} {saved.get(k)} → {now[k]}" for k in SHAPE_KEYS if saved.get(k) != now[k]]
     if diff:
-        raise ConfigError(f"checkpoint {path} was saved with another model: model.{', model.'.join(diff)}; "
-                          f"use the checkpoint's model section, or another checkpoints.resume")
+        raise ConfigError(f"{named.about(path)}: saved with another model: model.{', model.'.join(diff)}; use the "
+                          f"checkpoint's model section in the config, or {named.another('another checkpoint')}")
 
 
 def earlier_checkpoints_hint(checkpoint: Path) -> str:

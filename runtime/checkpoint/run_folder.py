@@ -14,11 +14,20 @@ import shutil
 import socket
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from nanoset.errors import ConfigError, RunFolderError
-from runtime.checkpoint.layout import LATEST, checkpoint_step, checkpoints_folder, step_folders
+from runtime.checkpoint.layout import (
+    LATEST,
+    checkpoint_step,
+    checkpoints_folder,
+    latest_name,
+    saved_checkpoints,
+    step_folders,
+    write_latest,
+)
 from runtime.config import Config
 
 
@@ -101,19 +110,89 @@ def move_aside(config: Config) -> list[Path]:
     return moved
 
 
-def rewind(config: Config, step: int) -> Path | None:
-    """Resuming step ``step`` of a run that went further (``checkpoints.resume: PATH`` of an earlier checkpoint):
-    its later checkpoints and its metrics (which the resumed run rewrites from ``step`` on) are moved into
-    ``<run_dir>/rewound-<UTC time>/``, never deleted; returns that folder, None when nothing came later."""
+REWOUND = "rewound"  # <run_dir>/rewound-<UTC time>/: what a rewind moved aside (a branch of the run)
+
+
+@dataclass
+class Rewound:
+    """Where a rewind moved the run's later checkpoints and its metrics."""
+
+    folder: Path  # <run_dir>/rewound-<UTC time>: metrics.jsonl, and checkpoints/ on the run folder's filesystem
+    checkpoints: Path  # the later checkpoints, with a `latest` naming the newest
+
+    def describe(self) -> str:
+        if self.checkpoints == self.folder / "checkpoints":
+            return f"the run's later checkpoints and its metrics.jsonl were moved to {self.folder}"
+        return (f"the run's later checkpoints were moved to {self.checkpoints} (on their own filesystem) and its "
+                f"metrics.jsonl to {self.folder}")
+
+
+def rewind(config: Config, checkpoint: Path, step: int) -> Rewound | None:
+    """Resuming ``checkpoint``, of step ``step``, of a run that went further (``checkpoints.resume: PATH`` of an
+    earlier checkpoint): ``latest`` names it first (a run that dies before its next checkpoint leaves a folder
+    whose ``latest`` resumes what it resumed), then the later checkpoints and the metrics (which the resumed run
+    rewrites from ``step`` on) are moved aside, never deleted: to ``<run_dir>/rewound-<UTC time>/``, the
+    checkpoints into its ``checkpoints/`` when that is on their filesystem (a rename), else into
+    ``<checkpoints folder>/rewound-<UTC time>/`` (a checkpoints_path on another disk is never copied). Returns
+    None when nothing came later."""
     folder = checkpoints_folder(config)
-    later = [p for s, p in step_folders(folder) if s > step] if folder.is_dir() else []
+    if not folder.is_dir():
+        return None
+    if Path(os.path.realpath(checkpoint)).parent == Path(os.path.realpath(folder)) and \
+            latest_name(folder) != checkpoint.name:
+        write_latest(folder, checkpoint)
+    later = [p for s, p in step_folders(folder) if s > step]
     if not later:
         return None
-    aside = _stamped(config.general.run_path, "rewound")
-    (aside / "checkpoints").mkdir(parents=True)
-    for p in later:
-        p.rename(aside / "checkpoints" / p.name)
-    metrics = config.general.run_path / "metrics.jsonl"
-    if metrics.is_file():
-        shutil.copy2(metrics, aside / metrics.name)
-    return aside
+    aside = _stamped(config.general.run_path, REWOUND)
+    checkpoints = aside / "checkpoints"
+    moved = 0
+    try:
+        aside.mkdir(parents=True)
+        if os.stat(aside).st_dev != os.stat(folder).st_dev:
+            checkpoints = folder / aside.name
+        metrics = config.general.run_path / "metrics.jsonl"
+        if metrics.is_file():
+            shutil.copy2(metrics, aside / metrics.name)
+        checkpoints.mkdir()
+        for p in later:
+            p.rename(checkpoints / p.name)
+            moved += 1
+        kept = saved_checkpoints(checkpoints)
+        if kept:  # the branch is a checkpoints folder of its own: `resume: latest` there continues it
+            write_latest(checkpoints, kept[-1])
+    except OSError as e:
+        if not moved:  # nothing of the run moved yet: leave no empty folders behind
+            shutil.rmtree(checkpoints, ignore_errors=True)
+            shutil.rmtree(aside, ignore_errors=True)
+        done = (f"{moved} of them were moved, the rest are still in {folder}" if moved else "nothing was moved")
+        raise RunFolderError(f"{folder}: rewinding to step {step}: moving the {len(later)} later checkpoints "
+                             f"({', '.join(p.name for p in later)}) to {checkpoints} failed ({e.strerror or e}); "
+                             f"{done}; fix the cause and rerun") from None
+    return Rewound(aside, checkpoints)
+
+
+def refuse_a_checkpoint_inside_the_run(config: Config, checkpoint: Path) -> None:
+    """``checkpoints.resume: PATH`` inside this run's folder (or checkpoints folder) that is not one of the run's own
+    checkpoints: a rewound branch's, or one copied there. Resuming it as another run's would find "a run" here, and
+    ``replace_run`` would move it aside with the run before loading it: refused, saying how to continue it."""
+    run = Path(os.path.realpath(config.general.run_path))
+    folder = Path(os.path.realpath(checkpoints_folder(config)))
+    path = Path(os.path.realpath(checkpoint))
+    if path.parent == folder:
+        return
+    inside = next((base for base in (run, folder) if base in path.parents), None)
+    if inside is None:
+        return
+    branch = next((q for q in path.parents if q.name.startswith(f"{REWOUND}-") and q.parent in (run, folder)), None)
+    if branch is None:
+        raise ConfigError(f"checkpoints.resume: {checkpoint}: lies inside this run's folder {inside} but is not one of "
+                          f"its checkpoints ({folder}); move it out of the run folder first, or resume one of the "
+                          f"run's own checkpoints")
+    run_dir = run / branch.name
+    keys = f"general.run_dir: {run_dir}"
+    if path.parent != run_dir / "checkpoints" or config.checkpoints.checkpoints_path is not None:
+        keys += f", checkpoints.checkpoints_path: {path.parent}"
+    raise ConfigError(f"checkpoints.resume: {checkpoint}: a checkpoint of a branch that a rewind moved aside "
+                      f"({branch}), not one of this run's ({folder}); to go back to that branch, train it as a run "
+                      f"of its own: {keys} and checkpoints.resume: {checkpoint}")

@@ -26,23 +26,26 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 
 from nanoset.atomic import fsync_dir
-from nanoset.errors import CheckpointError
+from nanoset.errors import CheckpointError, NanosetError, WriteFailed
 from runtime.checkpoint.layout import (
     TMP_PREFIX,
     checkpoint_name,
+    commit_latest,
     earlier_checkpoints_hint,
     latest_name,
     read_metadata,
     resolve_resume,
     saved_checkpoints,
+    stage_latest,
+    stale_temporaries,
     step_folders,
-    write_latest,
     write_metadata,
 )
 from runtime.engine import Engine
 
 FAULT_ENV = "NANOSET_FAULT_KILL_IN_CHECKPOINT"  # fault injection for tests: SIGKILL before the rename
 SKIPPED = "step_skipped"  # metadata key: the checkpoint's step was skipped (non-finite), not a state to return to
+SKIPPED_IN_A_ROW = "skipped_in_a_row"  # metadata key: skipped steps in a row up to it (a resume counts on)
 
 
 def _optimizer_state(engine: Engine) -> dict[str, torch.Tensor]:
@@ -105,57 +108,88 @@ class CheckpointManager:
         self.is_writer = is_writer  # global rank 0 renames, updates `latest` and prunes
 
     def clean_stale(self) -> None:
-        """Remove temporary folders of saves that a crash interrupted."""
+        """Remove what saves that a crash interrupted left: temporary folders, a staged ``latest``."""
         if self.is_writer and self.folder.is_dir():
-            for p in self.folder.glob(TMP_PREFIX + "*"):
-                shutil.rmtree(p, ignore_errors=True)
+            for p in stale_temporaries(self.folder):
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
         if dist.is_initialized():
             dist.barrier()
 
     def save(self, engine: Engine, step: int, metadata: dict) -> Path:
-        """Write the checkpoint of ``step`` under a temporary name, then rename it and point ``latest`` at it.
-        A failed write (a full disk) on any rank removes the temporary folder and raises the same
-        ``CheckpointError`` on every rank; the earlier checkpoints and ``latest`` stay as they were."""
+        """Write the checkpoint of ``step`` under a temporary name (with the ``latest`` that will name it), then
+        rename both into place and prune. A failed write (a full disk) on any rank removes the temporary files and
+        raises the same ``CheckpointError`` on every rank; the earlier checkpoints and ``latest`` stay as they
+        were. A failure of the renames or the pruning after it is one line on every rank too, saying what is
+        saved."""
         final = self.folder / checkpoint_name(step)
         tmp = self.folder / f"{TMP_PREFIX}{checkpoint_name(step)}"
         if self.is_writer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        failure = ""
+        failure, staged = "", None
         try:
             dcp.save(_app_state(engine), checkpoint_id=str(tmp))
             torch.save(_rng_state(), tmp / f"rng-rank{dist.get_rank()}.pt")
             if self.is_writer:
                 write_metadata(tmp, dict(metadata, world_size=dist.get_world_size()))
+                staged = stage_latest(self.folder, final)
         except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
             failure = _cause(e)
         failures = [""] * dist.get_world_size()
         dist.all_gather_object(failures, failure)  # every rank learns of a failure: none waits alone
         if any(failures):
-            self._failed(tmp, step, next(f for f in failures if f))
-        if self.is_writer:
-            if os.environ.get(FAULT_ENV) == str(step):
-                os.kill(os.getpid(), signal.SIGKILL)
+            self._failed(tmp, staged, step, next(f for f in failures if f))
+        outcome = [self._put_in_place(tmp, final, staged, step) if self.is_writer else ""]
+        dist.broadcast_object_list(outcome, src=0)  # the writer is global rank 0
+        if outcome[0]:
+            raise CheckpointError(outcome[0])
+        return final
+
+    def _put_in_place(self, tmp: Path, final: Path, staged: Path, step: int) -> str:
+        """The writer's renames (the checkpoint, then ``latest``) and pruning: what went wrong, "" when nothing."""
+        if os.environ.get(FAULT_ENV) == str(step):
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
             if final.exists():  # a rerun of the same step after a crash: replace it
                 self._discard(final)
             os.replace(tmp, final)
             fsync_dir(self.folder)
-            write_latest(self.folder, final)
+        except OSError as e:
+            staged.unlink(missing_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return (f"{self.folder}: saving the checkpoint of step {step} failed: renaming it into place "
+                    f"({_cause(e)}); {self._kept()}; fix the cause and rerun to resume")
+        try:
+            commit_latest(self.folder, staged)
+        except OSError as e:
+            staged.unlink(missing_ok=True)
+            return (f"{self.folder}: the checkpoint of step {step} is saved ({final.name}) but `latest` could not "
+                    f"be updated ({_cause(e)}); rerun to resume from {final.name} (the newest complete checkpoint)")
+        try:
             self._prune(keep=final.name)
-        dist.barrier()
-        return final
+        except (OSError, NanosetError) as e:
+            return (f"{self.folder}: the checkpoint of step {step} is saved ({final.name}, named by `latest`), but "
+                    f"removing older checkpoints failed ({_cause(e)}); fix the cause and rerun to resume")
+        return ""
 
-    def _failed(self, tmp: Path, step: int, cause: str) -> None:
+    def _failed(self, tmp: Path, staged: Path | None, step: int, cause: str) -> None:
         if self.is_writer:
             shutil.rmtree(tmp, ignore_errors=True)
+            if staged is not None:
+                staged.unlink(missing_ok=True)
         dist.barrier()
         free = shutil.disk_usage(self.folder).free
         space = "the disk is full" if free < 64 << 20 else f"{free / 2**30:.1f} GiB free there"
-        latest = latest_name(self.folder)
-        kept = f"the checkpoints before it are intact (latest: {latest})" if latest else "none was saved before"
         raise CheckpointError(f"{self.folder}: saving the checkpoint of step {step} failed ({cause}; {space}); its "
-                              f"partial folder was removed and {kept}; free space and rerun to resume")
+                              f"partial folder was removed and {self._kept()}; free space and rerun to resume")
+
+    def _kept(self) -> str:
+        latest = latest_name(self.folder)
+        return f"the checkpoints before it are intact (latest: {latest})" if latest else "none was saved before"
 
     def _prune(self, keep: str) -> None:
         """Keep the ``keep_last`` newest by step number (not by name: step-1000000 > step-998000), and never
@@ -238,6 +272,10 @@ def _cause(error: BaseException) -> str:
     pos' where the disk filled up)."""
     if isinstance(error, CheckpointException) and error.failures:
         error = next(iter(error.failures.values()))[0]
+    if isinstance(error, WriteFailed):
+        return f"{Path(error.path).name}: {error.reason}"
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.strerror}" + (f": {error.filename}" if error.filename else "")
     text = (str(error).strip().splitlines() or [""])[0]
     if "unexpected pos" in text:  # torch.save's zip writer when a write falls short; it loses the OS error
         return "a write was cut short: no space left on the device, or a file size limit"

@@ -15,7 +15,13 @@ import os
 from pathlib import Path
 
 from nanoset.errors import ConfigError, print_error, report_user_errors
-from runtime.checkpoint.layout import check_same_model, find_checkpoint, last_step, read_metadata
+from runtime.checkpoint.layout import (
+    CHECKPOINT_OPTION,
+    check_same_model,
+    find_checkpoint,
+    last_step,
+    read_metadata,
+)
 from runtime.config import Config, ParallelismArgs
 from runtime.config.load import load_config
 from runtime.data.heldout import HeldOutSet, open_heldout
@@ -35,9 +41,9 @@ def prepare(config_path: str, checkpoint: str) -> tuple[Config, Path, dict, list
     config = layout_for_world(load_config(config_path), world_size())
     if not config.validation.datasets:
         raise ConfigError(f"{config_path}: validation.datasets is empty; name the datasets to evaluate on")
-    path = find_checkpoint(checkpoint, "--checkpoint ")
+    path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
     metadata = read_metadata(path)
-    check_same_model(config, metadata, path)
+    check_same_model(config, metadata, path, CHECKPOINT_OPTION)
     return config, path, metadata, open_heldout(config)
 
 

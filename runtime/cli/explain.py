@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from nanoset.errors import report_user_errors
-from runtime.checkpoint.layout import find_checkpoint, read_metadata
+from runtime.checkpoint.layout import CHECKPOINT_OPTION, find_checkpoint, read_metadata
 from runtime.config import ConfigError
 from runtime.config.load import load_config
 from runtime.data.hf_cache import resolve_stage_folders
@@ -95,7 +95,7 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
     first, last = parse_steps(steps, config.tokens.train_steps) if steps is not None else (step, step)
     plan = DataPlan(config, resolve_stage_folders(config))
     if checkpoint:
-        path = find_checkpoint(checkpoint, "checkpoint ")
+        path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
         plan = plan.resumed_from(path, read_metadata(path, model=False))
     try:
         if queries is not None:

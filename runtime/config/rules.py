@@ -159,8 +159,9 @@ def _validate_stages(c: Config) -> None:
             elif len(ds.weights) != len(ds.folders):
                 raise ConfigError(f"{where}.data.dataset.dataset_weights: {len(ds.weights)} weights for "
                                   f"{len(ds.folders)} folders; give one weight per folder")
-            elif any(not w > 0 for w in ds.weights):
-                raise ConfigError(f"{where}.data.dataset.dataset_weights: weights must be positive, got {ds.weights}")
+            elif any(not (w > 0 and math.isfinite(w)) for w in ds.weights):
+                raise ConfigError(f"{where}.data.dataset.dataset_weights: weights must be positive and finite, got "
+                                  f"{ds.weights}")
             else:
                 _check_sum(f"{where}.data.dataset.dataset_weights", ds.weights)
             first: dict[str, int] = {}

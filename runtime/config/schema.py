@@ -34,13 +34,19 @@ class Range:
         return above and below
 
     def __str__(self) -> str:
+        low = _number(self.low)
         if self.high is None:
-            return f"{'>' if self.low_open else '≥'} {self.low:g}"
-        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+            return f"{'>' if self.low_open else '≥'} {low}"
+        return f"in {'(' if self.low_open else '['}{low}, {_number(self.high)}{')' if self.high_open else ']'}"
+
+
+def _number(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"  # an int bound exactly (2**64 - 1, not 1.84467e+19)
 
 
 POSITIVE = Range(0, low_open=True)
 NON_NEGATIVE = Range(0)
+SEED = Range(0, 2**64 - 1)  # what torch.manual_seed takes
 
 
 def key(default: Any = dataclasses.MISSING, valid: Range = POSITIVE) -> Any:
@@ -55,7 +61,7 @@ PP_ENGINES: tuple[str, ...] = get_args(PipelineEngine)
 class GeneralArgs:
     project: str  # the project's name (for the log)
     run: str  # the run's name: its folder is runs/<run> unless run_dir is given
-    seed: int = key(42, NON_NEGATIVE)  # model initialisation, and the data order of stages without data.seed
+    seed: int = key(42, SEED)  # model initialisation, and the data order of stages without data.seed
     run_dir: str | None = None  # default: runs/<run>
     cache_dir: str = ".nanoset_cache"  # where Hugging Face datasets are tokenized once, and packings cached
 
@@ -270,7 +276,7 @@ class HFDatasetArgs:
 @dataclass
 class DataArgs:
     dataset: NanosetDatasetsArgs | HFDatasetArgs  # Nanoset folders, or a Hugging Face dataset
-    seed: int | None = key(None, NON_NEGATIVE)  # the data order's seed; default: general.seed
+    seed: int | None = key(None, SEED)  # the data order's seed; default: general.seed
     # default: read in a thread of the training process, 2 micro-batches ahead (README: Speed)
     num_loading_workers: int = key(0, NON_NEGATIVE)
     prefetch: int = key(2, NON_NEGATIVE)  # micro-batches read ahead by a thread of the training process (0: none)
@@ -295,7 +301,7 @@ class ValidationArgs:
     interval: int = key(0, NON_NEGATIVE)  # evaluate every N steps; 0: only at stage ends (at_stage_end)
     samples: int = key(64)  # windows per dataset: the first `samples` of the dataset's seeded permutation
     at_stage_end: bool = True  # also evaluate at the last step of every stage
-    seed: int | None = key(None, NON_NEGATIVE)  # default: general.seed
+    seed: int | None = key(None, SEED)  # default: general.seed
 
     def folders(self, name: str) -> list[str]:
         value = self.datasets[name]

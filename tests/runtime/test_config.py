@@ -118,7 +118,9 @@ def test_validation_rules(tmp_path, edit, message):
     ("model", "init_std", -0.02, "model.init_std: must be ≥ 0, got -0.02"),
     ("model", "rms_norm_eps", 0.0, "model.rms_norm_eps: must be > 0, got 0.0"),  # trained NaN
     ("model", "rope_theta", float("inf"), "model.rope_theta: must be > 0, got inf"),
-    ("general", "seed", -3, "general.seed: must be ≥ 0, got -3"),
+    ("general", "seed", -3, "general.seed: must be in [0, 18446744073709551615], got -3"),
+    # torch.manual_seed's limit: passed the check, then an overflow traceback on every rank
+    ("general", "seed", 2**64, "general.seed: must be in [0, 18446744073709551615], got 18446744073709551616"),
     ("lr_scheduler", "wsd_decay_fraction", 0.0, "lr_scheduler.wsd_decay_fraction: must be in (0, 1], got 0.0"),
     ("lr_scheduler", "warmup_steps", 41, "lr_scheduler.warmup_steps 41 > tokens.train_steps 40: the learning rate "
                                          "would never reach its peak; lower warmup_steps"),
@@ -133,7 +135,11 @@ def test_out_of_range_values_are_one_line_naming_the_key(tmp_path, section, key,
 def test_a_stage_keys_range_names_the_stage(tmp_path):
     with pytest.raises(ConfigError) as e:
         load(tmp_path, lambda d: stage(d, 1)["data"].update(seed=-1))
-    assert str(e.value).endswith(": data_stages[1] (anneal).data.seed: must be ≥ 0, got -1")
+    assert str(e.value).endswith(": data_stages[1] (anneal).data.seed: must be in [0, 18446744073709551615], got -1")
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, lambda d: stage(d, 0)["data"].update(seed=2**64))
+    assert str(e.value).endswith(": data_stages[0] (pretrain).data.seed: must be in [0, 18446744073709551615], got "
+                                 "18446744073709551616")
 
 
 def test_zero_train_steps_load_save_and_export(tmp_path):

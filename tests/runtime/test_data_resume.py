@@ -94,11 +94,12 @@ def test_explain_with_checkpoint_shows_the_resumed_data(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "runtime.explain", "--config", str(new), "--checkpoint",
                           str(tmp_path), "--step", "12"], capture_output=True, text=True)
     assert bad.returncode == 1 and bad.stderr.strip() == (
-        f"error: checkpoint {tmp_path}: no metadata.json; it is not a complete checkpoint (give a step-N folder)")
+        f"error: --checkpoint {tmp_path}: no metadata.json; it is not a complete checkpoint (pass a step-N folder as "
+        f"--checkpoint)")
     # a missing folder is said as runtime.evaluate and runtime.export say it (it was "no metadata.json" here)
     gone = subprocess.run([sys.executable, "-m", "runtime.explain", "--config", str(new), "--checkpoint",
                            str(tmp_path / "nope"), "--step", "12"], capture_output=True, text=True)
-    assert gone.returncode == 1 and gone.stderr == f"error: checkpoint {tmp_path / 'nope'}: no such folder\n"
+    assert gone.returncode == 1 and gone.stderr == f"error: --checkpoint {tmp_path / 'nope'}: no such folder\n"
     # the checkpoints folder stands for its latest, as for evaluate and export
     (tmp_path / "latest").write_text("step-000010\n")
     latest = subprocess.run([sys.executable, "-m", "runtime.explain", "--config", str(new), "--checkpoint",

@@ -150,3 +150,62 @@ def test_a_tokenizer_transformers_saved_again_is_the_datas(tmp_path):
     assert str(e.value) == (f"model.init_from_hf: {hf / 'tokenizer.json'} does not encode as the tokenizer the data "
                             f"was made with ({TOKENIZER / 'tokenizer.json'}): their vocabularies (or added tokens) "
                             f"differ; tokenize the data with the model's tokenizer")
+
+
+def _without_merges(source, out, drop: int = 300) -> None:
+    """``source``'s tokenizer.json with its last ``drop`` BPE merges removed: the same vocabulary, other ids."""
+    d = json.loads(source.read_text())
+    d["model"]["merges"] = d["model"]["merges"][:-drop]
+    out.write_text(json.dumps(d))
+
+
+def test_a_tokenizer_file_changed_since_tokenizing_is_not_compared_with(tmp_path):
+    """The manifest names the file the data was made with; the comparison encoded with whatever lay there now, so a
+    tokenizer edited in place (300 merges removed) and copied into the model folder was accepted: silent wrong
+    training. It is compared only while the file still has the manifest's sha256."""
+    recorded = tmp_path / "tokmut" / "tokenizer.json"
+    recorded.parent.mkdir()
+    recorded.write_bytes((TOKENIZER / "tokenizer.json").read_bytes())
+    original = hashlib.sha256(recorded.read_bytes()).hexdigest()
+    data = TokenizerInfo(name="tokmut", vocab_size=1494, path=str(recorded), sha256=original)
+    _without_merges(TOKENIZER / "tokenizer.json", recorded)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "tokenizer.json").write_bytes(recorded.read_bytes())
+    changed = hashlib.sha256(recorded.read_bytes()).hexdigest()
+    with pytest.raises(ConfigError) as e:
+        check_tokenizer(hf, data)
+    assert str(e.value) == (
+        f"model.init_from_hf: {hf / 'tokenizer.json'} (sha256 {changed[:12]}) is not the tokenizer the data was made "
+        f"with ('tokmut' sha256 {original[:12]}), and {recorded}, where the data's manifest says that tokenizer was, "
+        f"has changed since (sha256 {changed[:12]}), so the encodings cannot be compared; put the data's tokenizer "
+        f"back there, or tokenize the data with the model's tokenizer")
+
+
+def test_an_encoding_difference_shows_where_the_ids_part(tmp_path):
+    """The message showed the first 8 ids of a probe text, the same with both tokenizers; it shows the first
+    differing position and the ids around it."""
+    data = TokenizerInfo(name="tokenizer", vocab_size=1494, path=str(TOKENIZER / "tokenizer.json"),
+                         sha256=hashlib.sha256((TOKENIZER / "tokenizer.json").read_bytes()).hexdigest())
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    _without_merges(TOKENIZER / "tokenizer.json", hf / "tokenizer.json")
+    with pytest.raises(ConfigError) as e:
+        check_tokenizer(hf, data)
+    assert str(e.value) == (
+        f"model.init_from_hf: {hf / 'tokenizer.json'} does not encode as the tokenizer the data was made with "
+        f"({TOKENIZER / 'tokenizer.json'}): a probe text encodes differently from its token 3 on (character 6: "
+        f"' 123 1234 12345 12345678'…): its ids 0-6 are [17, 589, 885, 748, 20, 748, 20] with the model's and "
+        f"[17, 589, 885, 1374, 1374, 21, 1374] with the data's; tokenize the data with the model's tokenizer")
+
+
+def test_an_unreadable_model_tokenizer_names_the_key_and_what_to_do(tmp_path):
+    data = TokenizerInfo(name="tokenizer", vocab_size=1494, path=str(TOKENIZER / "tokenizer.json"),
+                         sha256=hashlib.sha256((TOKENIZER / "tokenizer.json").read_bytes()).hexdigest())
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    with pytest.raises(ConfigError) as e:
+        check_tokenizer(hf, data)
+    assert str(e.value).startswith(f"model.init_from_hf: {hf / 'tokenizer.json'}: not a valid tokenizers JSON file (")
+    assert str(e.value).endswith("); save the model's tokenizer there again (or remove the file) and rerun")

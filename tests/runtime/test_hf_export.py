@@ -101,7 +101,8 @@ def test_export_sharded_bf16_cli(saved_from_hf, tmp_path):
     assert again.returncode == 1
     assert again.stderr == f"error: {out}: exists; remove it or choose another output folder\n"
     bad = subprocess.run(cli + [str(tmp_path), str(tmp_path / "x")], capture_output=True, text=True, cwd=ROOT)
-    assert bad.returncode == 1 and bad.stderr.startswith(f"error: {tmp_path}: no metadata.json;")
+    assert bad.returncode == 1 and bad.stderr == (f"error: checkpoint {tmp_path}: no metadata.json; it is not a "
+                                                  f"complete checkpoint (give a step-N folder as the checkpoint)\n")
     assert not (tmp_path / "x").exists() and not list(tmp_path.glob(".tmp-*"))
     import shutil
 
@@ -129,8 +130,8 @@ def test_export_output_folder_mistakes_are_one_line(saved_from_hf, tmp_path):
                             f"choose another output folder")
     with pytest.raises(FileNotFoundError) as e:
         export_checkpoint(tmp_path / "file", tmp_path / "out")
-    assert str(e.value) == (f"{tmp_path / 'file'}: not a folder; give a step-N checkpoint folder (or the "
-                            f"checkpoints folder, for its latest)")
+    assert str(e.value) == (f"checkpoint {tmp_path / 'file'}: not a folder; give a step-N checkpoint folder (or a "
+                            f"checkpoints folder, for its latest) as the checkpoint")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and not (ckpt / "hf").exists()
 
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
+import yaml
 
 from runtime.checkpoint.store import CheckpointManager
 from runtime.config.load import load_config
@@ -176,9 +179,9 @@ def test_checkpoint_of_another_model_is_refused_once(reference, shards, tmp_path
     proc = torchrun(cfg, 2, cwd=shards, check=False)
     assert proc.returncode != 0
     assert error_lines(proc.stderr) == [
-        f"error: checkpoint {run}/checkpoints/step-000004 was saved with another model: model.num_hidden_layers "
-        f"2 → 4, model.intermediate_size 64 → 128; use the checkpoint's model section, or another "
-        f"checkpoints.resume"]
+        f"error: checkpoints.resume: {run}/checkpoints/step-000004: saved with another model: model.num_hidden_layers "
+        f"2 → 4, model.intermediate_size 64 → 128; use the checkpoint's model section in the config, or set "
+        f"checkpoints.resume to another checkpoint"]
     assert "Traceback" not in worker_stderr(proc.stderr) and "/runtime/" not in worker_stderr(proc.stderr)
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
 
@@ -244,8 +247,8 @@ def test_user_mistakes_are_one_line_before_start_up(reference, shards, tmp_path,
         run = copy_of(reference, tmp_path)
         (run / "metrics.jsonl").unlink()
         cfg = small_config(tmp_path, run, steps=2, single_stage=True)
-        expected = (f"error: checkpoint {run}/checkpoints/step-000004 is at step 4, past tokens.train_steps 2; raise "
-                    f"tokens.train_steps or resume from an earlier checkpoint")
+        expected = (f"error: checkpoints.resume: {run}/checkpoints/step-000004: at step 4, past tokens.train_steps 2; "
+                    f"raise tokens.train_steps or set checkpoints.resume to an earlier checkpoint")
     elif case == "not-a-checkpoint":  # a metadata.json that is no training record (was: AttributeError traceback)
         (tmp_path / "other").mkdir()
         (tmp_path / "other" / "metadata.json").write_text("[1]")
@@ -271,8 +274,9 @@ def test_user_mistakes_are_one_line_before_start_up(reference, shards, tmp_path,
     elif case == "dangling-latest":
         make_checkpoints(run / "checkpoints", ["step-000020", "step-000030"], latest="step-000040")
         cfg = small_config(tmp_path, run)
-        expected = (f"error: {run}/checkpoints/latest names step-000040, which is missing or incomplete "
-                    f"(checkpoints there: step-000020, step-000030); set checkpoints.resume to one of them")
+        expected = (f"error: checkpoints.resume: latest: {run}/checkpoints/latest names step-000040, which is missing "
+                    f"or incomplete (checkpoints there: step-000020, step-000030); set checkpoints.resume to the path "
+                    f"of one of them")
     else:
         cfg = small_config(tmp_path, run, dp=1, parallelism={"pp": 2}, model={"num_hidden_layers": 1})
         expected = f"error: {cfg}: model.num_hidden_layers 1 < 2 pipeline stages (parallelism.pp 2)"
@@ -398,3 +402,31 @@ def test_only_the_reporter_prints_and_its_node_mates_wait_for_torchrun(monkeypat
     assert (slept, capsys.readouterr().err) == ([], "")
     train.report_once(ValueError("x: bad"), reporter=False)  # still alive after the grace time: say it
     assert (slept, capsys.readouterr().err) == ([train.REPORT_GRACE_S], "error: x: bad\n")
+
+
+def test_checkpoint_mistakes_advise_what_the_command_takes(shards, tmp_path):
+    """A checkpoints folder whose `latest` names a checkpoint that is gone, given to each command that takes a
+    checkpoint: `nanoset export`, `explain --checkpoint` and `evaluate --checkpoint` users were told to "set
+    checkpoints.resume to one of them" (a config key of the trainer), with three different line starts. Each line
+    starts with how the checkpoint was named and advises in those terms (the trainer's: test above)."""
+    folder = tmp_path / "run" / "checkpoints"
+    make_checkpoints(folder, ["step-000020", "step-000030"], latest="step-000040")
+    cfg = small_config(tmp_path, tmp_path / "other", dp=1, single_stage=True)
+    d = yaml.safe_load(cfg.read_text())
+    d["validation"] = {"datasets": {"v": "shards/sft"}}
+    cfg.write_text(yaml.safe_dump(d))
+    problem = (f"{folder}/latest names step-000040, which is missing or incomplete (checkpoints there: step-000020, "
+               f"step-000030)")
+    commands = {
+        "export": ([str(folder), str(tmp_path / "hf")],
+                   f"checkpoint {folder}: {problem}; give the path of one of them as the checkpoint"),
+        "explain": (["--config", str(cfg), "--checkpoint", str(folder), "--step", "1"],
+                    f"--checkpoint {folder}: {problem}; pass the path of one of them as --checkpoint"),
+        "evaluate": (["--config", str(cfg), "--checkpoint", str(folder)],
+                     f"--checkpoint {folder}: {problem}; pass the path of one of them as --checkpoint"),
+    }
+    for command, (args, line) in commands.items():
+        proc = subprocess.run([sys.executable, "-m", f"runtime.{command}", *args], capture_output=True, text=True,
+                              cwd=shards, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+        assert (proc.returncode, proc.stderr) == (1, f"error: {line}\n"), command
+    assert not (tmp_path / "hf").exists()

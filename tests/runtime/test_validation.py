@@ -307,6 +307,33 @@ def test_a_set_without_label_tokens_is_a_json_row_and_says_so(tmp_path, capsys):
                                        "web: loss 2.5000 ppl 12.18 tokens 2\n")
 
 
+def test_a_non_finite_validation_loss_is_null_in_metrics_and_left_out_of_tensorboard(tmp_path, capsys):
+    """A diverged model's validation loss: metrics.jsonl got `NaN` (not JSON), TensorBoard a NaN scalar, and the
+    log line said `loss nan ppl overflow`. It is null, as a skipped training step's loss is."""
+    from runtime.validation import summarize
+
+    results = {"web": summarize(float("nan"), 40), "code": summarize(float("inf"), 8), "chat": summarize(2.0, 4)}
+    assert results == {"web": {"loss": None, "ppl": None, "tokens": 40},
+                       "code": {"loss": None, "ppl": None, "tokens": 8},
+                       "chat": {"loss": 0.5, "ppl": math.exp(0.5), "tokens": 4}}
+    logger = MetricsLogger(tmp_path, enabled=True, tensorboard=False)
+    scalars = []
+    logger.tb = SimpleNamespace(add_scalar=lambda *a: scalars.append(a))
+    logger.log_validation(6, "pretrain", results, describe(results))
+    # a row handed over with a NaN in it (e.g. by code that does not summarize) is written as null all the same
+    logger.log_validation(7, "pretrain", {"web": {"loss": float("nan"), "ppl": float("inf"), "tokens": 40}},
+                          ["web: nan"])
+    rows = [json.loads(line, parse_constant=lambda c: pytest.fail(c))
+            for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 6, "stage": "pretrain", "val": results},
+                    {"step": 7, "stage": "pretrain", "val": {"web": {"loss": None, "ppl": None, "tokens": 40}}}]
+    assert scalars == [("val/chat/loss", 0.5, 6)]
+    assert capsys.readouterr().out == (
+        "val       6 | pretrain | web: loss not finite (NaN or infinity) tokens 40 | code: loss not finite (NaN or "
+        "infinity) tokens 8 | chat: loss 0.5000 ppl 1.65 tokens 4\n"
+        "val       7 | pretrain | web: nan\n")
+
+
 def test_resume_keeps_one_validation_row_per_step(tmp_path):
     rows = [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0}, {"step": 2, "stage": "a", "val": {"x": 1}},
             {"step": 3, "loss": 3.0}, {"step": 4, "loss": 4.0}, {"step": 4, "stage": "a", "val": {"x": 2}},

@@ -301,6 +301,11 @@ def test_a_schedule_is_a_form_of_dataset_weights():
     ([{"step": 1, "weights": [1, 1]}, {"step": 5, "weights": [1e308, 1e308]}], 1,
      "dataset_weights[1].weights: [1e+308, 1e+308] sum to more than a float holds; scale them down"),
     ([1e308, 1e308], 1, "dataset_weights: [1e+308, 1e+308] sum to more than a float holds; scale them down"),
+    # an infinite weight is not a large one: said as such, not as an overflowing sum
+    ([float("inf"), 1], 1, "dataset_weights: weights must be positive and finite, got [inf, 1.0]"),
+    ([float("nan"), 1], 1, "dataset_weights: weights must be positive and finite, got [nan, 1.0]"),
+    ([{"step": 1, "weights": [float("inf"), 1]}], 1,
+     "dataset_weights[0].weights: weights must be ≥ 0 and finite, got [inf, 1.0]"),
 ])
 def test_bad_schedules_are_one_line_naming_the_entry(weights, start, fragment):
     with pytest.raises(ConfigError) as e:
