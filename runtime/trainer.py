@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ from runtime.metrics import (
     tokens_per_second,
 )
 from runtime.parallel.context import ParallelContext
-from runtime.preemption import StopOnSignal
+from runtime.preemption import installed, stop_on_signal
 from runtime.startup import Startup, start_up, startup_notes
 from runtime.validation import Validator, describe
 
@@ -58,7 +59,7 @@ class TrainSummary:
     checkpoint: Path | None = None
     metrics_file: Path | None = None
     stopped_by_signal: bool = False  # preempted: a checkpoint of last_step was saved; rerun to resume
-    exit_status: int = 0  # what the process should exit with: 130 after Ctrl-C
+    exit_status: int = 0  # what the process should exit with: 128 + the signal that stopped it (130: Ctrl-C)
 
 
 class Trainer:
@@ -74,9 +75,11 @@ class Trainer:
         self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp)
         self.is_main = self.parallel_context.world_rank == 0
         self.run_dir = config.general.run_path
-        moved = move_aside(config) if self.is_main and self.start.replace_old_run else []
         resumed = last_step(self.start.metadata) if self.start.checkpoint is not None else 0
-        rewound = rewind(config, resumed) if self.is_main and self.start.checkpoint is not None else None
+        stop = installed()
+        with stop.held() if stop is not None else nullcontext():  # a Ctrl-C here waits for the moves' end
+            moved = move_aside(config) if self.is_main and self.start.replace_old_run else []
+            rewound = rewind(config, resumed) if self.is_main and self.start.checkpoint is not None else None
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.general.seed)
@@ -128,7 +131,8 @@ class Trainer:
         c = self.config
         last_save = self.last_step
         self._step_end = time.perf_counter()
-        with StopOnSignal(self.parallel_context.device) as stop:
+        device = self.parallel_context.device
+        with stop_on_signal() as stop:
             for step in range(self.last_step + 1, c.tokens.train_steps + 1):
                 stage = self.plan.stage_for_step(step)
                 if stage is not self._stage:
@@ -146,12 +150,12 @@ class Trainer:
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
                 # every rank stops after the same step; a signal during the last one changes nothing
-                summary.stopped_by_signal = stop.agreed() and step < c.tokens.train_steps
+                summary.stopped_by_signal = stop.agreed(device) and step < c.tokens.train_steps
                 interval = c.checkpoints.checkpoint_interval
                 if summary.stopped_by_signal or interval and step % interval == 0 and step < c.tokens.train_steps:
                     self._save(step, result.skipped)
                     last_save = step
-                    summary.stopped_by_signal = stop.agreed()  # a signal during the save: this checkpoint is it
+                    summary.stopped_by_signal = stop.agreed(device)  # a signal during the save: this checkpoint is it
                 if summary.stopped_by_signal:
                     break
             # the final checkpoint; with train_steps 0, of the weights loaded (an exact HF → checkpoint → HF trip)
@@ -164,7 +168,7 @@ class Trainer:
             self._export_hf(summary.checkpoint)
         self._release_loader()
         summary.exit_status = stop.exit_status if summary.stopped_by_signal else 0
-        self._print_summary(summary, stop.received)
+        self._print_summary(summary, stop.reason)
         return summary
 
     def _log_step(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,
@@ -308,14 +312,16 @@ class Trainer:
     def _mfu(self, tokens_per_s: float, sequence_length: int) -> float | None:
         return model_flops_utilization(tokens_per_s, self.config, sequence_length, self._peak)
 
-    def _print_summary(self, summary: TrainSummary, signal_name: str | None) -> None:
+    def _print_summary(self, summary: TrainSummary, reason: str | None) -> None:
+        """The run's last line; ``reason``: what stopped it (a signal's name), None when it ran to its end."""
         if summary.stopped_by_signal:  # only `resume: latest` continues it (null starts over, a path rewinds)
             how = ("rerun the same command" if self.config.checkpoints.resume == LATEST
                    else "set checkpoints.resume: latest and rerun")
-            self.metrics.info(f"stopped by {signal_name or 'a signal to another rank'} after step "
-                              f"{summary.last_step}: checkpoint {summary.checkpoint}; {how} to resume")
+            self.metrics.info(f"stopped by {reason} after step {summary.last_step}: checkpoint {summary.checkpoint}; "
+                              f"{how} to resume")
             return
         losses = ", ".join(f"{name} {loss:.4f}" for name, loss in summary.final_loss_per_stage.items())
+        metrics = summary.metrics_file
+        wrote = f"; metrics: {metrics}" if metrics is not None and metrics.is_file() and metrics.stat().st_size else ""
         self.metrics.info(f"done: step {summary.last_step}/{self.config.tokens.train_steps}; final loss per stage: "
-                          f"{losses or 'none (nothing left to train)'}; checkpoint: {summary.checkpoint}; "
-                          f"metrics: {summary.metrics_file}")
+                          f"{losses or 'none (nothing left to train)'}; checkpoint: {summary.checkpoint}{wrote}")
