@@ -10,7 +10,7 @@ import numpy as np
 from nanoset.errors import NanosetError
 from nanoset.format.megatron import MegatronShardReader, verify_megatron_shard
 from nanoset.format.open import open_dataset
-from nanoset.format.reader import NanosetReader, ShardReader
+from nanoset.format.reader import NanosetReader, ShardReader, missing_file
 from nanoset.format.spec import ShardInfo
 
 CHUNK_TOKENS = 1 << 24
@@ -18,7 +18,11 @@ CHUNK_TOKENS = 1 << 24
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except (FileNotFoundError, NotADirectoryError):  # the metadata file: the one whose size is not checked first
+        raise missing_file(path) from None
+    with f:
         while block := f.read(8 << 20):
             h.update(block)
     return h.hexdigest()

@@ -140,7 +140,7 @@ def startup_notes(startup: Startup) -> list[str]:
         last = last_step(metadata)
         was = {**(saved.get("parallelism") or {}), **(saved.get("tokens") or {})}
         now = {**c.to_dict()["parallelism"], **c.to_dict()["tokens"]}
-        changed = [f"{k} {was.get(k, 1)} → {now[k]}" for k in ("dp", "tp", "pp", "micro_batch_size",
+        changed = [f"{k} {was.get(k, 1)} → {now[k]}" for k in ("dp", "cp", "tp", "pp", "micro_batch_size",
                                                                   "batch_accumulation_per_replica")
                    if was.get(k, 1) != now[k]]
         old_batch = (metadata.get("training") or {}).get("global_batch_size")

@@ -29,7 +29,7 @@ from runtime.data.loading.dataloader import from_loader_worker
 from runtime.data.loading.prefetch import PrefetchIterator
 from runtime.data.loading.same_plan import check_same_plan
 from runtime.data.loading.sources import DataSource, data_source
-from runtime.data.loading.tp_broadcast import broadcast_batches, needs_broadcast
+from runtime.data.loading.tp_broadcast import broadcast_batches, check_same_batches, needs_broadcast
 from runtime.data.order.plan import StagePlan, training_metadata
 from runtime.engine import Engine, StepResult
 from runtime.hf.export import export_checkpoint
@@ -96,6 +96,7 @@ class Trainer:
         self._source: DataSource | None = None
         self._stage: StagePlan | None = None
         self._iterator: Iterator | None = None
+        self._check_replica_batches = False  # compare the cp × tp ranks' batches at the next step
         self._step_end = 0.0  # when the previous step ended (tokens/s)
         self._skipped_in_a_row = 0  # non-finite steps since the last finite one
         self._peak = peak_flops(self.parallel_context.device)
@@ -221,6 +222,7 @@ class Trainer:
             self._release_loader()
             if source.reads(ctx):
                 self._iterator = iter(source.loader(stage, step))
+                self._check_replica_batches = not source.from_config  # a user's loader: at its first step
         self._stage = stage
         consumed = stage.consumed_samples(step - 1)
         source = self.config.data_stages[stage.index].data.dataset
@@ -254,6 +256,9 @@ class Trainer:
                 check_micro_batch(batch, ctx.is_first_pp_rank, ctx.is_last_pp_rank, mbs, stage.sequence_length,
                                   f"stage {stage.name!r} step {step} micro-batch {i}")
         # full-length batches, also for cp ranks (the engine keeps each one's part of the sequences)
+        if self._check_replica_batches and needs_broadcast(ctx):  # a user's loader runs on every rank
+            check_same_batches(batches, ctx, f"stage {stage.name!r} step {step}")
+        self._check_replica_batches = False
         if self._source.from_config and needs_broadcast(ctx):
             batches = broadcast_batches(batches, accum, mbs, stage.sequence_length, stage.use_position_ids, ctx,
                                         with_sources=True)

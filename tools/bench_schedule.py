@@ -5,7 +5,9 @@
 For 2, 3, 5 and 10 datasets: seconds to compute the counts of ``--steps`` steps of a schedule (one
 sequential pass, once per part: what a first start-up pays), seconds to read them from
 ``general.cache_dir/blend/`` (what every later start-up pays), and their ratio; then the cost of
-locating one global batch through the scheduled blend against the constant-weight blend's.
+locating one global batch through the scheduled blend against the constant-weight blend's; then, for 30,
+100 and 300 datasets, the step-by-step rule settling each step's bids by scans against by a heap (the same
+counts; the heap is what runs from ``HEAP_DATASETS`` datasets on).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 
 import numpy as np
 
+from runtime.data.order import scheduled_blend
 from runtime.data.order.blend import BlendSchedule
 from runtime.data.order.scheduled_blend import ScheduledBlend, WeightSchedule
 
@@ -49,6 +52,17 @@ def main() -> None:
             for _ in range(100):
                 b.locate(j)
             print(f"locate one global batch ({name} blend, 10 datasets): {(time.perf_counter() - began) * 10:.2f} ms")
+    steps = 2000
+    for k in (30, 100, 300):
+        shares = schedule(k, steps).shares(np.arange(1, steps + 1))
+        seconds = {}
+        for name, threshold in (("scans", 10**9), ("heap", 1)):
+            scheduled_blend.HEAP_DATASETS = threshold
+            began = time.perf_counter()
+            scheduled_blend._water_fill(shares, args.batch, np.zeros(k))
+            seconds[name] = time.perf_counter() - began
+        print(f"{k:>3} datasets, {steps:,} steps of {args.batch}: scans {seconds['scans'] / steps * 1e6:.0f} s, heap "
+              f"{seconds['heap'] / steps * 1e6:.0f} s per million steps ({seconds['scans'] / seconds['heap']:.1f}x)")
 
 
 if __name__ == "__main__":

@@ -101,14 +101,18 @@ class ShardReader:
         return _MAPS.get(self._map_keys[2], self.loss_path, LOSS_DTYPE)
 
 
+def missing_file(path: str | Path) -> NanosetError:
+    """The error for a file of a shard that is not there."""
+    return NanosetError(f"{path}: missing; the dataset is incomplete (re-run `nanoset tokenize`)")
+
+
 def check_size(path: str, expected: int, folder: Path, dir_fd: int | None = None) -> None:
     """One file of a shard has exactly ``expected`` bytes: a missing, truncated or replaced file is one line.
     With ``dir_fd`` (the open ``folder``), ``path`` is a name inside it: no path to walk per file."""
     try:
         size = os.stat(path, dir_fd=dir_fd).st_size
     except (FileNotFoundError, NotADirectoryError):
-        where = os.path.join(folder, path) if dir_fd is not None else path
-        raise NanosetError(f"{where}: missing; the dataset is incomplete (re-run `nanoset tokenize`)") from None
+        raise missing_file(os.path.join(folder, path) if dir_fd is not None else path) from None
     if size != expected:
         where = os.path.join(folder, path) if dir_fd is not None else path
         raise NanosetError(f"{where}: {size} bytes, expected {expected}; the file is truncated or replaced "

@@ -35,12 +35,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from nanoset.errors import NanosetError
-
-if TYPE_CHECKING:
-    from nanoset.tokenize.chat_template import ChatRenderer
 
 # loop attributes for which Jinja takes the next message up early (``loop.last`` peeks at it): a template using
 # one is located by prefix renders
@@ -48,6 +45,18 @@ LOOKS_AHEAD = re.compile(r"\bloop\s*\.\s*(last|nextitem|length|revindex0?)\b")
 CONTENT_MARK = "\ue000nanoset-content\ue001"  # stands for an assistant's content to find the text written before it
 Message = dict[str, str]
 Spans = list[tuple[int, int]]
+
+
+class ChatRenderer(Protocol):
+    """What locating spans needs of a renderer (``nanoset.tokenize.chat_template.ChatRenderer`` is the one)."""
+
+    template: Any  # its ``source``: the template's text
+
+    def render(self, messages: list[Message], add_generation_prompt: bool = False) -> str: ...
+
+    def trace(self, messages: list[Message]) -> tuple[str, MessageTrace]: ...
+
+    def closing(self) -> str: ...
 
 
 class ChatRenderError(NanosetError):

@@ -1,6 +1,6 @@
 """The tokenize job: parallel, deterministic, resumable.
 
-Each task of the plan is tokenized by a worker process (the Rust encoder, in batches) straight
+Each task of the plan is tokenized by a worker process (``nanoset.tokenize.worker``) straight
 into its own shard files, published by rename, then a marker. A rerun skips tasks with a
 marker; the manifest is written last from the markers in task order. The bytes written depend
 only on the plan, never on the number of workers or machines or on restarts. With ``chat`` the
@@ -11,36 +11,24 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from nanoset.errors import NanosetError
 from nanoset.format.spec import SKIPPED_EXAMPLES, SKIPPED_NAME, Manifest, dtype_for_vocab, dtype_name
-from nanoset.format.writer import ShardWriter, write_manifest
-from nanoset.tokenize.backends import (
-    Encoder,
-    FastCheck,
-    FastokensUnusable,
-    TokenizersEncoder,
-    choose_backend,
-    first_difference,
-    guard_sample,
-    load_encoder,
-    probe_texts,
-)
-from nanoset.tokenize.chat import MASK_RULE, ChatColumns, ChatReader, encode_chats
-from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate, load_chat_template, special_token_strings
-from nanoset.tokenize.inputs import Piece, discover
-from nanoset.tokenize.rows import TextReader
+from nanoset.format.writer import write_manifest
+from nanoset.tokenize.backends import BackendChoice, TokenizersEncoder, choose_backend, first_difference
+from nanoset.tokenize.chat import MASK_RULE
+from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template, special_token_strings
+from nanoset.tokenize.inputs import discover
 from nanoset.tokenize.taskpool import TaskPool, WorkerDied
-from nanoset.tokenize.tasks import OutputFolder, Plan, Task, TaskResult, make_plan
+from nanoset.tokenize.tasks import OutputFolder, Plan, Task, TaskResult, describe_task, make_plan
 from nanoset.tokenize.tokenizer import ResolvedTokenizer, load_tokenizer, registered_tokens, resolve_tokenizer
+from nanoset.tokenize.worker import appends_eos, init_worker, run_task
 
 
 @dataclass
@@ -67,7 +55,6 @@ class TokenizeOptions:
     backend: str = "auto"  # the encoder: auto (fastokens where it loads and agrees), fastokens or tokenizers
 
 
-FAULT_ENV = "NANOSET_FAULT_KILL_TASK"  # fault injection for tests: a worker SIGKILLs itself on this task
 PROGRESS_SECONDS = 30.0  # between progress lines when stderr is not a terminal
 
 
@@ -85,6 +72,7 @@ class TokenizeSummary:
     seconds: float
     skipped_examples: list[str] = field(default_factory=list)
     tokens_run: int = 0  # tokens of the tasks this run tokenized (the rate counts these, not resumed ones)
+    redo_elsewhere: int = 0  # tasks of other task indices done by fastokens before it was seen to differ
 
     def details(self) -> list[str]:
         """Lines after the summary: the first rows skipped, and where the full list is."""
@@ -95,7 +83,15 @@ class TokenizeSummary:
 
     def line(self) -> str:
         rate = self.tokens_run / self.seconds if self.seconds > 0 else 0.0
-        state = "complete" if self.complete else "partial: other task indices still to run"
+        if self.complete:
+            state = "complete"
+        elif self.redo_elsewhere:
+            n = self.redo_elsewhere
+            state = (f"partial: {n} task{'s' * (n > 1)} of other task indices {'were' if n > 1 else 'was'} encoded by "
+                     f"fastokens before it was seen to differ: rerun those task indices to encode "
+                     f"{'them' if n > 1 else 'it'} again")
+        else:
+            state = "partial: other task indices still to run"
         return (
             f"{self.output}: {self.documents:,} documents, {self.tokens:,} tokens in {self.shards} shards; "
             f"ran {self.tasks_run} of {self.num_tasks} tasks ({self.tasks_resumed} already done) "
@@ -103,179 +99,6 @@ class TokenizeSummary:
         )
 
 
-# ---------------------------------------------------------------- worker side -----------------
-
-_worker: dict[str, Any] = {}
-
-
-def _init_worker(tokenizer_path: str, config: dict, counters: tuple, single_threaded: bool) -> None:
-    if single_threaded:  # one process per core: keep the Rust encoder from oversubscribing
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        os.environ["RAYON_NUM_THREADS"] = "1"
-    chat = config.get("chat")
-    renderer = None
-    if chat:
-        renderer = ChatRenderer(ChatTemplate(chat["template"], chat["template_origin"]), chat["special_tokens"])
-    _worker.update(path=Path(tokenizer_path), config=config, counters=counters, renderer=renderer, encoders={})
-
-
-def _encoder(backend: str) -> Encoder:
-    """This worker's encoder of ``backend``, loaded on first use (FastokensUnusable: fastokens cannot load it)."""
-    encoders = _worker["encoders"]
-    if backend not in encoders:
-        reference = None if backend == "tokenizers" else lambda: _encoder("tokenizers")
-        encoders[backend] = load_encoder(_worker["path"], backend, bool(_worker["config"].get("chat")), reference)
-    return encoders[backend]
-
-
-def _encode(encoder: Encoder, texts: list[str], eos_id: int, append_eos: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of ``texts`` (plus EOS each), flattened, and the document lengths."""
-    flat, lengths = encoder.encode(texts)
-    if not append_eos:
-        return flat, lengths
-    return np.insert(flat, np.cumsum(lengths), np.uint32(eos_id)), lengths + 1
-
-
-def _write_split(writers: list[ShardWriter], new_writer, flat: np.ndarray, lengths: np.ndarray,
-                 max_tokens: int | None, loss: np.ndarray | None = None) -> None:
-    """Append documents (and their loss masks), opening a new shard whenever the next one would pass
-    ``max_tokens``."""
-    ends = np.cumsum(lengths)
-    i, base = 0, 0
-    while i < len(lengths):
-        w = writers[-1]
-        if max_tokens is None:
-            k = len(lengths) - i
-        else:
-            room = max_tokens - w.num_tokens
-            k = int(np.searchsorted(ends[i:] - base, room, side="right"))
-            if k == 0:
-                if w.num_documents > 0:
-                    writers.append(new_writer())
-                    continue
-                k = 1  # a document longer than the limit gets a shard of its own
-        stop = int(ends[i + k - 1])
-        w.add_documents(flat[base:stop], lengths[i : i + k], None if loss is None else loss[base:stop])
-        i, base = i + k, stop
-
-
-class SkipLog:
-    """The rows a task skipped: all of them in its list in the work folder (renamed into place when the task
-    is done), the first few kept for the manifest."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
-        self.examples: list[str] = []
-        self._file = None
-
-    def __call__(self, message: str) -> None:
-        if len(self.examples) < SKIPPED_EXAMPLES:
-            self.examples.append(message)
-        if self._file is None:
-            self._file = open(self.tmp, "w", encoding="utf-8")
-        self._file.write(message.replace("\n", " ") + "\n")
-
-    def publish(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            os.replace(self.tmp, self.path)
-
-    def abort(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self.tmp.unlink(missing_ok=True)
-
-
-def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers", probe: bool = False) -> TaskResult:
-    """Tokenize one task into shards ``PREFIX_00000...`` with the encoder of ``backend`` (called in a worker
-    process). With fastokens the result also holds what it made of the task's first texts (and, with
-    ``probe``, of the probe set), for the driver to compare with tokenizers; where fastokens cannot load
-    the tokenizer, the task is encoded by tokenizers and the result says why (``--backend fastokens``: an
-    error)."""
-    if os.environ.get(FAULT_ENV) == str(task.index):
-        os.kill(os.getpid(), signal.SIGKILL)
-    cfg = _worker["config"]
-    checks: list[FastCheck] = []
-    unusable = None
-    try:
-        encoder = _encoder(backend)
-    except FastokensUnusable as e:
-        if cfg["strict_backend"]:
-            raise FastokensUnusable(f"--backend fastokens: {e}; use --backend auto or tokenizers") from None
-        encoder, unusable = _encoder("tokenizers"), str(e)
-    guarded = encoder.name != "fastokens"
-    if not guarded and probe:
-        checks.append(FastCheck.of(encoder, probe_texts(encoder), bool(cfg["chat"])))
-    docs_counter, tokens_counter = _worker["counters"]
-    dtype = np.dtype(cfg["dtype"])
-    writers: list[ShardWriter] = []
-
-    chat = cfg.get("chat")
-
-    def new_writer() -> ShardWriter:
-        return ShardWriter(out, f"{prefix}_{len(writers):05d}", dtype, cfg["tokenizer_name"], loss_masks=bool(chat))
-
-    writers.append(new_writer())
-    sources: dict[str, list[dict]] = {}  # shard name -> the pieces its documents came from
-    skipped = 0
-    log = SkipLog(OutputFolder(Path(out)).skipped_log(task.index))
-    try:
-        for piece in task.pieces:
-            if chat:
-                reader: TextReader = ChatReader(piece, ChatColumns(**chat["columns"]), _worker["renderer"],
-                                                cfg["skip_bad_lines"], log)
-            else:
-                reader = TextReader(piece, cfg["text_column"], cfg["skip_bad_lines"], log)
-            for texts in reader.batches():
-                if not guarded:
-                    guarded = True
-                    sample = guard_sample([c.text for c in texts] if chat else texts)
-                    checks.append(FastCheck.of(encoder, sample, bool(chat), task.index, describe_task(task)))
-                if chat:
-                    flat, loss, lengths = encode_chats(encoder, texts, cfg["eos_id"])
-                else:
-                    (flat, lengths), loss = _encode(encoder, texts, cfg["eos_id"], cfg["append_eos"]), None
-                first = len(writers) - 1
-                _write_split(writers, new_writer, flat, lengths, cfg["max_tokens_per_shard"], loss)
-                for w in writers[first:]:
-                    pieces = sources.setdefault(w.name, [])
-                    if not pieces or pieces[-1] != piece.to_json():
-                        pieces.append(piece.to_json())
-                with docs_counter.get_lock():
-                    docs_counter.value += len(lengths)
-                with tokens_counter.get_lock():
-                    tokens_counter.value += len(flat)
-            skipped += reader.skipped
-        shards = [w.finalize(sources[w.name]) for w in writers if w.num_documents > 0]
-        log.publish()
-        return TaskResult(shards, skipped, log.examples, encoder.label, checks, unusable)
-    finally:
-        log.abort()
-        for w in writers:
-            if not w.finalized:
-                w.abort()
-
-
-# ---------------------------------------------------------------- driver side -----------------
-
-
-def describe_task(task: Task) -> str:
-    """The input range of a task, for messages: its piece, or its first and last pieces."""
-
-    def one(p: Piece) -> str:
-        unit = "rows" if p.source.kind in ("parquet", "hf") else "bytes"
-        return p.source.path + (f"[{p.source.split}]" if p.source.split else "") + f" {unit} {p.start}-{p.stop}"
-
-    if len(task.pieces) == 1:
-        return one(task.pieces[0])
-    return f"{one(task.pieces[0])} to {one(task.pieces[-1])}, {len(task.pieces)} pieces"
-
-
-def _appends_eos(tok, eos_id: int) -> bool:
-    """True unless the tokenizer's post-processor already ends every encoding with EOS."""
-    ids = tok.encode("a").ids
-    return not ids or ids[-1] != eos_id
 
 
 def _check_column_options(opts: TokenizeOptions) -> None:
@@ -348,6 +171,9 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
     tokenizer = resolve_tokenizer(opts.tokenizer, opts.eos_token)
     chat = chat_config(opts, tokenizer)
     plan = build_plan(opts, tokenizer, chat)
+    reference = TokenizersEncoder(tokenizer.tokenizer or load_tokenizer(tokenizer.path))
+    # before the output folder is touched (--overwrite empties it): a --backend that cannot run is refused first
+    choice = choose_backend(tokenizer.path, opts.backend, opts.chat, lambda: reference)
     folder = OutputFolder(opts.output)
     complete = folder.prepare(plan, opts.overwrite)
     for note in folder.notes:
@@ -357,14 +183,13 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
 
     itemsize = np.dtype(plan.build["dtype"]).itemsize
     mine = [t for t in plan.tasks if t.index % opts.num_tasks == opts.task_index]
-    reference = TokenizersEncoder(tokenizer.tokenizer or load_tokenizer(tokenizer.path))
     config = {
         "dtype": plan.build["dtype"],
         "tokenizer_name": tokenizer.info.name,
         "text_column": opts.text_column,
         "skip_bad_lines": opts.skip_bad_lines,
         "eos_id": tokenizer.info.eos_id,
-        "append_eos": _appends_eos(reference.tok, tokenizer.info.eos_id),
+        "append_eos": appends_eos(reference.tok, tokenizer.info.eos_id),
         "max_tokens_per_shard": opts.max_tokens_per_shard,
         "chat": chat,
         "strict_backend": opts.backend == "fastokens",
@@ -375,13 +200,16 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         todo = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)]
         batch = todo
         if batch:
-            backend = _settle_backend(opts, tokenizer, folder)
+            backend = _settle_backend(opts, choice, folder)
         while batch:  # a second pass only after fastokens differed: it redoes what fastokens encoded
             backend, done_now = _run_tasks(batch, plan, folder, tokenizer, config, opts, backend, reference)
             ran.update(done_now)
-            fell_back = folder.encoder_fallback() is not None
+            fallback = folder.encoder_fallback()
+            fell_back = fallback is not None
             if fell_back and folder.completed_manifest() is not None:  # another machine published it meanwhile
                 break
+            if fell_back and backend == "fastokens":  # another machine saw fastokens differ while this one ran
+                backend = _fall_back(opts, fallback, "another run of this job", redo=True)
             batch = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)] if fell_back else []
     except WorkerDied as e:
         raise NanosetError(
@@ -399,7 +227,8 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         ) from None
 
     fell_back = folder.encoder_fallback() is not None
-    results = [r if _done_by(r, fell_back) else None for r in (folder.done(t, itemsize) for t in plan.tasks)]
+    recorded = [folder.done(t, itemsize) for t in plan.tasks]
+    results = [r if _done_by(r, fell_back) else None for r in recorded]
     if any(r is None for r in results):
         finished = folder.completed_manifest()
         if finished is not None and finished.build == plan.build:  # another machine finished it meanwhile
@@ -409,7 +238,10 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         partial = Manifest(tokenizer.info, plan.build["dtype"],
                            [s for t in mine if results[t.index] is not None for s in results[t.index].shards],
                            loss_masks=chat is not None)
-        return _summary(opts, plan, partial, list(ran.values()), len(mine) - len(todo), False, t0)
+        summary = _summary(opts, plan, partial, list(ran.values()), len(mine) - len(todo), False, t0)
+        # tasks other runs finished with fastokens before the fallback: they are redone only when those runs rerun
+        summary.redo_elsewhere = sum(r is not None and results[i] is None for i, r in enumerate(recorded))
+        return summary
     manifest = Manifest(tokenizer=tokenizer.info, dtype=plan.build["dtype"],
                         shards=[s for r in results for s in r.shards], build=plan.build,
                         skipped_lines=sum(r.skipped_lines for r in results),
@@ -440,20 +272,25 @@ def _note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr, flush=True)
 
 
-def _settle_backend(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, folder: OutputFolder) -> str:
-    """The backend this run starts with: ``--backend`` as ``choose_backend`` settles it (its note printed), and
+def _settle_backend(opts: TokenizeOptions, choice: BackendChoice, folder: OutputFolder) -> str:
+    """The backend this run starts with: ``--backend`` as ``choose_backend`` settled it (its note printed), and
     tokenizers where an earlier run of this job saw fastokens differ or fail."""
-    choice = choose_backend(tokenizer.path, opts.backend, opts.chat)
     if choice.note:
         _note(choice.note)
     earlier = folder.encoder_fallback()
     if earlier is not None and choice.backend == "fastokens":
-        if opts.backend == "fastokens":
-            raise NanosetError(f"--backend fastokens: an earlier run of this job saw {earlier}; use --backend auto "
-                               f"or tokenizers")
-        _note(f"encoding with tokenizers, as an earlier run of this job did: {earlier}")
-        return "tokenizers"
+        return _fall_back(opts, earlier, "an earlier run of this job")
     return choice.backend
+
+
+def _fall_back(opts: TokenizeOptions, reason: str, who: str, redo: bool = False) -> str:
+    """Tokenizers from now on, because ``who`` saw fastokens differ or fail (``reason``), said once; ``--backend
+    fastokens``: an error."""
+    if opts.backend == "fastokens":
+        raise NanosetError(f"--backend fastokens: {who} saw {reason}; use --backend auto or tokenizers")
+    _note(f"encoding with tokenizers{' (what fastokens encoded is encoded again)' if redo else ''}, as {who} did: "
+          f"{reason}")
+    return "tokenizers"
 
 
 def _done_by(result: TaskResult | None, fell_back: bool) -> bool:
@@ -530,13 +367,13 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
                 if config["strict_backend"]:
                     raise NanosetError(f"--backend fastokens: {reason}; use --backend auto or tokenizers")
         result.checks, result.unusable = [], None
-        folder.mark_done(task, result)
-        ran[task.index] = result
-        if reason is not None and state["backend"] == "fastokens":
-            folder.record_encoder_fallback(reason)
+        if reason is not None and state["backend"] == "fastokens":  # recorded before the task's marker: a run
+            folder.record_encoder_fallback(reason)  # killed in between must not keep a differing task's shards
             redo = " (what fastokens encoded is encoded again)" if result.by_fastokens else ""
             _note(f"encoding with tokenizers{redo}: {reason}")
             state["backend"] = "tokenizers"
+        folder.mark_done(task, result)
+        ran[task.index] = result
         bar.update(1)
         refresh()
 
@@ -545,11 +382,11 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
 
     try:
         if workers == 1:
-            _init_worker(*initargs[:3], False)
+            init_worker(*initargs[:3], False)
             for task in todo:
                 record(task, run_task(*args_of(task)))
             return state["backend"], ran
-        pool = TaskPool(ctx, workers, _init_worker, initargs, run_task)
+        pool = TaskPool(ctx, workers, init_worker, initargs, run_task)
         try:
             for task, result in pool.run(todo, args_of, refresh):
                 record(task, result)

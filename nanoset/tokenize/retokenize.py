@@ -18,8 +18,13 @@ import numpy as np
 from nanoset.errors import NanosetError
 from nanoset.format.open import open_dataset
 from nanoset.format.reader import NanosetReader
+from nanoset.tokenize.backends import TokenizersEncoder
+from nanoset.tokenize.chat import MASK_RULE, ChatColumns, ChatReader, encode_chats
+from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template
 from nanoset.tokenize.inputs import Piece, Source
 from nanoset.tokenize.rows import TextReader
+from nanoset.tokenize.tokenizer import load_tokenizer, registered_tokens
+from nanoset.tokenize.worker import appends_eos, encode_texts
 
 SAMPLE_SEED = 0  # the documents sampled are the same on every run of the check
 
@@ -63,24 +68,28 @@ def _check_source(source: Source) -> None:
 
 
 def _tokenizer(ds: NanosetReader):
-    """The tokenizer the dataset was made with, if its file is still there and unchanged."""
-    from nanoset.tokenize.tokenizer import load_tokenizer
-
+    """The tokenizer the dataset was made with, if its file is still there and unchanged, and the files beside it
+    still register the tokens the dataset was made with."""
     info = ds.manifest.tokenizer
     if not info.path or not Path(info.path).is_file():
         raise _gone(info.path or info.name, "tokenizer")
     if hashlib.sha256(Path(info.path).read_bytes()).hexdigest() != info.sha256:
         raise NanosetError(f"cannot re-encode: tokenizer {info.path} changed since the dataset was made (its sha256 "
                            f"differs from the manifest's); --retokenize needs the tokenizer that made it")
+    now, then = registered_tokens(Path(info.path)), ds.manifest.build.get("registered_tokens", [])
+    if now != then:
+        def names(tokens: list[dict]) -> str:
+            return ", ".join(repr(t["content"]) for t in tokens) or "none"
+
+        raise NanosetError(f"cannot re-encode: the tokens registered from the files beside {info.path} changed since "
+                           f"the dataset was made (now {names(now)}, then {names(then)}); --retokenize needs the "
+                           f"tokenizer that made it")
     return load_tokenizer(Path(info.path))
 
 
 def _chat_reader_factory(ds: NanosetReader):
     """How to read the pieces of a ``--chat`` dataset: its recorded template (the file it names, else the
     tokenizer's own, by sha256), special tokens and columns."""
-    from nanoset.tokenize.chat import ChatColumns, ChatReader
-    from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template
-
     m = ds.manifest
     chat = m.build["chat"]
     file = m.chat_template_file
@@ -99,10 +108,6 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
     """Compare ``count`` sampled documents of the dataset at ``path`` with the tokenizers backend's encoding of
     their recorded inputs. Returns one line per differing document and a summary line; raises (one line) when
     the check cannot be made."""
-    from nanoset.tokenize.backends import TokenizersEncoder
-    from nanoset.tokenize.chat import encode_chats
-    from nanoset.tokenize.job import _appends_eos, _encode
-
     if count < 1:
         raise NanosetError(f"--retokenize must be ≥ 1, got {count}")
     ds = open_dataset(path)
@@ -112,11 +117,13 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
     encoder = TokenizersEncoder(_tokenizer(ds))
     eos_id = m.tokenizer.eos_id
     chat = "chat" in m.build
+    # masks of another rule (an older nanoset's) are not what re-encoding makes: their ids are still compared
+    masks = chat and m.loss_mask_rule == MASK_RULE
     if chat:
         reader_of = _chat_reader_factory(ds)
     else:
         reader_of = lambda piece: TextReader(piece, m.build["text_column"], m.build["skip_bad_lines"])  # noqa: E731
-    append_eos = _appends_eos(encoder.tok, eos_id)
+    append_eos = appends_eos(encoder.tok, eos_id)
     picks = np.sort(np.random.default_rng(SAMPLE_SEED).choice(ds.num_documents, min(count, ds.num_documents),
                                                               replace=False))
     sources = _sources(ds)
@@ -132,13 +139,13 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
         if chat:
             flat, loss, lengths = encode_chats(encoder, values, eos_id)
         else:
-            (flat, lengths), loss = _encode(encoder, values, eos_id, append_eos), None
+            (flat, lengths), loss = encode_texts(encoder, values, eos_id, append_eos), None
         ends = np.cumsum(lengths)
         for k, s in enumerate(sampled):
             a, b = int(ends[k] - lengths[k]), int(ends[k])
             start, stop = ds.document_bounds(s.index)
             problem = _difference(np.asarray(ds.tokens(start, stop)), flat[a:b], "token ids")
-            if problem is None and loss is not None:
+            if problem is None and masks:
                 problem = _difference(np.asarray(ds.loss_mask(start, stop)), loss[a:b], "loss mask bytes")
             if problem is not None:
                 lines.append(f"document {s.index} (shard {s.shard}): {problem}")
@@ -148,9 +155,11 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
                                         f"(tokenizers {encoder.version}); the dataset does not match its inputs and "
                                         f"tokenizer: re-create it with `nanoset tokenize ... --overwrite "
                                         f"--backend tokenizers`")
-    what = "ids and loss masks" if chat else "ids"
+    what = "ids and loss masks" if masks else "ids"
+    unchecked = (f" (loss masks not compared: made with loss-mask rule {m.loss_mask_rule}, this nanoset makes rule "
+                 f"{MASK_RULE})" if chat and not masks else "")
     return lines, (f"OK: {path}: {n} sampled documents re-encoded from their inputs with tokenizers "
-                   f"{encoder.version}: {what} identical to the shards")
+                   f"{encoder.version}: {what} identical to the shards{unchecked}")
 
 
 class RetokenizeMismatch(NanosetError):

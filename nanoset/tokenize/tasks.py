@@ -335,3 +335,15 @@ class TaskResult:
     @property
     def by_fastokens(self) -> bool:
         return (self.encoder or "").startswith("fastokens")
+
+
+def describe_task(task: Task) -> str:
+    """The input range of a task, for messages: its piece, or its first and last pieces."""
+
+    def one(p: Piece) -> str:
+        unit = "rows" if p.source.kind in ("parquet", "hf") else "bytes"
+        return p.source.path + (f"[{p.source.split}]" if p.source.split else "") + f" {unit} {p.start}-{p.stop}"
+
+    if len(task.pieces) == 1:
+        return one(task.pieces[0])
+    return f"{one(task.pieces[0])} to {one(task.pieces[-1])}, {len(task.pieces)} pieces"

@@ -15,8 +15,10 @@ held any token of document ``DOC`` of ``FOLDER``, in the whole run.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
+import os
+import signal
+import sys
 
 import numpy as np
 
@@ -33,7 +35,7 @@ from runtime.data.order.windows import label_mask
 def explain_step(plan: DataPlan, step: int) -> list[dict]:
     """One dict per sample of global step ``step``, in global batch order."""
     stage, loc = plan.global_batch(step)
-    data_hash = plan.data_hash(step)
+    data_hash = plan.data_hash(step, loc)
     rows = []
     loss_tokens = np.empty(len(loc.sample), dtype=np.int64)
     for d in np.unique(loc.dataset).tolist():
@@ -95,21 +97,35 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
     if checkpoint:
         path = find_checkpoint(checkpoint, "checkpoint ")
         plan = plan.resumed_from(path, read_metadata(path, model=False))
-    if queries is not None:
-        return _print_hits(document_steps(plan, queries), queries, config.tokens.train_steps, as_json)
-    rows = explain_steps(plan, first, last)
-    if as_json:
-        print(json.dumps(rows))
-        return 0
-    for s, of_step in itertools.groupby(rows, key=lambda r: r["step"]):
-        of_step = list(of_step)
-        print(f"step {s}: stage {of_step[0]['stage']!r}, {len(of_step)} samples, data_hash {of_step[0]['data_hash']}")
+    try:
+        if queries is not None:
+            return _print_hits(document_steps(plan, queries), queries, config.tokens.train_steps, as_json)
+        return _print_steps(plan, first, last, as_json)
+    except BrokenPipeError:  # the reader went away (`| head`): stop, as a process a closed pipe ends does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush has nowhere to fail
+        return 128 + signal.SIGPIPE
+
+
+def _print_steps(plan: DataPlan, first: int, last: int, as_json: bool) -> int:
+    """Step by step: a long range holds one step's rows at a time, and a pipe reads them as they come."""
+    out = sys.stdout
+    if as_json:  # the text of json.dumps of the whole list, written a step at a time
+        out.write("[")
+    for step in range(first, last + 1):
+        of_step = explain_step(plan, step)
+        if as_json:
+            out.write(("" if step == first else ", ") + ", ".join(json.dumps(r) for r in of_step))
+            continue
+        out.write(f"step {step}: stage {of_step[0]['stage']!r}, {len(of_step)} samples, data_hash "
+                  f"{of_step[0]['data_hash']}\n")
         for r in of_step:
             docs = r["documents"]
             doc_text = f"{docs[0]}..{docs[-1]}" if len(docs) > 2 else ",".join(map(str, docs))
-            print(f"  {r['position']:>5}  {r['dataset']}  sample {r['sample']}  epoch {r['epoch']}  "
-                  f"tokens [{r['tokens'][0]}, {r['tokens'][1]})  shards {','.join(r['shards'])}  documents "
-                  f"{doc_text}  loss_tokens {r['loss_tokens']}")
+            out.write(f"  {r['position']:>5}  {r['dataset']}  sample {r['sample']}  epoch {r['epoch']}  "
+                      f"tokens [{r['tokens'][0]}, {r['tokens'][1]})  shards {','.join(r['shards'])}  documents "
+                      f"{doc_text}  loss_tokens {r['loss_tokens']}\n")
+    if as_json:
+        out.write("]\n")
     return 0
 
 
@@ -125,7 +141,7 @@ def _queries(document: str | None, documents: str | None) -> list[tuple[str, int
     out = [parse_document(line, f"{documents} line {n}") for n, line in enumerate(lines, 1) if line.strip()]
     if not out:
         raise ConfigError(f"--documents {documents}: no FOLDER:DOC line in it")
-    return out
+    return list(dict.fromkeys(out))  # a document listed twice is reported once
 
 
 def _print_hits(hits: list[dict], queries: list[tuple[str, int]], train_steps: int, as_json: bool) -> int:

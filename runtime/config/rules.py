@@ -161,6 +161,8 @@ def _validate_stages(c: Config) -> None:
                                   f"{len(ds.folders)} folders; give one weight per folder")
             elif any(not w > 0 for w in ds.weights):
                 raise ConfigError(f"{where}.data.dataset.dataset_weights: weights must be positive, got {ds.weights}")
+            else:
+                _check_sum(f"{where}.data.dataset.dataset_weights", ds.weights)
             first: dict[str, int] = {}
             for k, folder in enumerate(ds.folders):
                 j = first.setdefault(os.path.normpath(os.path.abspath(folder)), k)  # A, ./A and /abs/A are one
@@ -204,6 +206,14 @@ def _validate_schedule(c: Config, stage: DatasetStageArgs, key: str, schedule: l
             raise ConfigError(f"{where}.weights: weights must be ≥ 0 and finite, got {entry.weights}")
         if not sum(entry.weights) > 0:
             raise ConfigError(f"{where}.weights: all zero; give at least one folder a positive weight")
+        _check_sum(f"{where}.weights", entry.weights)
+
+
+def _check_sum(key: str, weights: list[float]) -> None:
+    """Weights are normalised by their sum: one that overflows would make every share 0."""
+    if not math.isfinite(sum(weights)):
+        raise ConfigError(f"{key}: {weights} sum to more than a float holds; scale them down (only their ratios "
+                          f"count)")
 
 
 def _check_column_keys(ds: HFDatasetArgs, where: str) -> None:

@@ -15,7 +15,8 @@ import pytest
 
 from nanoset import open_dataset
 from nanoset.tokenize import backends
-from nanoset.tokenize.backends import ByteLevelOffsets, choose_backend, load_encoder
+from nanoset.tokenize.backends import choose_backend, load_encoder
+from nanoset.tokenize.byte_offsets import ByteLevelOffsets
 from nanoset.tokenize.job import TokenizeOptions, tokenize
 from nanoset.tokenize.tokenizer import PROBE_TEXTS
 from tests.support import FIXTURES, TOKENIZER, one_line_error, run_cli
@@ -134,6 +135,26 @@ def test_without_fastokens_auto_is_tokenizers_and_fastokens_is_refused(kinds, co
     one_line_error(proc, "--backend fastokens: fastokens is not installed")
 
 
+def test_a_fastokens_that_cannot_be_imported_is_a_fallback_not_a_traceback(corpus, tmp_path):
+    """An installed fastokens whose import fails (its native library missing or built for another system, as in
+    a virtualenv shared between machines) stopped every default run with an ImportError traceback."""
+    import os
+
+    broken = tmp_path / "site" / "fastokens"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise ImportError("libgcc_s.so.1: cannot open shared object file")\n')
+    env = {"PYTHONPATH": os.pathsep.join([str(broken.parent), os.environ.get("PYTHONPATH", "")])}
+    args = ["tokenize", corpus, "--tokenizer", TOKENIZER, "--quiet", "--task-bytes", 40_000]
+    proc = run_cli(*args, "-o", tmp_path / "auto", "--workers", 2, env=env)
+    assert proc.stderr == ("note: encoding with tokenizers: fastokens cannot be imported (ImportError: libgcc_s.so.1: "
+                           "cannot open shared object file)\n")
+    run(corpus, TOKENIZER, tmp_path / "reference", "tokenizers")
+    assert shard_files(tmp_path / "auto") == shard_files(tmp_path / "reference")
+    one_line_error(run_cli(*args, "-o", tmp_path / "strict", "--backend", "fastokens", env=env, check=False),
+                   "--backend fastokens: fastokens cannot be imported (ImportError: libgcc_s.so.1",
+                   "use --backend auto or tokenizers")
+
+
 # ---------------------------------------------------------------- chat and offsets ------------
 
 
@@ -179,9 +200,8 @@ def test_offsets_trimmed_as_a_byte_level_post_processor_trims_them(tmp_path):
         assert (derived[:, 0] == derived[:, 1]).any()  # some tokens were trimmed to nothing, as tokenizers does
 
 
-def test_a_normalizer_keeps_chats_on_tokenizers_with_a_note(tmp_path):
-    """NFC (as Qwen2's tokenizers have) moves characters: token bytes cannot give offsets there, so --chat
-    encodes with tokenizers (one note) while text still takes fastokens."""
+def nfc_tokenizer(tmp_path: Path) -> Path:
+    """The fixture tokenizer with an NFC normalizer (as Qwen2's has): token bytes cannot give its offsets."""
     from tokenizers import Tokenizer, normalizers
 
     tok = Tokenizer.from_file(str(TOKENIZER / "tokenizer.json"))
@@ -190,6 +210,13 @@ def test_a_normalizer_keeps_chats_on_tokenizers_with_a_note(tmp_path):
     folder.mkdir()
     tok.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text((TOKENIZER / "tokenizer_config.json").read_text())
+    return folder
+
+
+def test_a_normalizer_keeps_chats_on_tokenizers_with_a_note(tmp_path):
+    """NFC (as Qwen2's tokenizers have) moves characters: token bytes cannot give offsets there, so --chat
+    encodes with tokenizers (one note) while text still takes fastokens."""
+    folder = nfc_tokenizer(tmp_path)
     assert ByteLevelOffsets.of_tokenizer(json.loads((folder / "tokenizer.json").read_text())) == \
         (None, "its normalizer (NFC) moves characters")
     assert choose_backend(folder / "tokenizer.json", "auto", chat=False).backend == "fastokens"
@@ -271,6 +298,26 @@ def test_a_tasks_first_texts_catch_a_difference_and_the_job_falls_back(monkeypat
                                    f"({task_1}): text 0 (")
 
 
+def test_a_first_batch_of_skipped_rows_does_not_use_up_the_tasks_guard(monkeypatch, tmp_path, capsys):
+    """A parquet batch of bad rows only (1,024 null texts, --skip-bad-lines) gave an empty first batch: that was
+    the task's guarded batch, so its first real texts were never compared with tokenizers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [None] * 1024 + [f"document {i}: " + "some words here " * 20 for i in range(50)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "in.parquet")
+    run(tmp_path / "in.parquet", TOKENIZER, tmp_path / "reference", "tokenizers", skip_bad_lines=True)
+    plant_difference(monkeypatch, "document 0: ")
+    manifest = run(tmp_path / "in.parquet", TOKENIZER, tmp_path / "auto", "auto", skip_bad_lines=True)
+    err = capsys.readouterr().err
+    assert err == (f"note: encoding with tokenizers (what fastokens encoded is encoded again): {FASTOKENS} and "
+                   f"tokenizers differ on task 0's first texts ({tmp_path / 'in.parquet'} rows 0-1074): text 0 "
+                   f"('document 0: some words here some words h…') at token 0: fastokens gives [70, 80, 68], "
+                   f"tokenizers [69, 80, 68] (a fastokens bug: please report it)\n")
+    assert shard_files(tmp_path / "auto") == shard_files(tmp_path / "reference")
+    assert manifest["encoders"] == [TOKENIZERS]
+
+
 # ---------------------------------------------------------------- verify --retokenize ---------
 
 
@@ -335,3 +382,155 @@ def test_verify_retokenize_says_in_one_line_that_inputs_are_gone(corpus, tmp_pat
     one_line_error(proc, f"cannot re-encode: input {moved / 'part-1.jsonl'} is gone")
     proc = run_cli("verify", out, "--retokenize", 0, check=False)
     one_line_error(proc, "--retokenize must be ≥ 1, got 0")
+
+
+# ---------------------------------------------------------------- tokens declared beside ------
+
+
+def declared_folder(tmp_path: Path) -> Path:
+    """The fixture tokenizer with its added tokens declared only in tokenizer_config.json (as transformers
+    reads them), and an ``<image>`` token new to the vocabulary: tokenizers registers them all before
+    encoding (``load_tokenizer``), the ``tokenizer.json`` file alone has none."""
+    spec = json.loads((TOKENIZER / "tokenizer.json").read_text())
+    spec["added_tokens"] = []
+    config = json.loads((TOKENIZER / "tokenizer_config.json").read_text())
+    record = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
+    config["added_tokens_decoder"] = {str(i): {"content": t, **record}
+                                      for i, t in ((0, "<|endoftext|>"), (1492, "<|im_start|>"), (1493, "<|im_end|>"))}
+    config["image_token"] = "<image>"
+    folder = tmp_path / "declared"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_tokens_declared_beside_tokenizer_json_are_encoded_as_tokenizers_encodes_them(tmp_path):
+    """fastokens loaded the bare tokenizer.json: a ``<|im_start|>`` past the guarded first texts became 10
+    byte pieces and ``<image>`` 5, silently; it now encodes with the tokens tokenizers registers."""
+    from nanoset.tokenize.tokenizer import load_tokenizer
+
+    folder = declared_folder(tmp_path)
+    special = "a <|im_start|> b <image> c<|endoftext|>"
+    docs = [f"plain text {i} " * 40 for i in range(20)] + [special]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    reference = run(tmp_path / "in.jsonl", folder, tmp_path / "tokenizers", "tokenizers")
+    manifest = run(tmp_path / "in.jsonl", folder, tmp_path / "auto", "auto")
+    assert manifest["encoders"] == [FASTOKENS] and reference["encoders"] == [TOKENIZERS]
+    assert shard_files(tmp_path / "auto") == shard_files(tmp_path / "tokenizers")
+    ids = open_dataset(tmp_path / "auto").document(20).tolist()
+    assert ids == load_tokenizer(folder / "tokenizer.json").encode(special).ids + [0]
+    assert ids == [66, 222, 1492, 290, 222, 1494, 284, 0, 0]  # "<|endoftext|>" in the text, then the EOS
+
+    chats = [{"messages": [{"role": "user", "content": f"look <image> {i}"}, {"role": "assistant", "content": "ok"}]}
+             for i in range(30)]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+    run_cli("tokenize", tmp_path / "chat.jsonl", "-o", tmp_path / "chat-ref", "--tokenizer", folder, "--chat",
+            "--quiet", "--backend", "tokenizers")
+    proc = run_cli("tokenize", tmp_path / "chat.jsonl", "-o", tmp_path / "chat", "--tokenizer", folder, "--chat",
+                   "--quiet", "--backend", "fastokens")
+    assert proc.stderr == ""
+    assert shard_files(tmp_path / "chat") == shard_files(tmp_path / "chat-ref")
+    assert json.loads((tmp_path / "chat" / "nanoset.json").read_text())["encoders"] == [FASTOKENS]
+    assert open_dataset(tmp_path / "chat").document(0).tolist().count(1494) == 1
+
+
+# ---------------------------------------------------------------- fallback across runs --------
+
+
+def second_task_first_text(corpus: Path) -> str:
+    """The first text of task 1 (task_bytes=40_000)."""
+    offset = 0
+    for line in (corpus / "part-0.jsonl").read_bytes().splitlines(keepends=True):
+        if offset >= 40_000:
+            return json.loads(line)["text"]
+        offset += len(line)
+    raise AssertionError("part-0.jsonl is shorter than one task")
+
+
+def test_a_fallback_another_machine_records_mid_run_redoes_this_runs_tasks_once(monkeypatch, corpus, tmp_path,
+                                                                                 capsys):
+    """Another machine saw fastokens differ while this one ran: this one redid its own fastokens tasks with
+    fastokens again, saw the fallback again, and so on for ever. It now redoes them once, with tokenizers."""
+    from nanoset.tokenize import job
+
+    run(corpus, TOKENIZER, tmp_path / "reference", "tokenizers")
+    real, passes = job._run_tasks, []
+
+    def run_tasks(todo, plan, folder, *args):
+        passes.append(([t.index for t in todo], args[-2]))
+        if len(passes) > 3:
+            raise AssertionError(f"endless passes: {passes}")
+        if len(passes) == 1:  # what the other machine writes into the shared work folder meanwhile
+            folder.record_encoder_fallback("fastokens and tokenizers differ on task 0's first texts (planted)")
+        return real(todo, plan, folder, *args)
+
+    monkeypatch.setattr(job, "_run_tasks", run_tasks)
+    summary = tokenize(TokenizeOptions(inputs=[str(corpus)], output=tmp_path / "out", tokenizer=str(TOKENIZER),
+                                       task_bytes=40_000, progress=False, num_tasks=2, task_index=1))
+    assert not summary.complete and summary.tasks_run == 1
+    assert passes == [([1], "fastokens"), ([1], "tokenizers")]
+    assert capsys.readouterr().err == ("note: encoding with tokenizers (what fastokens encoded is encoded again), as "
+                                       "another run of this job did: fastokens and tokenizers differ on task 0's "
+                                       "first texts (planted)\n")
+    monkeypatch.setattr(job, "_run_tasks", real)
+    manifest = run(corpus, TOKENIZER, tmp_path / "out", "auto", num_tasks=2, task_index=0)
+    assert shard_files(tmp_path / "out") == shard_files(tmp_path / "reference")
+    assert manifest["encoders"] == [TOKENIZERS]
+
+
+def test_a_run_killed_right_after_marking_a_differing_task_done_redoes_it(monkeypatch, corpus, tmp_path):
+    """The task whose first texts differ was marked done before the fallback was recorded: killed in between,
+    the rerun kept fastokens' (differing) shards of that task. The fallback is now recorded first."""
+    from nanoset.tokenize.tasks import OutputFolder
+
+    run(corpus, TOKENIZER, tmp_path / "reference", "tokenizers")
+    plant_difference(monkeypatch, second_task_first_text(corpus))
+    real = OutputFolder.mark_done
+
+    def mark_done(self, task, result):
+        real(self, task, result)
+        if task.index == 1:
+            raise KeyboardInterrupt  # the kill, between the marker and what follows it
+
+    monkeypatch.setattr(OutputFolder, "mark_done", mark_done)
+    with pytest.raises(KeyboardInterrupt):
+        run(corpus, TOKENIZER, tmp_path / "out", "auto")
+    monkeypatch.setattr(OutputFolder, "mark_done", real)
+    manifest = run(corpus, TOKENIZER, tmp_path / "out", "auto")  # fastokens still differs on that text
+    assert shard_files(tmp_path / "out") == shard_files(tmp_path / "reference")
+    assert manifest["encoders"] == [TOKENIZERS]
+
+
+def test_a_backend_that_cannot_run_is_refused_before_the_output_folder_is_touched(tmp_path):
+    """``--backend fastokens --overwrite`` with a --chat tokenizer whose offsets fastokens cannot give removed
+    the complete dataset there, then refused; an unknown backend passed the Python API on a complete one."""
+    folder = nfc_tokenizer(tmp_path)
+    out = tmp_path / "out"
+    options = dict(inputs=[str(FIXTURES / "chat")], output=out, tokenizer=str(folder), chat=True, progress=False)
+    tokenize(TokenizeOptions(**options, backend="tokenizers"))
+    before = shard_files(out) | {"nanoset.json": (out / "nanoset.json").read_bytes()}
+    with pytest.raises(ValueError, match="--backend fastokens: --chat needs character offsets"):
+        tokenize(TokenizeOptions(**options, backend="fastokens", overwrite=True))
+    with pytest.raises(ValueError) as e:
+        tokenize(TokenizeOptions(**options, backend="fast"))
+    assert str(e.value) == "--backend 'fast': choose one of auto, fastokens, tokenizers"
+    assert sorted(p.name for p in out.iterdir()) == sorted(before)
+    assert shard_files(out) | {"nanoset.json": (out / "nanoset.json").read_bytes()} == before
+
+
+def test_a_fallback_after_another_machine_finished_says_which_runs_to_rerun(monkeypatch, corpus, tmp_path):
+    """Task index 1 finished with fastokens; index 0 then saw fastokens differ: index 1's task must be encoded
+    again, but index 0 said 'other task indices still to run', of runs that had all finished."""
+    run(corpus, TOKENIZER, tmp_path / "reference", "tokenizers")
+    options = dict(inputs=[str(corpus)], output=tmp_path / "out", tokenizer=str(TOKENIZER), task_bytes=40_000,
+                   progress=False, num_tasks=2)
+    assert not tokenize(TokenizeOptions(**options, task_index=1)).complete
+    with monkeypatch.context() as m:
+        plant_difference(m, json.loads((corpus / "part-0.jsonl").read_text().splitlines()[0])["text"])
+        summary = tokenize(TokenizeOptions(**options, task_index=0))
+    assert not summary.complete and summary.line().endswith(
+        "; partial: 1 task of other task indices was encoded by fastokens before it was seen to differ: rerun "
+        "those task indices to encode it again")
+    assert tokenize(TokenizeOptions(**options, task_index=1)).complete
+    assert shard_files(tmp_path / "out") == shard_files(tmp_path / "reference")

@@ -93,3 +93,14 @@ def test_more_samples_than_documents(tmp_path):
     datatrove_shard(tmp_path / "d", "a", [3, 5], [1, 2, 0, 3, 0])
     stats = collect_stats(tmp_path / "d", samples=10**12)  # linspace of 10^12 positions: out of memory
     assert [(s["document"], s["ids"]) for s in stats["samples"]] == [(0, [1, 2, 0]), (1, [3, 0])]
+
+
+def test_verify_names_a_missing_metadata_file_as_missing(tmp_path, fixture_dataset):
+    """Every other shard file that is gone is 'missing; the dataset is incomplete'; the metadata file was a bare
+    '[Errno 2] No such file or directory' from the checksum read."""
+    folder = tmp_path / "copy"
+    shutil.copytree(fixture_dataset, folder)
+    (folder / "00000_00000.ds.metadata").unlink()
+    one_line_error(run_cli("verify", folder, check=False),
+                   f"error: {folder / '00000_00000.ds.metadata'}: missing; the dataset is incomplete (re-run "
+                   f"`nanoset tokenize`)")

@@ -103,3 +103,20 @@ def test_verify_checks_the_recorded_largest_id(copy):
     shard["max_token_id"] = actual - 1
     (copy / "nanoset.json").write_text(json.dumps(manifest))
     verify_fails(copy, f"{copy / shard['name']}.ds: largest token id {actual} differs from the manifest's {actual - 1}")
+
+
+def test_verify_retokenize_names_tokens_registered_since_the_dataset_was_made(tmp_path):
+    """tokenizer_config.json edited after tokenizing (a token added): tokenizer.json's sha256 still matched, so
+    every document holding the token's text was a mismatch, with 're-create it' as the advice."""
+    from tests.support import TOKENIZER, one_line_error
+
+    folder = tmp_path / "tok"
+    shutil.copytree(TOKENIZER, folder)
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": f"call <tool> {i}"}) + "\n" for i in range(4)))
+    run_cli("tokenize", tmp_path / "in.jsonl", "-o", tmp_path / "out", "--tokenizer", folder, "--quiet")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "extra_special_tokens": ["<tool>"]}))
+    one_line_error(run_cli("verify", tmp_path / "out", "--retokenize", 4, check=False),
+                   f"cannot re-encode: the tokens registered from the files beside {folder / 'tokenizer.json'} "
+                   f"changed since the dataset was made (now '<tool>', then none); --retokenize needs the tokenizer "
+                   f"that made it")

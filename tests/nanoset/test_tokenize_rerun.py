@@ -117,3 +117,36 @@ def test_a_dataset_of_the_old_rule_stays_readable_and_says_so(tmp_path):
     one_line_error(tokenize(CHAT, "-o", out, "--chat"),
                    f"{out}: was made with loss-mask rule 1; this nanoset writes rule 2", "pass --overwrite")
     assert os.path.getsize(path) > 0 and open_dataset(out).manifest.loss_mask_rule == 1
+
+
+def test_verify_retokenize_of_an_old_rule_dataset_compares_its_ids_not_its_masks(tmp_path, tokenizer):
+    """Re-encoding makes masks of today's rule: a sound dataset of rule 1 was reported as 'does not match its
+    inputs and tokenizer: re-create it', one line per conversation. Its ids are still compared."""
+    import hashlib
+
+    import numpy as np
+    from tokenizers import __version__ as tokenizers_version
+
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{% endfor %}")
+    chats = [{"messages": [{"role": "user", "content": f"Question {i}?"},
+                           {"role": "assistant", "content": f"The answer is {i}"}]} for i in range(3)]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+    out = tmp_path / "old"
+    tokenize(tmp_path / "chat.jsonl", "-o", out, "--chat", "--chat-template", template, check=True)
+    ds = open_dataset(out)
+    loss = np.fromfile(ds.shards[0].loss_path, dtype=np.uint8)
+    for d in range(3):  # rule 1: the token merging ': ' 's space with the answer's first word was not trained
+        start, stop = ds.document_bounds(d)
+        first = start + int(np.flatnonzero(loss[start:stop])[0])
+        assert tokenizer.decode([int(ds.tokens(first, first + 1)[0])]) == " The"
+        loss[first] = 0
+    loss.tofile(ds.shards[0].loss_path)
+    manifest = old_rule(json.loads((out / "nanoset.json").read_text()))
+    manifest["shards"][0]["sha256"]["loss"] = hashlib.sha256(loss.tobytes()).hexdigest()
+    manifest["shards"][0]["loss_tokens"] = int(loss.sum())
+    (out / "nanoset.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    proc = run_cli("verify", out, "--retokenize", 3)
+    assert proc.stdout.splitlines()[1] == (
+        f"OK: {out}: 3 sampled documents re-encoded from their inputs with tokenizers {tokenizers_version}: ids "
+        f"identical to the shards (loss masks not compared: made with loss-mask rule 1, this nanoset makes rule 2)")

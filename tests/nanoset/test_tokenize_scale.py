@@ -84,7 +84,7 @@ def small_corpus(folder: Path) -> Path:
 
 
 def test_killed_worker_stops_the_job_naming_its_task_and_rerun_resumes(tmp_path):
-    from nanoset.tokenize.job import describe_task
+    from nanoset.tokenize.tasks import describe_task
 
     corpus = small_corpus(tmp_path / "corpus")
     args = ["--tokenizer", TOKENIZER, "--task-bytes", 40_000, "--quiet"]

@@ -13,7 +13,7 @@ from runtime.config import ConfigError
 from runtime.config.load import config_from_data
 from runtime.models.document_attention import document_ids, sequence_mask
 from runtime.parallel.context_parallel import chunk_positions
-from tests.support import one_line_error
+from tests.support import ROOT, one_line_error
 from tests.support.configs import TINY, long_context_config, merged
 from tests.support.harness import metrics, torchrun, train_one
 
@@ -213,4 +213,83 @@ def test_a_cp2_checkpoint_resumes_at_cp1_and_back(reference, cp2_run, shards, tm
                                   checkpoints={"resume": str(checkpoint)})
         proc = train_one(cfg, shards) if nproc == 1 else torchrun(cfg, nproc, cwd=shards)
         assert f"resumed from {checkpoint} at step 3" in proc.stdout
+        assert f"note: resuming {checkpoint} in another layout (cp {3 - cp} → {cp}): global batch 4 as before" in \
+            proc.stdout
         assert_same_run(metrics(run), later)
+
+
+# ---------------------------------------------------------------- custom loaders -------------------
+
+CUSTOM_LOADER_SCRIPT = '''
+import os
+import sys
+sys.path.insert(0, {root!r})
+from torch.utils.data import DataLoader, DistributedSampler
+from nanoset.errors import print_error, report_user_errors
+from runtime.data import StageDataset, get_sampler
+from runtime.data.loading.collator import DataCollatorForCLMWithPositionIds
+from runtime.trainer import Trainer
+
+trainer = Trainer(sys.argv[sys.argv.index("--config") + 1])
+ctx, cfg = trainer.parallel_context, trainer.config
+mbs = cfg.tokens.micro_batch_size
+
+
+def factory(stage):
+    def loader(consumed_train_samples):
+        ds = StageDataset(trainer.plan, stage)
+        if os.environ["SHARD_BY"] == "world":  # torch's idiom: each process its share of the samples
+            sampler = DistributedSampler(ds, shuffle=False)
+        else:  # the batch contract's: each replica its share
+            sampler = get_sampler(ds, dl_rank=ctx.dp_rank, dl_ranks_size=ctx.dp_size, micro_batch_size=mbs,
+                                  consumed_train_samples=consumed_train_samples)
+        collate = DataCollatorForCLMWithPositionIds(stage.sequence_length, 0, ctx.pp_size - 1, ctx)
+        return DataLoader(ds, batch_size=mbs, sampler=sampler, collate_fn=collate)
+    return loader
+
+
+try:
+    sys.exit(report_user_errors(
+        lambda: trainer.train(dataloader_or_dls={{s.name: factory(s) for s in trainer.plan.stages}}).exit_status,
+        report=lambda message: trainer.is_main and print_error(message)))
+finally:
+    trainer.close()
+'''
+
+
+def custom_loader_run(tmp_path, shards, shard_by: str):
+    script = tmp_path / "custom.py"
+    script.write_text(CUSTOM_LOADER_SCRIPT.format(root=str(ROOT)))
+    run = tmp_path / "run"
+    proc = torchrun(long_context_config(tmp_path, run, {"cp": 2}), 2, cwd=shards, script=script,
+                    env={"SHARD_BY": shard_by}, check=False)
+    return run, proc
+
+
+def test_a_custom_loader_of_the_replica_trains_at_cp2_like_one_process(reference, shards, tmp_path):
+    """A custom loader runs on both cp ranks and gives each the replica's full-length batches: the run is the
+    config's (the same losses, label tokens and validation; no data_hash, the data order is the loader's)."""
+    run, proc = custom_loader_run(tmp_path, shards, "replica")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows, ref = metrics(run), reference[1]
+    assert [(r["step"], r["stage"], r["label_tokens"], r["data_hash"]) for r in train_rows(rows)] == [
+        (r["step"], r["stage"], r["label_tokens"], None) for r in train_rows(ref)]
+    assert [r["loss"] for r in train_rows(rows)] == pytest.approx([r["loss"] for r in train_rows(ref)], abs=1e-5,
+                                                                  rel=0)
+    assert [r["val"]["web"]["loss"] for r in val_rows(rows)] == pytest.approx(
+        [r["val"]["web"]["loss"] for r in val_rows(ref)], abs=1e-5, rel=0)
+
+
+def test_a_custom_loader_that_gives_cp_ranks_other_samples_is_one_line(shards, tmp_path):
+    """torch's DistributedSampler shards by the world rank: cp rank 1 would get other samples than cp rank 0
+    and attention would mix the keys of both (a silently wrong step). Refused before the first step."""
+    from tests.support.harness import error_lines
+
+    run, proc = custom_loader_run(tmp_path, shards, "world")
+    assert proc.returncode != 0
+    assert error_lines(proc.stderr) == [
+        "error: stage 'pretrain' step 1: the data loader gave cp rank 1, tp rank 0 of replica 0 other micro-batches "
+        "than cp rank 0, tp rank 0: every cp and tp rank of a replica needs the replica's full-length batches; "
+        "shard a custom loader by ctx.dp_rank and ctx.dp_size, not by the process's rank as torch's "
+        "DistributedSampler does (see docs/parallelism.md)"]
+    assert not (run / "metrics.jsonl").exists() or not train_rows(metrics(run))  # no step trained

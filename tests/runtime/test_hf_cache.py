@@ -209,3 +209,31 @@ def test_the_cache_is_tokenized_by_the_tokenize_job_with_its_fastest_exact_backe
     assert manifest["encoders"] == [f"fastokens {_version('fastokens')}"]
     reader = open_dataset(folder)
     assert [reader.document(i).tolist() for i in range(200)] == [tokenizer.encode(t).ids + [eos_id] for t in TEXTS]
+
+
+def test_the_cache_folder_changes_with_the_registered_tokens_and_the_mask_rule(tmp_path, monkeypatch):
+    """Tokens declared beside tokenizer.json change the ids, and another mask rule changes which tokens an SFT
+    stage trains: either makes another dataset, so another cache folder (plain stages of a tokenizer that
+    registers nothing keep theirs)."""
+    import shutil
+
+    import runtime.data.hf_cache as hf_cache
+
+    source = write_jsonl(tmp_path / "docs.jsonl", TEXTS)
+    folder = tmp_path / "tok"
+    shutil.copytree(TOKENIZER, folder)
+    c = hf_config(tmp_path, source)
+    c.tokenizer.tokenizer_name_or_path = str(folder)
+    ds = c.data_stages[0].data.dataset
+    plain = hf_cache.cache_folder(c, ds)
+    config_file = folder / "tokenizer_config.json"
+    declared = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**declared, "additional_special_tokens": ["<tool>"]}))
+    registered = hf_cache.cache_folder(c, ds)
+    assert registered != plain
+    config_file.write_text(json.dumps(declared))
+    assert hf_cache.cache_folder(c, ds) == plain
+    ds.sft = True
+    sft = hf_cache.cache_folder(c, ds)
+    monkeypatch.setattr(hf_cache, "MASK_RULE", hf_cache.MASK_RULE + 1)
+    assert len({plain, registered, sft, hf_cache.cache_folder(c, ds)}) == 4

@@ -161,3 +161,69 @@ def test_a_million_step_run_answers_in_seconds(tmp_path):
         assert plan.datasets[int(loc.dataset[h["position"]])] is web and int(loc.sample[h["position"]]) == h["sample"]
     print(f"1,000,000-step lookup: {seconds:.1f} s for {len(hits)} hits in {epochs} epochs")
     assert seconds < 10, f"{seconds:.1f} s"
+
+
+def test_a_document_listed_twice_is_answered_once(tmp_path, capsys):
+    """An audit list naming a document twice (or as 0153 and 153) reports its hits once: not twice the samples."""
+    config = make_config(mbs=4, train_steps=16, stages=two_stages())
+    cfg = write(config, tmp_path / "c.yaml")
+    plan = DataPlan(config)
+    _, loc = plan.global_batch(3)
+    web = plan.datasets[int(loc.dataset[0])]
+    doc = int(web.reader.document_ids(*web.token_range(int(loc.sample[0])))[-1])
+    once = document_steps(plan, [(web.folder, doc)])
+    assert once and document_steps(plan, [(web.folder, doc), (web.folder, doc), ("shards/code", 0)])[:len(once)] == once
+    listing = tmp_path / "docs.txt"
+    listing.write_text(f"{web.folder}:{doc}\n{web.folder}:0{doc}\n")
+    assert main(["--config", str(cfg), "--documents", str(listing), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == once
+    assert main(["--config", str(cfg), "--documents", str(listing)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    steps = sorted({h["step"] for h in once})
+    assert lines[0] == (f"document {web.folder}:{doc}: {len(once)} samples in {len(steps)} steps (first {steps[0]}, "
+                        f"last {steps[-1]})")
+    assert len(lines) == 1 + len(once)
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_a_range_is_written_step_by_step(tmp_path, monkeypatch, as_json):
+    """--steps A:B writes each step's rows before it computes the next (memory for one step, not the range; a
+    pipe sees rows at once), and the output is what one list of the whole range prints."""
+    import io
+
+    from runtime.cli import explain as cli_module
+
+    config = make_config(mbs=4, train_steps=16, stages=two_stages())
+    cfg = write(config, tmp_path / "c.yaml")
+    rows = explain_steps(DataPlan(config), 8, 11)
+    out = io.StringIO()
+    written_before: list[int] = []
+    real = cli_module.explain_step
+
+    def step_rows(plan, step):
+        written_before.append(len(out.getvalue()))
+        return real(plan, step)
+
+    monkeypatch.setattr(cli_module, "explain_step", step_rows)
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["--config", str(cfg), "--steps", "8:11"] + (["--json"] if as_json else [])) == 0
+    monkeypatch.setattr(sys, "stdout", sys.__stdout__)
+    assert len(written_before) == 4 and written_before[0] < written_before[1] < written_before[2] < written_before[3]
+    if as_json:
+        assert out.getvalue() == json.dumps(rows) + "\n"
+    else:
+        lines = out.getvalue().splitlines()
+        assert len(lines) == 4 * 5 and lines[0].startswith("step 8: stage 'pretrain', 4 samples, data_hash ")
+        assert lines[15] == f"step 11: stage 'sft', 4 samples, data_hash {rows[-1]['data_hash']}"
+
+
+def test_a_range_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
+    """explain --steps 1:400 | head -1: the reader closes the pipe after a line; explain stops without a
+    BrokenPipeError traceback and exits as a process a closed pipe stops does (128 + SIGPIPE)."""
+    cfg = write(make_config(mbs=4, train_steps=400, stages=two_stages()), tmp_path / "c.yaml")
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.explain", "--config", str(cfg), "--steps", "1:400"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().startswith("step 1: stage 'pretrain', 4 samples, data_hash ")
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 141
+    assert proc.stderr.read() == ""

@@ -46,3 +46,36 @@ def test_samples_that_repeat_and_packing_that_drops_tokens(shards, monkeypatch):
     (line,) = notes(make_config(train_steps=2, seq=24, stages=[packed]))
     assert line == ("packing shards/sft at sequence length 24: 37.6% of its tokens are in documents longer than 25 "
                     "tokens and dropped; raise the stage's sequence_length to train on them")
+
+
+def test_a_resume_at_another_cp_is_a_layout_change(shards, monkeypatch):
+    """cp is part of the layout like dp, tp and pp: a checkpoint of cp 2 resumed at cp 1 (and one saved before
+    cp existed, which is cp 1, resumed at cp 2) gets the note, with the same global batch."""
+    monkeypatch.chdir(shards)
+    saved = {"training": {"last_train_step": 10, "global_batch_size": 2},
+             "config": {"parallelism": {"dp": 1, "cp": 2},
+                        "tokens": {"micro_batch_size": 2, "batch_accumulation_per_replica": 1}}}
+    assert notes(make_config(train_steps=40), saved) == [
+        "resuming ck/step-000010 in another layout (cp 2 → 1): global batch 2 as before: the same samples in the "
+        "same order, losses equal to float rounding (not to the bit)"]
+    at_cp2 = make_config(train_steps=40)
+    at_cp2.parallelism.cp = 2
+    del saved["config"]["parallelism"]["cp"]
+    assert notes(at_cp2, saved) == [
+        "resuming ck/step-000010 in another layout (cp 1 → 2): global batch 2 as before: the same samples in the "
+        "same order, losses equal to float rounding (not to the bit)"]
+
+
+def test_the_check_report_names_a_schedule_not_its_first_weights(shards, monkeypatch):
+    """nanoset train --check: a scheduled stage's datasets show their weights at the stage's first and last steps
+    (a ramp 0.9 → 0.2 drew 11 of 20 samples, not the 18 'weight 0.9' would)."""
+    from runtime.cli.launch import plan_report
+
+    monkeypatch.chdir(shards)
+    stage = {"name": "ramp", "start_training_step": 1, "data": {"dataset": {
+        "dataset_folder": ["shards/web", "shards/code"],
+        "dataset_weights": [{"step": 1, "weights": [0.9, 0.1]}, {"step": 10, "weights": [0.2, 0.8]}]}}}
+    assert plan_report(DataPlan(make_config(train_steps=10, stages=[stage]))) == [
+        "stage 'ramp': steps 1-10 (10 steps), sequence length 128, global batch 2: 20 samples, 2,560 tokens",
+        "  shards/web (weight 0.9 → 0.2 by schedule): 11 of its 2,659 samples, 1,408 tokens, 0.00 epochs",
+        "  shards/code (weight 0.1 → 0.8 by schedule): 9 of its 953 samples, 1,152 tokens, 0.01 epochs"]

@@ -67,7 +67,7 @@ def train_and_dump(rank: int, world: int, layout: dict, out_path: str) -> None:
     losses = [engine.train_step(rank_batches(s, ctx, config.tokens.batch_accumulation_per_replica)).loss
               for s in range(STEPS)]
     weights = _full(engine, lambda p: p)
-    if ctx.dp_rank == 0 and ctx.tp_rank == 0:
+    if ctx.dp_rank == 0 and ctx.tp_rank == 0 and ctx.cp_rank == 0:  # one writer per pipeline rank's file
         torch.save({"losses": losses, "weights": weights, "grads": first_grads}, f"{out_path}.pp{ctx.pp_rank}")
 
 

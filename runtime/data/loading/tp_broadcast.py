@@ -1,12 +1,19 @@
 """The tensor- and context-parallel ranks of a replica need identical batches: only one of them (tp rank 0
 of cp rank 0) reads them from disk and broadcasts them over the cp × tp group (Nanotron has every tp
-rank read the same data). The batches are full-length: each cp rank keeps its part in the engine."""
+rank read the same data). The batches are full-length: each cp rank keeps its part in the engine.
+
+A user's loaders run on every rank instead, so their batches are compared across the group when each
+loader starts (``check_same_batches``): a loader sharded by the process's rank would otherwise give cp
+ranks other samples, whose keys attention would mix, without any error."""
 
 from __future__ import annotations
+
+import hashlib
 
 import torch
 import torch.distributed as dist
 
+from nanoset.errors import ConfigError
 from runtime.data.loading.collator import INPUT_KEYS, LABEL_KEYS, SOURCE_KEY, pointer_batch
 from runtime.parallel.tensor_pointer import TensorPointer
 
@@ -22,6 +29,35 @@ def needs_broadcast(ctx) -> bool:
     """Whether the replica's batches reach this rank by broadcast: cp × tp > 1 and it owns data (first or last
     pipeline rank; the others hold TensorPointers only)."""
     return ctx.cp_size * ctx.tp_size > 1 and (ctx.is_first_pp_rank or ctx.is_last_pp_rank)
+
+
+def _fingerprint(batches: list[dict]) -> str:
+    """A digest of the tensors of ``batches`` (keys, dtypes, shapes and values; TensorPointers left out)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for batch in batches:
+        for key in sorted(batch):
+            value = batch[key]
+            if isinstance(value, torch.Tensor):
+                t = value.detach().cpu().contiguous()
+                digest.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
+                digest.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def check_same_batches(batches: list[dict], ctx, where: str) -> None:
+    """Refuse, on every rank of the replica's cp × tp group, micro-batches that differ from those of its first
+    rank (cp rank 0, tp rank 0). One small gather; the trainer calls it at a user loader's first step."""
+    mine = _fingerprint(batches)
+    everyone: list = [None] * (ctx.cp_size * ctx.tp_size)
+    dist.all_gather_object(everyone, mine, group=ctx.cp_tp_pg)
+    other = next((i for i, f in enumerate(everyone) if f != everyone[0]), None)
+    if other is not None:
+        cp_rank, tp_rank = divmod(other, ctx.tp_size)  # the group's ranks are the (cp, tp) grid, tp innermost
+        raise ConfigError(f"{where}: the data loader gave cp rank {cp_rank}, tp rank {tp_rank} of replica "
+                          f"{ctx.dp_rank} other micro-batches than cp rank 0, tp rank 0: every cp and tp rank of a "
+                          f"replica needs the replica's full-length batches; shard a custom loader by ctx.dp_rank "
+                          f"and ctx.dp_size, not by the process's rank as torch's DistributedSampler does (see "
+                          f"docs/parallelism.md)")
 
 
 def owned_keys(pp_rank: int, pp_size: int, use_position_ids: bool) -> list[str]:

@@ -88,7 +88,6 @@ class DatasetReads:
     """What one stage part draws from one of its datasets: ``samples`` after the ``offset`` earlier parts drew."""
 
     dataset: int  # index into DataPlan.datasets
-    weight: float
     offset: int
     samples: int
     dataset_samples: int  # the dataset's own samples (one epoch)
@@ -313,9 +312,11 @@ class DataPlan:
         first = (step - stage.start_step) * g
         return stage, self.locate(stage, np.arange(first, first + g))
 
-    def data_hash(self, step: int) -> str:
-        """A short hash of the ordered (dataset, sample) ids of step ``step``'s global batch."""
-        _, loc = self.global_batch(step)
+    def data_hash(self, step: int, loc: SampleLocation | None = None) -> str:
+        """A short hash of the ordered (dataset, sample) ids of step ``step``'s global batch (``loc``: that batch,
+        when the caller has located it already)."""
+        if loc is None:
+            _, loc = self.global_batch(step)
         h = hashlib.sha256()
         for d, s in zip(loc.dataset.tolist(), loc.sample.tolist()):
             w = self.datasets[d]
@@ -334,8 +335,8 @@ class DataPlan:
     def reads(self, part: StagePlan) -> list[DatasetReads]:
         """Per dataset of ``part``, in its folder order: what the part draws from it, and whether that repeats."""
         draws = part.blend.draws(part.num_samples).tolist()
-        return [DatasetReads(d, weight, offset, n, self.datasets[d].num_samples)
-                for d, weight, offset, n in zip(part.dataset_ids, part.weights, part.draw_offsets.tolist(), draws)]
+        return [DatasetReads(d, offset, n, self.datasets[d].num_samples)
+                for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), draws)]
 
     def consumed_samples(self, last_step: int) -> int:
         """Samples of all stages used once global steps ``1..last_step`` are done."""

@@ -60,7 +60,8 @@ def document_steps(plan: DataPlan, queries: list[tuple[str, int]]) -> list[dict]
 
     One dict per hit, sorted by (query, step, position): ``document`` (``FOLDER:DOC`` as given), ``step``,
     ``stage``, ``position``, ``dataset`` (the folder as ``explain`` prints it), ``sample``, ``epoch``,
-    ``tokens`` (the sample's range, as ``explain``)."""
+    ``tokens`` (the sample's range, as ``explain``). A document asked for twice is answered once."""
+    queries = list(dict.fromkeys(queries))  # an audit list may name a document twice: its hits count once
     by_dataset: dict[int, list[tuple[int, np.ndarray]]] = {}
     for q, (folder, doc) in enumerate(queries):
         for d in datasets_of(plan, folder):

@@ -30,6 +30,7 @@ for long parts, cached under ``general.cache_dir/blend/``.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from nanoset.errors import NanosetError
 
 CACHE_VERSION = 1
 CACHE_MIN_STEPS = 4096  # shorter parts are computed in milliseconds: no file
+ALLOCATION_BLOCK = 1 << 16  # steps whose shares and counts are computed at once (the rest of the part waits)
 MAX_GLOBAL_BATCH = 1 << 24  # in-step positions compare (2m + 1) / 2n as float64 exactly below this
 
 
@@ -105,27 +107,45 @@ class WeightSchedule:
         return list(zip(self.steps, self.weights))
 
 
-def allocate(shares: np.ndarray, global_batch: int, deviation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The per-step counts of the rule: ``[n, k]`` int64 for ``n`` steps of ``shares``, and the deviation
-    ``T − C`` after the last step (start: ``deviation``).
+def allocate(shares: np.ndarray, global_batch: int, deviation: np.ndarray,
+             running: object = None) -> tuple[np.ndarray, np.ndarray, object]:
+    """The per-step counts of the rule: ``[n, k]`` int64 for ``n`` steps of ``shares``, the deviation ``T − C``
+    after the last step (start: ``deviation``), and what a next block of the same part continues from
+    (``running``: None at the part's start), so a long part is computed block by block to the same bits.
 
     Each step takes the ``G`` largest "bids" ``x_d − j`` (``x = e + G·w``, ``j = 0, 1, …``; ties to the lower
     index): all bids ≥ 1 first, then single bids added or removed until ``G`` are taken. Plain Python
     floats, one step after the other: IEEE arithmetic, the same on every machine. For two datasets the
     rule is the rounding of the first one's cumulative target, ``C_0(s) = ⌊T_0(s) + ½⌋``: one cumulative
-    sum (sequential, so as reproducible), no loop."""
-    return _round_two(shares, global_batch, deviation) if shares.shape[1] == 2 else _water_fill(
-        shares, global_batch, deviation)
+    sum (sequential, so as reproducible), no loop. The two float evaluations agree except where a target
+    lies within rounding of a tie (``T_0`` about ``m + ½``): there the float sums decide, not the tie order,
+    and the two-dataset order is the cumulative sum's."""
+    if shares.shape[1] == 2:
+        return _round_two(shares, global_batch, deviation, running)
+    counts, after = _water_fill(shares, global_batch, deviation if running is None else running)
+    return counts, after, after
 
 
-def _round_two(shares: np.ndarray, global_batch: int, deviation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rule for two datasets: the bids' tie order makes it ``C_0(s) = ⌊T_0(s) + ½⌋``."""
+def _round_two(shares: np.ndarray, global_batch: int, deviation: np.ndarray,
+               running: tuple[float, int, int] | None = None) -> tuple[np.ndarray, np.ndarray, tuple[float, int, int]]:
+    """The rule for two datasets: the bids' tie order makes it ``C_0(s) = ⌊T_0(s) + ½⌋`` (``T_0`` the float64
+    cumulative sum, so a target within its rounding of ``m + ½`` goes the way that sum rounds). ``running``:
+    the earlier blocks' last ``T_0``, last ``⌊T_0 + ½⌋`` and samples of dataset 0 (the sum goes on from them)."""
     n, g = shares.shape[0], int(global_batch)
-    target = np.cumsum(np.concatenate([[float(deviation[0])], shares[:, 0] * float(g)]))[1:]
+    total, rounded, drawn = running if running is not None else (float(deviation[0]), 0, 0)
+    if not n:
+        last = float(np.float64(total) - drawn) if running is not None else float(deviation[0])
+        return np.zeros((0, 2), dtype=np.int64), np.array([last, -last], dtype=np.float64), (total, rounded, drawn)
+    target = np.cumsum(np.concatenate([[total], shares[:, 0] * float(g)]))[1:]
     first = np.floor(target + 0.5).astype(np.int64)
-    per_step = np.clip(np.diff(first, prepend=0), 0, g)  # never below 0 or above G (a guard against rounding)
-    last = float(target[-1] - per_step.sum()) if n else float(deviation[0])
-    return np.stack([per_step, g - per_step], axis=1).astype(np.int64), np.array([last, -last], dtype=np.float64)
+    per_step = np.clip(np.diff(first, prepend=rounded), 0, g)  # never below 0 or above G (a guard against rounding)
+    drawn += int(per_step.sum())
+    last = float(target[-1] - drawn)
+    counts = np.stack([per_step, g - per_step], axis=1).astype(np.int64)
+    return counts, np.array([last, -last], dtype=np.float64), (float(target[-1]), int(first[-1]), drawn)
+
+
+HEAP_DATASETS = 12  # from this many datasets a step's picks come from a heap (O(k log k)) instead of scans (O(k²))
 
 
 def _water_fill(shares: np.ndarray, global_batch: int, deviation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -135,32 +155,62 @@ def _water_fill(shares: np.ndarray, global_batch: int, deviation: np.ndarray) ->
     targets = (shares * float(g)).tolist()
     e = [float(v) for v in deviation]
     rows: list[list[int]] = [[]] * n
-    ks = range(k)
+    settle = _settle_by_heap if k >= HEAP_DATASETS else _settle_by_scan
     for t in range(n):
         x = [a + b for a, b in zip(e, targets[t])]
         a = [int(v) if v >= 1.0 else 0 for v in x]  # the bids ≥ 1 of each dataset: floor(x)
         total = sum(a)
-        while total < g:  # the next bid x_d − a_d, highest first
-            best, value = 0, x[0] - a[0]
-            for i in ks:
-                v = x[i] - a[i]
-                if v > value:
-                    best, value = i, v
-            a[best] += 1
-            total += 1
-        while total > g:  # the lowest bid taken, x_d − a_d + 1 (ties: the higher index gives it back)
-            worst, value = -1, 0.0
-            for i in ks:
-                if a[i]:
-                    v = x[i] - a[i]
-                    if worst < 0 or v <= value:
-                        worst, value = i, v
-            a[worst] -= 1
-            total -= 1
+        if total != g:
+            settle(x, a, total, g)
         e = [p - q for p, q in zip(x, a)]
         rows[t] = a
     counts = np.array(rows, dtype=np.int64).reshape(n, k)
     return counts, np.array(e, dtype=np.float64)
+
+
+def _settle_by_scan(x: list[float], a: list[int], total: int, g: int) -> None:
+    """Bids added (the highest ``x_d − a_d`` first, ties to the lower index) or given back (the lowest taken,
+    ``x_d − a_d + 1``; ties: the higher index gives it back) until ``a`` sums to ``g``; a scan per bid."""
+    ks = range(len(x))
+    while total < g:
+        best, value = 0, x[0] - a[0]
+        for i in ks:
+            v = x[i] - a[i]
+            if v > value:
+                best, value = i, v
+        a[best] += 1
+        total += 1
+    while total > g:
+        worst, value = -1, 0.0
+        for i in ks:
+            if a[i]:
+                v = x[i] - a[i]
+                if worst < 0 or v <= value:
+                    worst, value = i, v
+        a[worst] -= 1
+        total -= 1
+
+
+def _settle_by_heap(x: list[float], a: list[int], total: int, g: int) -> None:
+    """``_settle_by_scan``'s picks, in its order and with its ties, from a heap of the bids: the same values
+    (``x_d − a_d`` computed afresh after each pick), ordered by (value, index) as the scans compare them."""
+    if total < g:
+        heap = [(-(v - a[i]), i) for i, v in enumerate(x)]  # -(x_i - a_i): the highest bid first, then the lower index
+        heapq.heapify(heap)
+        while total < g:
+            i = heapq.heappop(heap)[1]
+            a[i] += 1
+            total += 1
+            heapq.heappush(heap, (-(x[i] - a[i]), i))
+        return
+    heap = [(v - a[i], -i) for i, v in enumerate(x) if a[i]]  # the lowest bid taken first, then the higher index
+    heapq.heapify(heap)
+    while total > g:
+        i = -heapq.heappop(heap)[1]
+        a[i] -= 1
+        total -= 1
+        if a[i]:
+            heapq.heappush(heap, (x[i] - a[i], -i))
 
 
 def step_orders(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -279,11 +329,16 @@ def _cached_allocation(blend: ScheduledBlend, cache_dir: str | Path | None) -> t
                 return table[1:], np.array(table[0]).view(np.float64)
         except (OSError, ValueError):
             pass
-    steps = np.arange(blend.start_step, blend.start_step + n, dtype=np.int64)
-    counts, deviation = allocate(blend.schedule.shares(steps), blend.global_batch, blend.initial_deviation)
     table = np.zeros((n + 2, k), dtype=np.int64)
+    deviation, running = blend.initial_deviation, None
+    for lo in range(0, n, ALLOCATION_BLOCK) if n else [0]:  # block by block: memory O(block · k) beyond the table
+        hi = min(n, lo + ALLOCATION_BLOCK)
+        steps = np.arange(blend.start_step + lo, blend.start_step + hi, dtype=np.int64)
+        counts, deviation, running = allocate(blend.schedule.shares(steps), blend.global_batch,
+                                              blend.initial_deviation, running)
+        np.cumsum(counts, axis=0, out=table[2 + lo : 2 + hi])
+        table[2 + lo : 2 + hi] += table[1 + lo]
     table[0] = deviation.view(np.int64)
-    np.cumsum(counts, axis=0, out=table[2:])
     if path is not None:
         _write_atomically(path, table)
     return table[1:], deviation
