@@ -38,6 +38,15 @@ LAUNCHER_PID = "NANOSET_LAUNCHER_PID"  # set by nanoset train for its workers: t
 LAUNCHER_LOST = 64  # the "signal number" a rank contributes to the agreement when its launcher is gone
 LAUNCHER_LOST_STATUS = 1
 WATCH_INTERVAL_S = 0.2
+STORE_GRACE_S = 2.0  # how long after a broken store connection a worker looks for its launcher's end
+
+
+def from_the_store(error: BaseException) -> bool:
+    """Whether ``error`` is torch.distributed's own (a store or rendezvous connection): what a launcher that died
+    breaks under a worker still starting up."""
+    dist = sys.modules.get("torch.distributed")
+    dist_error = getattr(dist, "DistError", None) if dist is not None else None
+    return dist_error is not None and isinstance(error, dist_error)
 
 
 def stop_status(signum: int) -> int:
@@ -93,6 +102,7 @@ class StopOnSignal:
         self._holding = 0
         self._previous: dict = {}
         self._watcher: threading.Thread | None = None
+        self._lost = threading.Lock()
 
     # ---------------------------------------------------------------- the process's handlers --------
 
@@ -139,14 +149,27 @@ class StopOnSignal:
     def launcher_gone(self) -> bool:
         return self.launcher is not None and os.getppid() != self.launcher
 
+    def end_if_launcher_lost(self, within_s: float = 0.0) -> None:
+        """During start-up, under a launcher that is gone (or goes within ``within_s``): one line, then exit.
+        The watcher thread calls it every ``WATCH_INTERVAL_S``; the main thread after an error of the launcher's
+        store, whose connection breaks as the launcher dies, a moment before this process gets another parent."""
+        deadline = time.monotonic() + within_s
+        while self.launcher is not None:
+            if self.launcher_gone():
+                with self._lost:  # one line, whichever thread sees it first; the other waits for the exit
+                    try:
+                        print(f"error: the launcher (pid {self.launcher}) is gone; this worker stops before training",
+                              file=sys.stderr, flush=True)
+                    finally:
+                        os._exit(LAUNCHER_LOST_STATUS)
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(WATCH_INTERVAL_S / 4)
+
     def _watch_launcher(self) -> None:
         while self.phase == "start-up":
-            if self.launcher_gone() and not self._holding:
-                try:
-                    print(f"error: the launcher (pid {self.launcher}) is gone; this worker stops before training",
-                          file=sys.stderr, flush=True)
-                finally:
-                    os._exit(LAUNCHER_LOST_STATUS)
+            if not self._holding:
+                self.end_if_launcher_lost()
             time.sleep(WATCH_INTERVAL_S)
 
     # ---------------------------------------------------------------- the training loop -----------

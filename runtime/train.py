@@ -26,8 +26,10 @@ from runtime.cli.agent import mark_user_error  # noqa: E402
 from runtime.preemption import (  # noqa: E402
     PARENT_AT_START,
     STOP_SIGNALS,
+    STORE_GRACE_S,
     StopOnSignal,
     StopRequested,
+    from_the_store,
     stop_status,
     stopped_in_startup,
 )
@@ -84,10 +86,13 @@ def main(argv: list[str] | None = None) -> int:
             message, reporter=int(os.environ.get("LOCAL_RANK", "0")) == 0))
     except StopRequested as e:
         return stopped_before_training(e.signum)
-    except Exception:
-        if stop.signum is None or stop.phase != "start-up":
+    except Exception as e:
+        if stop.phase != "start-up":
             raise
-        return stopped_before_training(stop.signum)  # e.g. a collective broken by a rank that stopped first
+        if stop.signum is not None:  # e.g. a collective broken by a rank that stopped first
+            return stopped_before_training(stop.signum)
+        stop.end_if_launcher_lost(within_s=STORE_GRACE_S if from_the_store(e) else 0.0)  # its store went with it
+        raise
 
 
 if __name__ == "__main__":
