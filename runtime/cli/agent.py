@@ -26,6 +26,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from runtime.preemption import STOP_SIGNALS, StopRequested, is_stop_status
 
@@ -54,13 +55,18 @@ def is_user_error(error_file_data: dict) -> bool:
 
 
 def _alive(pid: int) -> bool:
+    """Whether a worker still runs: not gone, and not a zombie (exited, its status not yet read by the agent)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):  # gone, or no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
         return True
-    return True
+    return state != "Z"
 
 
 def kill_at_once(pid: int) -> None:
@@ -94,8 +100,10 @@ class LauncherSignals:
 
     def _on_signal(self, signum: int, frame) -> None:
         workers = [pid for pid in self._workers() if _alive(pid)]
-        if not workers:  # nothing to stop cleanly: the launcher ends now
-            raise StopRequested(signum)
+        if not workers:
+            if self.first is not None:  # they have stopped: the agent is about to report how
+                return
+            raise StopRequested(signum)  # none started yet: nothing to stop cleanly, the launcher ends now
         if self.first is not None and signum == signal.SIGINT:  # Ctrl-C while they stop: now
             self.killed = True
             for pid in workers:
