@@ -332,8 +332,9 @@ def test_workers_whose_torchrun_agent_is_killed_stop_with_a_checkpoint(reference
     assert losses(metrics(run)) == losses(ref_rows)
 
 
-# Imported by every process of a `nanoset train` started with launcher_env(); it changes the workers only (they have
-# LOCAL_RANK), as FAULT asks: "slow_step S", "slow_save S" (a marker file, then S seconds before a save),
+# Imported by every process of a `nanoset train` started with launcher_env(); it changes the launcher's checks with
+# "launcher_slow_startup S" (a marker file, then S seconds), else the workers only (they have LOCAL_RANK), as FAULT
+# asks: "slow_step S", "slow_save S" (a marker file, then S seconds before a save),
 # "slow_startup S" (a marker file, then S seconds before start-up's checks), "slow_startup_but_rank0 S" (the same
 # but for rank 0, which goes on to wait for the others in init_process_group, after a marker), "exit_at_step N CODE"
 # (rank 0 exits),
@@ -341,7 +342,15 @@ def test_workers_whose_torchrun_agent_is_killed_stop_with_a_checkpoint(reference
 WORKER_FAULTS = '''
 import os, time
 fault = os.environ.get("FAULT", "").split()
-if fault and "LOCAL_RANK" in os.environ:
+if fault and fault[0] == "launcher_slow_startup" and "LOCAL_RANK" not in os.environ:
+    import runtime.startup as startup
+    start_up = startup.start_up
+    def slow_start_up(*a, **k):
+        open(os.environ["FAULT_MARKER"], "w").close()
+        time.sleep(float(fault[1]))
+        return start_up(*a, **k)
+    startup.start_up = slow_start_up
+elif fault and "LOCAL_RANK" in os.environ:
     kind, args = fault[0], fault[1:]
     marker = os.environ["FAULT_MARKER"]
     if kind in ("slow_step", "exit_at_step", "error_at_step"):
@@ -476,6 +485,21 @@ def test_ctrl_c_during_start_up_is_one_line(shards, tmp_path):
     assert err == ("stopped by SIGINT during start-up, before any step: nothing to save; rerun the same command to "
                    "start again\n")
     assert not (run / "metrics.jsonl").exists()
+
+
+def test_ctrl_c_during_the_launchers_checks_is_one_line(shards, tmp_path):
+    """The launcher's own start-up (its checks, tokenizing an HF stage) answers a stop signal at once, in one line."""
+    sig = signal.SIGINT
+    run = tmp_path / "run"
+    proc = nanoset_train("--config", small_config(tmp_path, run), cwd=shards,
+                         env=launcher_env(tmp_path, "launcher_slow_startup 120"))
+    wait_for(tmp_path / "marker", proc)
+    os.kill(proc.pid, sig)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (128 + sig, "")
+    assert err == (f"stopped by {sig.name} during start-up, before any step: nothing to save; rerun the same command "
+                   f"to start again\n")
+    assert not run.exists()
 
 
 @pytest.mark.parametrize("fault", ["slow_startup", "slow_startup_but_rank0"])
