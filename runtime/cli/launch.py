@@ -149,7 +149,7 @@ def workers_per_node(config, config_path: str, nproc: int | None, nodes: int) ->
         return world // nodes
     if nproc * nodes != world:
         fix = (f"give --nproc-per-node {world // nodes} or leave it out" if world % nodes == 0
-               else f"change parallelism or --nnodes {nodes}")
+               else "change parallelism or --nnodes")
         on = f" on --nnodes {nodes}" if nodes > 1 else ""
         raise ConfigError(f"{config_path}: parallelism {layout}, but --nproc-per-node {nproc}{on} would start "
                           f"{nproc * nodes}; {fix}")
@@ -205,7 +205,8 @@ def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals) -> int:
             return 128 - failure.exitcode
         return failure.exitcode
     except RendezvousError as e:  # the nodes never met: an endpoint, a node not started, a firewall
-        raise NanosetError(f"the rendezvous of the nodes failed ({type(e).__name__}: {e}); check --rdzv-endpoint "
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__  # a timeout says nothing more
+        raise NanosetError(f"the rendezvous of the nodes failed ({why}); check --rdzv-endpoint "
                            f"{torchrun.rdzv_endpoint or '(none)'} and that every node runs the same command") from None
     return 0
 

@@ -529,3 +529,19 @@ def test_a_user_error_of_the_workers_is_not_restarted(shards, tmp_path):
     out, err = proc.communicate(timeout=300)
     assert (proc.returncode, err) == (1, "error: data.bogus: a user error found while training\n")
     assert out.count("stage 'pretrain' at step 1") == 1  # one start, no restart
+
+
+def test_nodes_that_never_meet_are_one_line(shards, tmp_path):
+    """A node alone at the rendezvous (the others not started, another endpoint): one line naming the endpoint, once
+    the rendezvous times out (was: torchrun's traceback); a layout that does not split over the nodes names ours."""
+    cfg = small_config(tmp_path, tmp_path / "run")
+    endpoint = f"127.0.0.1:{free_port()}"
+    proc = nanoset_train("--config", cfg, "--nnodes", 2, "--node-rank", 0, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                         endpoint, "--rdzv-conf", "join_timeout=2", cwd=shards)
+    assert proc.communicate(timeout=120) == ("", f"error: the rendezvous of the nodes failed (RendezvousTimeoutError); "
+                                                 f"check --rdzv-endpoint {endpoint} and that every node runs the same "
+                                                 f"command\n")
+    assert proc.returncode == 1
+    proc = nanoset_train("--config", cfg, "--nnodes", 3, cwd=shards)
+    assert proc.communicate(timeout=120)[1] == (f"error: {cfg}: parallelism tp 1 × pp 1 × dp 2 = 2 processes do not "
+                                                f"split over --nnodes 3; change parallelism or --nnodes\n")
