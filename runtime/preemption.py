@@ -65,6 +65,24 @@ def stopped_in_startup(name: str) -> str:
             f"start again")
 
 
+def leave_a_closed_terminal() -> None:
+    """On SIGHUP (a closed terminal or ssh session): a terminal that hung up fails every write (EIO), and the first
+    log line would end the run before its checkpoint, so a terminal stdout or stderr now writes to /dev/null
+    (metrics.jsonl and the checkpoint keep the run's record); pipes and files keep their output."""
+    devnull = None
+    for fd in (1, 2):
+        try:
+            if not os.isatty(fd):
+                continue
+        except OSError:
+            continue
+        if devnull is None:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+    if devnull is not None:
+        os.close(devnull)
+
+
 class StopRequested(BaseException):
     """A stop signal during start-up. A BaseException, as KeyboardInterrupt is, so that no ``except Exception``
     of the start-up code swallows it; the entry point says it in one line and exits 128 + the signal."""
@@ -126,6 +144,8 @@ class StopOnSignal:
             _installed = None
 
     def _on_signal(self, signum: int, frame) -> None:
+        if signum == signal.SIGHUP:
+            leave_a_closed_terminal()
         if self.signum is not None:
             if signum == signal.SIGINT:  # Ctrl-C while a stop is under way: now
                 print("interrupted twice: exiting without a checkpoint of this step", file=sys.stderr, flush=True)

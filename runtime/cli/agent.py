@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from runtime.preemption import STOP_SIGNALS, StopRequested, is_stop_status
+from runtime.preemption import STOP_SIGNALS, StopRequested, is_stop_status, leave_a_closed_terminal
 
 ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 USER_ERROR = "nanoset-user-error"
@@ -99,6 +99,8 @@ class LauncherSignals:
         self._workers = workers
 
     def _on_signal(self, signum: int, frame) -> None:
+        if signum == signal.SIGHUP:
+            leave_a_closed_terminal()
         workers = [pid for pid in self._workers() if _alive(pid)]
         if not workers:
             if self.first is not None:  # they have stopped: the agent is about to report how

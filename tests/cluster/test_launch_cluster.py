@@ -545,3 +545,30 @@ def test_nodes_that_never_meet_are_one_line(shards, tmp_path):
     proc = nanoset_train("--config", cfg, "--nnodes", 3, cwd=shards)
     assert proc.communicate(timeout=120)[1] == (f"error: {cfg}: parallelism tp 1 × pp 1 × dp 2 = 2 processes do not "
                                                 f"split over --nnodes 3; change parallelism or --nnodes\n")
+
+
+def test_a_closed_terminal_stops_the_run_with_a_checkpoint(shards, tmp_path):
+    """A terminal that hangs up fails every write (EIO) and then sends SIGHUP: the workers' next step line ended the
+    run with 'error: [Errno 5] Input/output error' and no checkpoint; now the output that went to the terminal goes
+    nowhere and the run stops after the step with its checkpoint, 128 + SIGHUP."""
+    import pty
+    import select
+
+    run = tmp_path / "run"
+    terminal, tty = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "nanoset.cli", "train", "--config",
+                             str(small_config(tmp_path, run, dp=1, interval=0))], cwd=shards,
+                            env=launcher_env(tmp_path, "slow_step 0.3"), stdin=tty, stdout=tty, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    os.close(tty)
+    deadline = time.time() + 300
+    while not (run / "metrics.jsonl").is_file() or len((run / "metrics.jsonl").read_text().splitlines()) < 2:
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        while select.select([terminal], [], [], 0.05)[0]:  # the terminal shows what the run prints
+            os.read(terminal, 65536)
+    os.close(terminal)  # the terminal goes: writes to it fail from now on
+    os.kill(proc.pid, signal.SIGHUP)  # and its hangup reaches the launcher, which forwards it
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (128 + signal.SIGHUP, "")
+    step = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("step-"))
+    assert 2 <= step < 12 and [r["step"] for r in metrics(run)] == list(range(1, step + 1))
