@@ -455,7 +455,7 @@ def test_a_workers_own_exit_status_passes_through_nanoset_train(shards, tmp_path
     assert (proc.returncode, err) == (7, "")  # nothing of torchrun's report
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])  # SIGHUP: the closed-terminal test
 def test_a_stop_signal_to_nanoset_train_saves_and_exits_128_plus_the_signal(shards, tmp_path, sig):
     """SIGTERM (Slurm), SIGHUP (a closed terminal or ssh session) and SIGUSR1 (sbatch --signal) each stop after the
     step with one checkpoint, and the launcher exits 128 + the signal, the worker's status (was: SIGTERM 143 where the
