@@ -38,6 +38,8 @@ LAUNCHER_PID = "NANOSET_LAUNCHER_PID"  # set by nanoset train for its workers: t
 LAUNCHER_LOST = 64  # the "signal number" a rank contributes to the agreement when its launcher is gone
 LAUNCHER_LOST_STATUS = 1
 WATCH_INTERVAL_S = 0.2
+INTERRUPTED_TWICE = ("interrupted twice: stopped at once, without a checkpoint of the step in progress; rerun the "
+                     "same command to resume from the latest checkpoint")  # said by the launcher, or by a worker alone
 STORE_GRACE_S = 2.0  # how long after a broken store connection a worker looks for its launcher's end
 
 
@@ -148,7 +150,7 @@ class StopOnSignal:
             leave_a_closed_terminal()
         if self.signum is not None:
             if signum == signal.SIGINT:  # Ctrl-C while a stop is under way: now
-                print("interrupted twice: exiting without a checkpoint of this step", file=sys.stderr, flush=True)
+                print(f"error: {INTERRUPTED_TWICE}", file=sys.stderr, flush=True)
                 os._exit(stop_status(signal.SIGINT))
             return  # the same stop again (Slurm signals every process of the step, and torchrun forwards it)
         self.signum = signum

@@ -29,7 +29,14 @@ from typing import TYPE_CHECKING
 
 from nanoset.errors import ConfigError, NanosetError, print_error, report_user_errors
 from runtime.cli.agent import LauncherSignals
-from runtime.preemption import LAUNCHER_PID, STOP_SIGNALS, StopRequested, stop_status, stopped_in_startup
+from runtime.preemption import (
+    INTERRUPTED_TWICE,
+    LAUNCHER_PID,
+    STOP_SIGNALS,
+    StopRequested,
+    stop_status,
+    stopped_in_startup,
+)
 
 if TYPE_CHECKING:
     from runtime.data.order.plan import DataPlan, StagePlan
@@ -44,8 +51,7 @@ ENTRY_POINT_OPTIONS = {"module": "-m/--module", "no_python": "--no-python", "run
 # launcher says a failure once, itself
 TORCHRUN_LOGGERS = ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")
 USAGE_STATUS = 2
-INTERRUPTED_TWICE = ("interrupted twice: the workers were stopped at once, without a checkpoint of the step in "
-                     "progress; rerun the same command to resume from the latest checkpoint")
+
 
 
 class UsageError(NanosetError):

@@ -350,7 +350,7 @@ if fault and fault[0] == "launcher_slow_startup" and "LOCAL_RANK" not in os.envi
         time.sleep(float(fault[1]))
         return start_up(*a, **k)
     startup.start_up = slow_start_up
-elif fault and "LOCAL_RANK" in os.environ:
+elif fault and ("LOCAL_RANK" in os.environ or "FAULT_WORKER" in os.environ):
     kind, args = fault[0], fault[1:]
     marker = os.environ["FAULT_MARKER"]
     if kind in ("slow_step", "exit_at_step", "error_at_step"):
@@ -361,7 +361,7 @@ elif fault and "LOCAL_RANK" in os.environ:
             calls[0] += 1
             if kind == "slow_step":
                 time.sleep(float(args[0]))
-            elif kind == "exit_at_step" and calls[0] == int(args[0]) and os.environ["RANK"] == "0":
+            elif kind == "exit_at_step" and calls[0] == int(args[0]) and os.environ.get("RANK", "0") == "0":
                 os._exit(int(args[1]))
             elif kind == "error_at_step" and calls[0] == int(args[0]):
                 from nanoset.errors import ConfigError
@@ -376,7 +376,7 @@ elif fault and "LOCAL_RANK" in os.environ:
             time.sleep(float(args[0]))
             return save(self, *a, **k)
         store.CheckpointManager.save = slow_save
-    elif kind == "slow_startup_but_rank0" and os.environ["RANK"] == "0":  # waits on the others' store
+    elif kind == "slow_startup_but_rank0" and os.environ.get("RANK", "0") == "0":  # waits on the others' store
         import torch.distributed as dist
         init = dist.init_process_group
         def init_process_group(*a, **k):
@@ -394,13 +394,18 @@ elif fault and "LOCAL_RANK" in os.environ:
 '''
 
 
-def launcher_env(tmp_path: Path, fault: str) -> dict:
-    """The environment of a `nanoset train` whose workers get ``fault`` (see WORKER_FAULTS)."""
+INTERRUPTED_TWICE = ("error: interrupted twice: stopped at once, without a checkpoint of the step in progress; rerun "
+                     "the same command to resume from the latest checkpoint\n")
+
+
+def launcher_env(tmp_path: Path, fault: str, worker: bool = False) -> dict:
+    """The environment of a `nanoset train` whose workers get ``fault`` (see WORKER_FAULTS); ``worker``: of a
+    process started without a launcher, which gets it itself."""
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(WORKER_FAULTS)
     return {**ENV, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "FAULT": fault,
-            "FAULT_MARKER": str(tmp_path / "marker")}
+            "FAULT_MARKER": str(tmp_path / "marker"), **({"FAULT_WORKER": "1"} if worker else {})}
 
 
 def wait_for(path: Path, proc: subprocess.Popen) -> None:
@@ -430,10 +435,24 @@ def test_a_second_ctrl_c_to_nanoset_train_stops_the_workers_at_once(shards, tmp_
     os.kill(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)  # not the 120 s of the save
     assert proc.returncode == 130
-    assert err == ("error: interrupted twice: the workers were stopped at once, without a checkpoint of the step in "
-                   "progress; rerun the same command to resume from the latest checkpoint\n")
+    assert err == INTERRUPTED_TWICE
     assert "stopped by" not in out and gone([worker], within_s=5)
     assert not (run / "checkpoints").exists() or list((run / "checkpoints").iterdir()) == []
+
+
+def test_a_second_ctrl_c_to_a_single_process_run_exits_at_once(shards, tmp_path):
+    """Without a launcher (python -m runtime.train), the process itself answers the second Ctrl-C."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.train", "--config",
+                             str(small_config(tmp_path, run, dp=1, interval=0))], cwd=shards,
+                            env=launcher_env(tmp_path, "slow_save 120", worker=True), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for_step(run, 1, proc)
+    proc.send_signal(signal.SIGINT)
+    wait_for(tmp_path / "marker", proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (130, INTERRUPTED_TWICE) and "stopped by" not in out
 
 
 def test_a_worker_killed_by_a_signal_is_one_line_and_128_plus_the_signal(shards, tmp_path):
