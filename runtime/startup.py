@@ -154,20 +154,23 @@ def startup_notes(startup: Startup) -> list[str]:
             notes.append(f"tokens.train_steps is {c.tokens.train_steps}, the checkpoint's learning-rate schedule was "
                          f"for {old_steps}: it is recomputed for {c.tokens.train_steps} steps from step {last + 1}")
     resumed = last_step(metadata) if metadata is not None else 0
+    named = plan.shown_names()
     for part in plan.stages:
         if part.end_step <= resumed + 1:
             continue  # finished before this start
         for reads in plan.reads(part):
             if reads.repeats:
-                notes.append(f"stage {part.name!r} reads {plan.datasets[reads.dataset].folder} up to "
+                notes.append(f"stage {part.name!r} reads {named[plan.datasets[reads.dataset].folder]} up to "
                              f"{reads.end_epoch:.2f} epochs: its samples repeat (add data, or fewer steps or a lower "
                              f"weight for it)")
     for w in plan.datasets:
         if w.packing == "documents" and w.reader.num_tokens:
             lost = 1 - w.kept_tokens / w.reader.num_tokens
             if lost > LOST_TOKENS_NOTE:
-                fate = "dropped" if w.drop_long_documents else "truncated"
-                notes.append(f"packing {w.folder} at sequence length {w.sequence_length}: {100 * lost:.1f}% of its "
-                             f"tokens are in documents longer than {w.sequence_length + 1} tokens and {fate}; raise "
-                             f"the stage's sequence_length to train on them")
+                # dropping loses whole long documents, truncating only their tails past the sample length
+                fate = ("are in documents longer than {} tokens and dropped" if w.drop_long_documents else
+                        "are the tails cut off documents longer than {} tokens (truncated)")
+                notes.append(f"packing {named[w.folder]} at sequence length {w.sequence_length}: {100 * lost:.1f}% of "
+                             f"its tokens {fate.format(w.sequence_length + 1)}; raise the stage's sequence_length "
+                             f"to train on them")
     return notes

@@ -53,6 +53,13 @@ def report_once(error: Exception | str, reporter: bool, reporters_node: bool = T
     print_error(str(error))
 
 
+def report_per_node(message: str) -> None:
+    """How a worker started by torchrun reports a user error that every rank raises: each node's first worker
+    (``LOCAL_RANK`` 0) says it, once in each node's log. A script of its own (a custom loader) uses it too:
+    ``sys.exit(report_user_errors(main, report=report_per_node))``."""
+    report_once(message, reporter=int(os.environ.get("LOCAL_RANK", "0")) == 0)
+
+
 def train(config_path: str) -> int:
     """Start up (a mistake there is said by every node's local rank 0: each node has its own log), then train
     (a mistake found by then, e.g. data changed since the checkpoint, is said by global rank 0)."""
@@ -82,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
         ap.add_argument("--config", required=True, help="YAML config (see docs/config.md)")
         args = ap.parse_args(argv)
-        return report_user_errors(lambda: train(args.config), report=lambda message: report_once(
-            message, reporter=int(os.environ.get("LOCAL_RANK", "0")) == 0))
+        return report_user_errors(lambda: train(args.config), report=report_per_node)
     except StopRequested as e:
         return stopped_before_training(e.signum)
     except Exception as e:

@@ -23,7 +23,7 @@ from nanoset.errors import NanosetError
 from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
 from runtime.checkpoint.run_folder import move_aside, rewind
 from runtime.checkpoint.store import SKIPPED, CheckpointManager
-from runtime.config import Config, HFDatasetArgs
+from runtime.config import Config
 from runtime.data.loading.collator import check_micro_batch
 from runtime.data.loading.dataloader import from_loader_worker
 from runtime.data.loading.prefetch import PrefetchIterator
@@ -44,6 +44,7 @@ from runtime.metrics import (
     source_metrics,
     tokens_per_second,
 )
+from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
 from runtime.preemption import installed, stop_on_signal
 from runtime.startup import Startup, start_up, startup_notes
@@ -225,10 +226,8 @@ class Trainer:
                 self._check_replica_batches = not source.from_config  # a user's loader: at its first step
         self._stage = stage
         consumed = stage.consumed_samples(step - 1)
-        source = self.config.data_stages[stage.index].data.dataset
-        named = (lambda folder: f"{source.hf_dataset_or_datasets} (tokenized in {folder})") if isinstance(
-            source, HFDatasetArgs) else (lambda folder: folder)
-        folders = ", ".join(f"{named(self.plan.datasets[d].folder)} ({w:g})"
+        named = self.plan.shown_names()
+        folders = ", ".join(f"{named[self.plan.datasets[d].folder]} ({w:g})"
                             for d, w in zip(stage.dataset_ids, stage.weights))
         self.metrics.info(f"stage {stage.name!r} at step {step} (steps {stage.start_step}-{stage.end_step - 1}): "
                           f"datasets {folders}, sequence length {stage.sequence_length}, "
@@ -240,6 +239,28 @@ class Trainer:
                 self.metrics.info(f"  {self.plan.datasets[d].describe()}")
 
     def _next_batches(self, stage: StagePlan, step: int) -> list[dict]:
+        ctx = self.parallel_context
+        if self._source.from_config:  # the config's loaders give the contract's batches on every rank
+            batches = self._read_batches(stage, step)
+        else:  # a user's loader runs on every rank and may fail on some: all stop with the same line
+            batches, error = None, None
+            try:
+                batches = self._read_batches(stage, step)
+            except NanosetError as e:
+                error = e
+            raise_together(error, ctx.device)
+        accum, mbs = self.config.tokens.batch_accumulation_per_replica, self.config.tokens.micro_batch_size
+        # full-length batches, also for cp ranks (the engine keeps each one's part of the sequences)
+        if self._check_replica_batches and needs_broadcast(ctx):  # a user's loader runs on every rank
+            check_same_batches(batches, ctx, f"stage {stage.name!r} step {step}")
+        self._check_replica_batches = False
+        if self._source.from_config and needs_broadcast(ctx):
+            batches = broadcast_batches(batches, accum, mbs, stage.sequence_length, stage.use_position_ids, ctx,
+                                        with_sources=True)
+        return batches
+
+    def _read_batches(self, stage: StagePlan, step: int) -> list[dict] | None:
+        """This rank's micro-batches of ``step`` (None where it reads none), checked against the batch contract."""
         accum = self.config.tokens.batch_accumulation_per_replica
         ctx = self.parallel_context
         try:
@@ -250,18 +271,10 @@ class Trainer:
             raise NanosetError(f"the data loader of stage {stage.name!r} ran out at step {step}, but the stage runs "
                                f"steps {stage.start_step}-{stage.end_step - 1}; give it more micro-batches (a larger "
                                f"dataset or a looping sampler)") from None
-        mbs = self.config.tokens.micro_batch_size
-        if batches is not None and (ctx.is_first_pp_rank or ctx.is_last_pp_rank):
-            for i, batch in enumerate(batches):
-                check_micro_batch(batch, ctx.is_first_pp_rank, ctx.is_last_pp_rank, mbs, stage.sequence_length,
-                                  f"stage {stage.name!r} step {step} micro-batch {i}")
-        # full-length batches, also for cp ranks (the engine keeps each one's part of the sequences)
-        if self._check_replica_batches and needs_broadcast(ctx):  # a user's loader runs on every rank
-            check_same_batches(batches, ctx, f"stage {stage.name!r} step {step}")
-        self._check_replica_batches = False
-        if self._source.from_config and needs_broadcast(ctx):
-            batches = broadcast_batches(batches, accum, mbs, stage.sequence_length, stage.use_position_ids, ctx,
-                                        with_sources=True)
+        rank = f" on rank {ctx.world_rank}" if torch.distributed.get_world_size() > 1 else ""  # said by every rank
+        for i, batch in enumerate(batches or []):
+            check_micro_batch(batch, ctx.is_first_pp_rank, ctx.is_last_pp_rank, self.config.tokens.micro_batch_size,
+                              stage.sequence_length, f"stage {stage.name!r} step {step} micro-batch {i}{rank}")
         return batches
 
     def _release_loader(self) -> None:

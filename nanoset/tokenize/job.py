@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -155,8 +156,10 @@ def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: dict |
     return make_plan(sources, options, opts.task_bytes)
 
 
-def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
-    """Run (or resume) the job described by ``opts``; returns what was done."""
+def tokenize(opts: TokenizeOptions, on_start: Callable[[], None] | None = None) -> TokenizeSummary:
+    """Run (or resume) the job described by ``opts``; returns what was done. ``on_start`` is called once every
+    check has passed (tokenizer, chat template, inputs, output folder), just before the first task runs: a
+    caller's "tokenizing now" line never comes before an error that stops the job at once."""
     if opts.workers < 1:
         raise NanosetError(f"--workers must be ≥ 1, got {opts.workers}")
     if opts.num_tasks < 1:
@@ -200,6 +203,8 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
         todo = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)]
         batch = todo
         if batch:
+            if on_start is not None:
+                on_start()
             backend = _settle_backend(opts, choice, folder)
         while batch:  # a second pass only after fastokens differed: it redoes what fastokens encoded
             backend, done_now = _run_tasks(batch, plan, folder, tokenizer, config, opts, backend, reference)

@@ -240,7 +240,7 @@ def _weights_shown(part: StagePlan) -> list[str]:
 def plan_report(plan: DataPlan) -> list[str]:
     """What each stage (part) trains: its steps, sequence length and global batch, and per dataset the samples,
     tokens and epochs it draws, and whether it repeats samples (more than one epoch by the end of the stage)."""
-    lines = []
+    lines, named = [], plan.shown_names()
     for part in plan.stages:
         lines.append(f"stage {part.name!r}: steps {part.start_step}-{part.end_step - 1} ({part.num_steps} steps), "
                      f"sequence length {part.sequence_length}, global batch {part.global_batch_size}: "
@@ -248,6 +248,6 @@ def plan_report(plan: DataPlan) -> list[str]:
         for reads, weight in zip(plan.reads(part), _weights_shown(part)):
             w = plan.datasets[reads.dataset]
             repeat = f"; repeats: epoch {reads.end_epoch:.2f} by the stage's end" if reads.repeats else ""
-            lines.append(f"  {w.folder} (weight {weight}): {reads.samples:,} of its {w.num_samples:,} "
+            lines.append(f"  {named[w.folder]} (weight {weight}): {reads.samples:,} of its {w.num_samples:,} "
                          f"samples, {reads.samples * w.sequence_length:,} tokens, {reads.epochs:.2f} epochs{repeat}")
     return lines

@@ -54,7 +54,7 @@ def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset")
         raise ConfigError(f"{where}.hf_dataset_or_datasets: {str(src)!r}: no such local file or folder (nothing is "
                           f"downloaded at run time; save the dataset locally first)")
     tok = config.tokenizer
-    tok_file = find_tokenizer_file(tok.tokenizer_name_or_path)
+    tok_file = _tokenizer_file(config, where)
     parts = [str(src.resolve()), _files_fingerprint(src), ds.hf_dataset_splits, ds.text_column_name,
              hashlib.sha256(tok_file.read_bytes()).hexdigest(), tok.eos_token]
     registered = registered_tokens(tok_file)  # declared beside tokenizer.json, encoded as transformers does
@@ -67,6 +67,15 @@ def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset")
     key = json.dumps(parts)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(config.general.cache_dir) / f"{src.name}-{digest}"
+
+
+def _tokenizer_file(config: Config, where: str) -> Path:
+    """The tokenizer.json a Hugging Face stage is tokenized with; a path that holds none names the config key."""
+    try:
+        return find_tokenizer_file(config.tokenizer.tokenizer_name_or_path)
+    except NanosetError as e:
+        raise ConfigError(f"tokenizer.tokenizer_name_or_path (the tokenizer of {where}): {_in_config_terms(str(e))}"
+                          ) from None
 
 
 def _chat_template_sha256(tok_file: Path, ds: HFDatasetArgs, where: str) -> str:
@@ -163,15 +172,17 @@ def prepare_hf_dataset(config: Config, ds: HFDatasetArgs, where: str = "data.dat
             return out
         from nanoset.tokenize.job import TokenizeOptions, tokenize
 
-        print(f"{where}: the Hugging Face dataset {ds.hf_dataset_or_datasets} is tokenized into {out}, once (other "
-              f"processes and later runs read it)", flush=True)
+        def announce() -> None:  # once the tokenizer, the template and the inputs are checked: work starts
+            print(f"{where}: the Hugging Face dataset {ds.hf_dataset_or_datasets} is tokenized into {out}, once "
+                  f"(other processes and later runs read it)", flush=True)
+
         try:
             tokenize(TokenizeOptions(inputs=[ds.hf_dataset_or_datasets], output=out,
                                      tokenizer=config.tokenizer.tokenizer_name_or_path,
                                      eos_token=config.tokenizer.eos_token, text_column=ds.text_column_name,
                                      splits=_splits(ds), progress=True, chat=ds.sft, chat_template=ds.chat_template,
                                      messages_column=ds.messages_column_name, prompt_column=ds.prompt_column_name,
-                                     completion_column=ds.completion_column_name))
+                                     completion_column=ds.completion_column_name), on_start=announce)
         except MissingColumnError as e:
             keys = ("messages_column_name (or prompt_column_name and completion_column_name)" if ds.sft
                     else "text_column_name")
@@ -202,6 +213,10 @@ def _in_config_terms(message: str) -> str:
     """A tokenize error says what to do in the config, not with a flag the config lacks (--eos-token is the
     config's tokenizer.eos_token; --skip-bad-lines has no config key: tokenize the data by hand then)."""
     message = message.replace("pass --eos-token TOKEN", "set tokenizer.eos_token: TOKEN in the config")
+    message = message.replace("pass a path to a tokenizer.json", "set tokenizer.tokenizer_name_or_path to a "
+                              "tokenizer.json (or a folder holding one)")
+    message = message.replace("pass the tokenizer.json file itself", "set tokenizer.tokenizer_name_or_path to a "
+                              "tokenizer.json (or a folder holding one)")
     message = message.replace("--eos-token ", "tokenizer.eos_token ")
     if not message.endswith(SKIP_HINT):
         return message

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from runtime.config import ConfigError
 from runtime.data.loading.sources import loader_from_source
 from tests.support import ROOT
 from tests.support.configs import small_config
-from tests.support.harness import metrics, torchrun
+from tests.support.harness import metrics, torchrun, train_one
 
 
 class Countdown:
@@ -147,9 +151,6 @@ finally:
 def test_a_custom_loaders_batches_of_another_shape_are_refused(shards, tmp_path, shape, dtype, line):
     """A loader yielding [4, 128] for micro_batch_size 2 trained silently (label_tokens doubled, the checkpoint
     recorded half the samples read): every micro-batch is checked against the contract."""
-    import subprocess
-    import sys
-
     script = tmp_path / "wrong.py"
     script.write_text(WRONG_BATCHES.format(root=str(ROOT), shape=shape, dtype=dtype))
     cfg = small_config(tmp_path, tmp_path / "run", dp=1, steps=2, single_stage=True, positions=False)
@@ -157,3 +158,78 @@ def test_a_custom_loaders_batches_of_another_shape_are_refused(shards, tmp_path,
                           cwd=shards)
     assert proc.returncode == 1
     assert proc.stderr == f"error: stage 'pretrain' step 1 micro-batch 0: the data loader's {line}\n"
+
+
+PP2 = dict(parallelism={"dp": 1, "pp": 2, "pp_engine": "afab"}, tokens={"batch_accumulation_per_replica": 2})
+
+
+def docs_script() -> str:
+    """The custom-loader script of docs/parallelism.md, as written there."""
+    text = (ROOT / "docs" / "parallelism.md").read_text()
+    start = text.index('```python\n"""my_train.py') + len("```python\n")
+    return text[start:text.index("```\n", start)]
+
+
+def run_docs_script(tmp_path, shards, script: str, name: str):
+    path = tmp_path / f"{name}.py"
+    path.write_text(script)
+    run = tmp_path / name
+    cfg = small_config(tmp_path, run, dp=1, steps=2, single_stage=True, name=f"{name}.yaml", **PP2)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(path), str(cfg)], capture_output=True, text=True, cwd=shards, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    return run, cfg, proc
+
+
+def test_the_docs_custom_loader_script_trains_with_pp2_as_the_config_loaders_do(shards, tmp_path):
+    """The snippet runs as written (imports, factories by stage, the DataLoader) and trains the config's samples:
+    the same losses and label tokens as `runtime.train` on the config (one process), without a data_hash."""
+    run, cfg, proc = run_docs_script(tmp_path, shards, docs_script(), "docs")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference = tmp_path / "reference"  # one process: every layout gives the same loss to float rounding
+    train_one(small_config(tmp_path, reference, dp=1, steps=2, single_stage=True, name="reference.yaml",
+                           tokens={"batch_accumulation_per_replica": 2}), cwd=shards)
+    mine, theirs = metrics(run), metrics(reference)
+    assert [(r["step"], r["label_tokens"], r["data_hash"]) for r in mine] == [
+        (r["step"], r["label_tokens"], None) for r in theirs]
+    assert [r["loss"] for r in mine] == pytest.approx([r["loss"] for r in theirs], abs=1e-5, rel=0)
+
+
+def test_a_batch_only_the_last_pipeline_rank_finds_wrong_is_one_line_from_every_rank(shards, tmp_path):
+    """The docs script with its labels collated onto pipeline rank 0 (the last rank gets TensorPointers for
+    label_ids): only rank 1 finds it, rank 0's inputs are right. Rank 0 went on into the pipeline and died
+    with a gloo traceback; now both ranks agree before the step and the error is one line, said once."""
+    script = docs_script().replace("stage.sequence_length, 0, ctx.pp_size - 1, ctx)",
+                                   "stage.sequence_length, 0, 0, ctx)")
+    assert script != docs_script()
+    run, cfg, proc = run_docs_script(tmp_path, shards, script, "labels")
+    assert proc.returncode != 0
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
+        "error: stage 'pretrain' step 1 micro-batch 0 on rank 1: the data loader's batch has no tensor 'label_ids' "
+        "(TensorPointer); the batches of this pipeline rank hold label_ids, label_mask (see docs/parallelism.md)"]
+    assert not [line for line in proc.stderr.splitlines() if line.startswith("[rank")]  # no worker traceback
+    assert not (run / "metrics.jsonl").exists() or metrics(run) == []
+
+
+def test_the_micro_batch_check_names_a_missing_key_and_a_batch_that_is_no_dict():
+    """The branches the loaders above do not reach: a key left out, a tensor where a dict belongs, a
+    TensorPointer-free middle pipeline rank (it checks only that it got a dict)."""
+    import torch
+
+    from runtime.data.loading.collator import check_micro_batch
+
+    ids, mask = torch.zeros((2, 8), dtype=torch.int64), torch.ones((2, 8), dtype=torch.bool)
+    with pytest.raises(ConfigError) as e:
+        check_micro_batch({"input_ids": ids, "label_ids": ids}, True, True, 2, 8, "stage 's' step 3 micro-batch 1")
+    assert str(e.value) == ("stage 's' step 3 micro-batch 1: the data loader's batch has no tensor 'label_mask' (no "
+                            "such key); the batches of this pipeline rank hold input_ids, label_ids, label_mask, "
+                            "position_ids (see docs/parallelism.md)")
+    with pytest.raises(ConfigError) as e:
+        check_micro_batch(ids, False, True, 2, 8, "stage 's' step 1 micro-batch 0 on rank 1")
+    assert str(e.value) == ("stage 's' step 1 micro-batch 0 on rank 1: the data loader yielded a Tensor, not a batch "
+                            "dict of input_ids, input_mask, label_ids, label_mask (see docs/parallelism.md)")
+    with pytest.raises(ConfigError) as e:  # a middle pipeline rank owns no key, but still needs a dict
+        check_micro_batch([ids, mask], False, False, 2, 8, "w")
+    assert str(e.value).startswith("w: the data loader yielded a list, not a batch dict")
+    check_micro_batch({"label_ids": ids, "label_mask": mask}, False, True, 2, 8, "w")  # the last rank's keys: fine
+    check_micro_batch({}, False, False, 2, 8, "w")  # a middle rank's (TensorPointers or nothing): fine

@@ -41,10 +41,10 @@ import sys, time
 sys.path.insert(0, {root!r})
 import nanoset.tokenize.job
 real = nanoset.tokenize.job.tokenize
-def slow(opts):
+def slow(opts, **kwargs):
     print("tokenizing", flush=True)
     time.sleep(2)  # both processes are surely inside prepare at once
-    return real(opts)
+    return real(opts, **kwargs)
 nanoset.tokenize.job.tokenize = slow
 from runtime.config.load import load_config
 from runtime.data.hf_cache import resolve_stage_folders
@@ -197,6 +197,40 @@ def test_a_stage_says_which_dataset_it_tokenizes_and_names_the_config_key_for_eo
                             f"are: none)")
 
 
+def test_a_tokenizer_mistake_comes_before_any_tokenizing_line_and_names_the_config_key(tmp_path, capsys):
+    """"is tokenized into" was printed before the job found its tokenizer unusable; a tokenizer path holding
+    none said `pass a path`, a flag's advice, under the stage's key instead of tokenizer.tokenizer_name_or_path."""
+    src = write_jsonl(tmp_path / "texts.jsonl", TEXTS)
+    c = hf_config(tmp_path, src)
+    where = "data_stages[0] (sft).data.dataset"
+    c.tokenizer.tokenizer_name_or_path = str(tmp_path / "nope")
+    with pytest.raises(ConfigError) as e:
+        resolve_stage_folders(c)
+    assert str(e.value).startswith(
+        f"tokenizer.tokenizer_name_or_path (the tokenizer of {where}): tokenizer {str(tmp_path / 'nope')!r}: not a "
+        f"file or folder, and not in the local Hugging Face cache (")
+    assert str(e.value).endswith(
+        f"); nothing is downloaded: set tokenizer.tokenizer_name_or_path to a tokenizer.json (or a folder holding "
+        f"one), or fetch it first with `huggingface-cli download {tmp_path / 'nope'} tokenizer.json`")
+    (tmp_path / "empty").mkdir()
+    c.tokenizer.tokenizer_name_or_path = str(tmp_path / "empty")
+    with pytest.raises(ConfigError) as e:
+        resolve_stage_folders(c)
+    assert str(e.value) == (f"tokenizer.tokenizer_name_or_path (the tokenizer of {where}): {tmp_path / 'empty'}: "
+                            f"folder has no tokenizer.json; set tokenizer.tokenizer_name_or_path to a tokenizer.json "
+                            f"(or a folder holding one)")
+    bad = tmp_path / "bad"  # a tokenizer whose declared EOS it does not hold: found by the job, before any work
+    bad.mkdir()
+    (bad / "tokenizer.json").write_bytes((TOKENIZER / "tokenizer.json").read_bytes())
+    (bad / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<zzz>"}))
+    c.tokenizer.tokenizer_name_or_path = str(bad)
+    with pytest.raises(ConfigError) as e:
+        resolve_stage_folders(c)
+    assert str(e.value) == (f"{where}: {bad / 'tokenizer_config.json'}: eos_token '<zzz>' is not in the tokenizer "
+                            f"{bad / 'tokenizer.json'}; fix it or set tokenizer.eos_token: TOKEN in the config")
+    assert capsys.readouterr().out == ""  # no "is tokenized into" line before these errors
+
+
 def test_the_cache_is_tokenized_by_the_tokenize_job_with_its_fastest_exact_backend(tmp_path, tokenizer, eos_id):
     """The stage cache goes through `nanoset tokenize`'s own encoders: fastokens where it is installed, the ids
     tokenizers gives."""
@@ -237,3 +271,33 @@ def test_the_cache_folder_changes_with_the_registered_tokens_and_the_mask_rule(t
     sft = hf_cache.cache_folder(c, ds)
     monkeypatch.setattr(hf_cache, "MASK_RULE", hf_cache.MASK_RULE + 1)
     assert len({plain, registered, sft, hf_cache.cache_folder(c, ds)}) == 4
+
+
+def test_the_trainer_the_check_and_the_notes_name_a_stage_by_its_source(shards, tmp_path):
+    """A Hugging Face stage reads its cache folder (`texts.jsonl-<digest>`), which says nothing of where the data
+    came from: the trainer's stage line, `nanoset train --check`'s plan and the start-up notes name the source and
+    the folder it was tokenized in (`--check` named the cache folder alone)."""
+    from runtime.cli.launch import plan_report
+    from runtime.config.load import load_config
+    from runtime.startup import start_up, startup_notes
+    from tests.support.configs import small_config
+    from tests.support.harness import train_one
+
+    src = write_jsonl(tmp_path / "texts.jsonl", TEXTS)
+    stage = {"name": "docs", "start_training_step": 1,
+             "data": {"num_loading_workers": 0, "dataset": {"hf_dataset_or_datasets": str(src)}}}
+    common = dict(data_stages=[stage], general={"cache_dir": str(tmp_path / "cache")}, model={"vocab_size": 8192},
+                  tokenizer={"tokenizer_name_or_path": str(TOKENIZER)}, lr_scheduler={"warmup_steps": 0})
+    cfg = small_config(tmp_path, tmp_path / "run", dp=1, steps=1, interval=0, **common)
+    proc = train_one(cfg, shards)
+    (folder,) = resolve_stage_folders(load_config(cfg))[0]  # tokenized by the run: here found in the cache
+    assert Path(folder).parent == tmp_path / "cache"
+    named = f"{src} (tokenized in {folder})"
+    assert (f"stage 'docs' at step 1 (steps 1-1): datasets {named} (1), sequence length 32, 0 of 2 samples already "
+            f"consumed\n") in proc.stdout
+    report = plan_report(start_up(load_config(cfg), world=1, lock=False).plan)
+    assert report[1] == f"  {named} (weight 1): 2 of its 243 samples, 64 tokens, 0.01 epochs"
+    many = small_config(tmp_path, tmp_path / "many", dp=1, steps=1000, interval=0, name="many.yaml", **common)
+    (note,) = startup_notes(start_up(load_config(many), world=1, lock=False))
+    assert note == (f"stage 'docs' reads {named} up to 8.23 epochs: its samples repeat (add data, or fewer steps or a "
+                    f"lower weight for it)")

@@ -79,3 +79,31 @@ def test_the_check_report_names_a_schedule_not_its_first_weights(shards, monkeyp
         "stage 'ramp': steps 1-10 (10 steps), sequence length 128, global batch 2: 20 samples, 2,560 tokens",
         "  shards/web (weight 0.9 → 0.2 by schedule): 11 of its 2,659 samples, 1,408 tokens, 0.00 epochs",
         "  shards/code (weight 0.1 → 0.8 by schedule): 9 of its 953 samples, 1,152 tokens, 0.01 epochs"]
+
+
+def test_a_resume_with_another_global_batch_says_from_which_step(shards, monkeypatch):
+    """A layout change that also changes the global batch (micro_batch_size 1 → 2) is not 'as before': the note
+    says the old and new batch and the first step that trains on the new one."""
+    monkeypatch.chdir(shards)
+    saved = {"training": {"last_train_step": 10, "global_batch_size": 1},
+             "config": {"parallelism": {"dp": 1},
+                        "tokens": {"micro_batch_size": 1, "batch_accumulation_per_replica": 1}}}
+    assert notes(make_config(train_steps=40, mbs=2), saved) == [
+        "resuming ck/step-000010 in another layout (micro_batch_size 1 → 2): global batch 1 → 2 from step 11"]
+
+
+def test_packing_that_truncates_long_documents_says_truncated(shards, monkeypatch):
+    """drop_long_documents false keeps the first tokens of a long document: the note says truncated, and the share
+    lost is that of the cut-off tails (2.8%), not of the long documents' tokens (37.6%, lost when dropped)."""
+    monkeypatch.chdir(shards)
+    packed = dict(STAGE, data={"packing": "documents", "drop_long_documents": False, "use_position_ids": True,
+                               "dataset": {"dataset_folder": "shards/sft"}})
+    from nanoset import open_dataset
+
+    sft = open_dataset("shards/sft")
+    lengths = [len(sft.document(i)) for i in range(sft.num_documents)]
+    tails = sum(n - 25 for n in lengths if n > 25) / sum(lengths)  # the tokens past a sample's 25
+    assert f"{100 * tails:.1f}" == "2.8"
+    assert notes(make_config(train_steps=2, seq=24, stages=[packed])) == [
+        "packing shards/sft at sequence length 24: 2.8% of its tokens are the tails cut off documents longer than 25 "
+        "tokens (truncated); raise the stage's sequence_length to train on them"]

@@ -133,8 +133,8 @@ def check_micro_batch(batch: Any, owns_inputs: bool, owns_labels: bool, rows: in
             continue  # optional: positions count from 0 in every row without it
         if not isinstance(value, torch.Tensor):
             got = "no such key" if value is None else type(value).__name__
-            raise ConfigError(f"{where}: the data loader's batch has no tensor {key_name!r} ({got}) on this pipeline "
-                              f"rank; a batch holds {', '.join(sorted(expected))} (see docs/parallelism.md)")
+            raise ConfigError(f"{where}: the data loader's batch has no tensor {key_name!r} ({got}); the batches of "
+                              f"this pipeline rank hold {', '.join(sorted(expected))} (see docs/parallelism.md)")
         if tuple(value.shape) != (rows, length):
             raise ConfigError(f"{where}: the data loader's {key_name} has shape {list(value.shape)}, expected "
                               f"[micro_batch_size, sequence_length] = [{rows}, {length}]")

@@ -338,6 +338,12 @@ class DataPlan:
         return [DatasetReads(d, offset, n, self.datasets[d].num_samples)
                 for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), draws)]
 
+    def shown_names(self) -> dict[str, str]:
+        """Each dataset's folder → how the run names it to a user: the folder, or for a stage of a Hugging Face
+        dataset ``SOURCE (tokenized in FOLDER)`` (a cache folder's name says nothing of where its data came from)."""
+        return {folder: folder if source == folder else f"{source} (tokenized in {folder})"
+                for folder, source in self.source_names().items()}
+
     def consumed_samples(self, last_step: int) -> int:
         """Samples of all stages used once global steps ``1..last_step`` are done."""
         return sum(s.consumed_samples(last_step) for s in self.stages)
