@@ -140,13 +140,8 @@ def convert(src: Path, output: Path, tokenizer: str | None, eos_token: str | Non
 @click.pass_context
 def train(ctx: click.Context) -> None:
     """Train: nanoset train --config C [--nproc-per-node N] [--check] [torchrun options] (--help for more)."""
-    try:
-        from runtime.cli.launch import main as launch
-    except ImportError as e:
-        if e.name is not None and e.name.split(".")[0] == "torch":
-            raise NanosetError("nanoset train needs PyTorch, which is not installed: pip install torch (for the CPU "
-                               "build: pip install torch --index-url https://download.pytorch.org/whl/cpu)") from None
-        raise
+    from runtime.cli.launch import main as launch  # imports torch itself, once its signal handlers are in place
+
     ctx.exit(launch(ctx.args))
 
 

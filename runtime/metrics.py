@@ -8,6 +8,7 @@ under a short name unique in the run."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import sys
@@ -17,6 +18,7 @@ import torch
 
 from nanoset.atomic import atomic_write_text
 from nanoset.errors import WRITE_ERRNOS, WriteFailed
+from runtime.preemption import leave_a_closed_terminal
 
 # dense bf16 peak FLOP/s by device name fragment, for MFU
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
@@ -174,8 +176,14 @@ class MetricsLogger:
             raise WriteFailed(self.path, e.strerror) from None
 
     def info(self, message: str) -> None:
-        if self.enabled:
+        if not self.enabled:
+            return
+        try:
             print(message, file=sys.stdout, flush=True)
+        except OSError as e:
+            if e.errno != errno.EIO:
+                raise
+            leave_a_closed_terminal()  # the terminal hung up (its SIGHUP is on the way): train on without it
 
     def close(self) -> None:
         if self.tb is not None:

@@ -1,12 +1,25 @@
-"""Stopping cleanly: on a cluster's warning signal, SIGTERM (Slurm's default before a kill) or SIGUSR1
-(``sbatch --signal=USR1@120``), on Ctrl-C (SIGINT), and when the launcher is gone.
+"""Stopping cleanly: on a cluster's warning signal — SIGTERM (Slurm's default before a kill), SIGUSR1
+(``sbatch --signal=USR1@120``), SIGHUP (a closed terminal or ssh session) — on Ctrl-C (SIGINT), and when
+the launcher is gone.
 
-The handler only sets a flag. A signal can reach the ranks at different steps (or only some of
-them), so after every step the ranks take the MAX of their flags over the world group — one
-scalar all-reduce — and all stop after the same step, save one checkpoint together and exit (0
-after SIGTERM or SIGUSR1, 130 after Ctrl-C). A second Ctrl-C exits at once. torchrun starts each
-worker in its own session, so a worker whose agent was killed (``kill -9``) would train on
-unsupervised to the end: a worker notices that its parent changed and stops the same way.
+A training process installs its handlers first thing (``runtime/train.py``), so every moment of its life
+has one answer:
+
+* during start-up (imports, checks, building the engine, loading weights, tokenizing a stage) nothing has
+  been trained: a signal ends the process at once with one line (see ``StopRequested``);
+* while training, the handler only sets a flag. A signal can reach the ranks at different steps (or only
+  some of them), so after every step the ranks take the MAX of their signal numbers over the world group —
+  one scalar all-reduce — and all stop after the same step, save one checkpoint together and exit with
+  128 + that signal (130 after Ctrl-C, 143 after SIGTERM), what a shell reports for a process the signal
+  ended: a stopped run has not finished, so ``nanoset train ... && next`` does not go on and
+  ``sbatch --dependency=afternotok:JOB`` can resubmit it;
+* a Ctrl-C while a stop is under way exits at once, without a checkpoint of the step.
+
+torchrun starts each worker in its own session, so a worker whose launcher was killed (``kill -9``) would go
+on unsupervised: a worker compares its parent with the launcher's pid, taken at its start (and given by
+``nanoset train`` in ``NANOSET_LAUNCHER_PID``, in case it died even before). While training it stops after
+the step, as on a signal; during start-up a watcher thread ends it, since the main thread may be waiting on
+the launcher's store, which no longer answers.
 """
 
 from __future__ import annotations
@@ -15,58 +28,243 @@ import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-import torch
-import torch.distributed as dist
-
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGINT)
 LAUNCHED_BY_TORCHRUN = "TORCHELASTIC_RUN_ID"  # set in every worker that torchrun's elastic agent starts
+LAUNCHER_PID = "NANOSET_LAUNCHER_PID"  # set by nanoset train for its workers: the process they must outlive never
+LAUNCHER_LOST = 64  # the "signal number" a rank contributes to the agreement when its launcher is gone
+LAUNCHER_LOST_STATUS = 1
+WATCH_INTERVAL_S = 0.2
+INTERRUPTED_TWICE = ("interrupted twice: stopped at once, without a checkpoint of the step in progress; rerun the "
+                     "same command to resume from the latest checkpoint")  # said by the launcher, or by a worker alone
+STORE_GRACE_S = 2.0  # how long after a broken store connection a worker looks for its launcher's end
+
+
+def from_the_store(error: BaseException) -> bool:
+    """Whether ``error`` is torch.distributed's own (a store or rendezvous connection): what a launcher that died
+    breaks under a worker still starting up."""
+    dist = sys.modules.get("torch.distributed")
+    dist_error = getattr(dist, "DistError", None) if dist is not None else None
+    return dist_error is not None and isinstance(error, dist_error)
+
+
+def stop_status(signum: int) -> int:
+    """The exit status of a run stopped by ``signum`` (after its checkpoint): 128 + the signal, as a shell
+    reports a process that signal ended."""
+    return 128 + signum
+
+
+def is_stop_status(status: int) -> bool:
+    return status - 128 in {int(s) for s in STOP_SIGNALS}
+
+
+def stopped_in_startup(name: str) -> str:
+    """The one line of a stop before the first step (said by the launcher, or by each node's first worker)."""
+    return (f"stopped by {name} during start-up, before any step: nothing to save; rerun the same command to "
+            f"start again")
+
+
+def leave_a_closed_terminal() -> None:
+    """On SIGHUP (a closed terminal or ssh session): a terminal that hung up fails every write (EIO), and the first
+    log line would end the run before its checkpoint, so a terminal stdout or stderr now writes to /dev/null
+    (metrics.jsonl and the checkpoint keep the run's record); pipes and files keep their output."""
+    devnull = None
+    for fd in (1, 2):
+        try:
+            if not os.isatty(fd):
+                continue
+        except OSError:
+            continue
+        if devnull is None:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+    if devnull is not None:
+        os.close(devnull)
+
+
+class StopRequested(BaseException):
+    """A stop signal during start-up. A BaseException, as KeyboardInterrupt is, so that no ``except Exception``
+    of the start-up code swallows it; the entry point says it in one line and exits 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+def _launcher_at_start() -> int | None:
+    """The launcher this process must outlive: the one ``nanoset train`` names, or torchrun's agent (the parent
+    now, at import); None for a process no launcher started."""
+    given = os.environ.get(LAUNCHER_PID)
+    if given and given.isdigit():
+        return int(given)
+    return os.getppid() if LAUNCHED_BY_TORCHRUN in os.environ else None
+
+
+PARENT_AT_START = _launcher_at_start()  # taken at import: train.py imports this module before anything heavy
+
+_installed: StopOnSignal | None = None
 
 
 class StopOnSignal:
-    """A context installed around the training loop; ``agreed()`` is called once per step on every rank."""
+    """A process's stop state: ``install()`` once at its start; ``training()`` around the training loop,
+    where ``agreed()`` is called once per step on every rank."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.received: str | None = None  # what stops this rank (a signal's name), for the message
+    def __init__(self, launcher: int | None = None) -> None:
+        self.launcher = launcher
+        self.signum: int | None = None  # the first stop signal this process received
+        self.launcher_lost = False
+        self.agreed_code = 0  # the world's MAX: a signal number, LAUNCHER_LOST, or 0
+        self.phase = "start-up"  # then "training", then "done"
+        self._holding = 0
         self._previous: dict = {}
-        self._parent = os.getppid() if LAUNCHED_BY_TORCHRUN in os.environ else None
+        self._watcher: threading.Thread | None = None
+        self._lost = threading.Lock()
 
-    def __enter__(self) -> StopOnSignal:
-        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}
+    # ---------------------------------------------------------------- the process's handlers --------
+
+    def install(self) -> StopOnSignal:
+        """Answer the stop signals from now on (and, under a launcher, watch it during start-up)."""
+        global _installed
+        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        _installed = self
+        if self.launcher is not None and self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch_launcher, name="launcher-watch", daemon=True)
+            self._watcher.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def uninstall(self) -> None:
+        global _installed
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._previous = {}
+        self.phase = "done"  # stops the watcher
+        if _installed is self:
+            _installed = None
 
     def _on_signal(self, signum: int, frame) -> None:
-        if signum == signal.SIGINT and self.received == "SIGINT":  # the second Ctrl-C: now
-            print("interrupted twice: exiting without a checkpoint of this step", file=sys.stderr, flush=True)
-            os._exit(128 + signal.SIGINT)
-        self.received = signal.Signals(signum).name
+        if signum == signal.SIGHUP:
+            leave_a_closed_terminal()
+        if self.signum is not None:
+            if signum == signal.SIGINT:  # Ctrl-C while a stop is under way: now
+                print(f"error: {INTERRUPTED_TWICE}", file=sys.stderr, flush=True)
+                os._exit(stop_status(signal.SIGINT))
+            return  # the same stop again (Slurm signals every process of the step, and torchrun forwards it)
+        self.signum = signum
+        if self.phase == "start-up" and not self._holding:
+            raise StopRequested(signum)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """A start-up step that must not be cut in the middle (moving a run aside): a stop waits for its end."""
+        self._holding += 1
+        try:
+            yield
+        finally:
+            self._holding -= 1
+        if self.phase == "start-up" and not self._holding and self.signum is not None:
+            raise StopRequested(self.signum)
+
+    def launcher_gone(self) -> bool:
+        return self.launcher is not None and os.getppid() != self.launcher
+
+    def end_if_launcher_lost(self, within_s: float = 0.0) -> None:
+        """During start-up, under a launcher that is gone (or goes within ``within_s``): one line, then exit.
+        The watcher thread calls it every ``WATCH_INTERVAL_S``; the main thread after an error of the launcher's
+        store, whose connection breaks as the launcher dies, a moment before this process gets another parent."""
+        deadline = time.monotonic() + within_s
+        while self.launcher is not None:
+            if self.launcher_gone():
+                with self._lost:  # one line, whichever thread sees it first; the other waits for the exit
+                    try:
+                        print(f"error: the launcher (pid {self.launcher}) is gone; this worker stops before training",
+                              file=sys.stderr, flush=True)
+                    finally:
+                        os._exit(LAUNCHER_LOST_STATUS)
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(WATCH_INTERVAL_S / 4)
+
+    def _watch_launcher(self) -> None:
+        while self.phase == "start-up":
+            if not self._holding:
+                self.end_if_launcher_lost()
+            time.sleep(WATCH_INTERVAL_S)
+
+    # ---------------------------------------------------------------- the training loop -----------
+
+    @contextmanager
+    def training(self) -> Iterator[StopOnSignal]:
+        """From here a signal only sets the flag; the loop stops after the step the ranks agree on."""
+        self.phase = "training"
+        try:
+            yield self
+        finally:
+            self.phase = "done"
+
+    def agreed(self, device) -> bool:
+        """True on every rank as soon as any rank has received a stop signal (or lost its launcher)."""
+        import torch
+        import torch.distributed as dist
+
+        if self.signum is None and not self.launcher_lost and self.launcher_gone():
+            self.launcher_lost = True
+        code = torch.tensor([self.signum or (LAUNCHER_LOST if self.launcher_lost else 0)], device=device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(code, op=dist.ReduceOp.MAX)
+        self.agreed_code = int(code.item())
+        return self.agreed_code != 0
+
+    @property
+    def reason(self) -> str | None:
+        """What stopped the run, for its last line: the signal (every rank names the same one)."""
+        if not self.agreed_code:
+            return None
+        if self.agreed_code == LAUNCHER_LOST:
+            return (f"the loss of the launcher (pid {self.launcher})" if self.launcher_lost
+                    else "the loss of another node's launcher")
+        name = signal.Signals(self.agreed_code).name
+        return name if self.agreed_code == self.signum else f"{name} (sent to another rank)"
 
     @property
     def exit_status(self) -> int:
-        """The status a run stopped this way exits with: 130 after Ctrl-C, else 0 (a planned stop)."""
-        return 128 + signal.SIGINT if self.received == "SIGINT" else 0
+        """128 + the agreed signal; 1 after the loss of a launcher; 0 when nothing stopped the run."""
+        if not self.agreed_code:
+            return 0
+        return LAUNCHER_LOST_STATUS if self.agreed_code == LAUNCHER_LOST else stop_status(self.agreed_code)
 
-    def agreed(self) -> bool:
-        """True on every rank as soon as any rank has received a signal (or lost its launcher)."""
-        if self._parent is not None and self.received is None and os.getppid() != self._parent:
-            self.received = f"the loss of the launcher (torchrun, pid {self._parent})"
-        flag = torch.tensor([int(self.received is not None)], device=self.device)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+
+def installed() -> StopOnSignal | None:
+    """The stop state ``runtime/train.py`` installed for this process, if any."""
+    return _installed
+
+
+@contextmanager
+def stop_on_signal() -> Iterator[StopOnSignal]:
+    """The training loop's stop state: the process's own, or (a trainer run from another script) one installed
+    for the loop and removed after it."""
+    stop = _installed
+    owned = stop is None
+    if owned:
+        stop = StopOnSignal(PARENT_AT_START).install()
+    try:
+        with stop.training():
+            yield stop
+    finally:
+        if owned:
+            stop.uninstall()
 
 
 def ignore_in_loader_worker() -> None:
     """In a loader worker process: Slurm signals every process of the job step, and a worker killed by
-    it would crash the step the trainer finishes before it saves. SIGUSR1 and SIGINT are ignored; SIGTERM is too,
-    unless it comes from the worker's parent (the loader ends a worker that would not stop with it)."""
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the terminal's whole process group
+    it would crash the step the trainer finishes before it saves. SIGUSR1, SIGHUP and SIGINT are ignored;
+    SIGTERM is too, unless it comes from the worker's parent (the loader ends a worker that would not stop
+    with it)."""
+    for sig in (signal.SIGUSR1, signal.SIGHUP, signal.SIGINT):  # Ctrl-C reaches the terminal's whole group
+        signal.signal(sig, signal.SIG_IGN)
     parent = os.getppid()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # taken by the thread below, never delivered
 

@@ -23,6 +23,7 @@ from runtime.checkpoint.layout import (
     last_step,
     read_metadata,
     resolve_resume,
+    step_folders,
 )
 from runtime.checkpoint.run_folder import check_writable, existing_run, refuse_a_checkpoint_inside_the_run, run_lock
 from runtime.config import Config
@@ -107,6 +108,27 @@ def plan_start(config: Config, lock: bool = True) -> RunStart:
     return RunStart(path, metadata, replace_old_run=bool(found), lock=held)
 
 
+def describe_start(startup: Startup) -> str:
+    """Where the run starts and what that does to the run folder, for ``--check``: a resume, a rewind (what it
+    moves aside, see ``run_folder.rewind``), a fresh start, or a fresh start moving an old run aside."""
+    c, start = startup.config, startup.start
+    steps = c.tokens.train_steps
+    if start.checkpoint is None:
+        fresh = f"starts fresh at step 1 of {steps}" if steps else "starts fresh (train_steps 0: saves the weights)"
+        if not start.replace_old_run:
+            return fresh
+        return (f"{fresh}; checkpoints.replace_run moves the run in {c.general.run_path} aside to "
+                f"{c.general.run_path.name}.old-<UTC time>")
+    last = last_step(start.metadata)
+    todo = f"trains steps {last + 1}-{steps}" if last < steps else "nothing left to train"
+    folder = checkpoints_folder(c)
+    later = [p.name for s, p in step_folders(folder) if s > last] if folder.is_dir() else []
+    if not later:
+        return f"resumes from {start.checkpoint} (step {last}): {todo}"
+    return (f"rewinds to {start.checkpoint} (step {last}): {todo}; the {len(later)} later checkpoint(s) "
+            f"({', '.join(later)}) and a copy of metrics.jsonl are moved to {c.general.run_path}/rewound-<UTC time>")
+
+
 LOST_TOKENS_NOTE = 0.02  # packing that loses more than this share of a dataset's tokens is worth a note
 
 
@@ -139,12 +161,11 @@ def startup_notes(startup: Startup) -> list[str]:
     for part in plan.stages:
         if part.end_step <= resumed + 1:
             continue  # finished before this start
-        draws = part.blend.draws(part.num_samples)
-        for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), draws.tolist()):
-            w = plan.datasets[d]
-            if offset + n > w.num_samples:
-                notes.append(f"stage {part.name!r} reads {named[w.folder]} up to {(offset + n) / w.num_samples:.2f} "
-                             f"epochs: its samples repeat (add data, or fewer steps or a lower weight for it)")
+        for reads in plan.reads(part):
+            if reads.repeats:
+                notes.append(f"stage {part.name!r} reads {named[plan.datasets[reads.dataset].folder]} up to "
+                             f"{reads.end_epoch:.2f} epochs: its samples repeat (add data, or fewer steps or a lower "
+                             f"weight for it)")
     for w in plan.datasets:
         if w.packing == "documents" and w.reader.num_tokens:
             lost = 1 - w.kept_tokens / w.reader.num_tokens

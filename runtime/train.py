@@ -2,15 +2,17 @@
 runtime/train.py --config cfg.yaml``, or ``python -m runtime.train`` for one process).
 
 Every check (config, data, the checkpoint to resume and the run folder) runs before any process
-group, so a mistake is one line printed once; then the trainer trains. On SIGTERM or SIGUSR1 the
-run saves a checkpoint after the current step and exits 0, on Ctrl-C the same with status 130;
-rerunning the same command resumes.
+group, so a mistake is one line printed once; then the trainer trains. The stop signals are answered
+from the first line on (``runtime/preemption.py``): during start-up they end the worker at once with one
+line; while training, on SIGTERM, SIGUSR1, SIGHUP or Ctrl-C the run saves a checkpoint after the current
+step and exits 128 + the signal; rerunning the same command resumes.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,8 +20,19 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script by torchrun: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+# light imports only before main() installs the stop handlers (preemption takes the launcher's pid at import)
 from nanoset.errors import print_error, report_user_errors  # noqa: E402
-from runtime.startup import start_up  # noqa: E402
+from runtime.cli.agent import mark_user_error  # noqa: E402
+from runtime.preemption import (  # noqa: E402
+    PARENT_AT_START,
+    STOP_SIGNALS,
+    STORE_GRACE_S,
+    StopOnSignal,
+    StopRequested,
+    from_the_store,
+    stop_status,
+    stopped_in_startup,
+)
 
 REPORT_GRACE_S = 20.0
 
@@ -28,10 +41,14 @@ def report_once(error: Exception | str, reporter: bool, reporters_node: bool = T
     """Every rank finds the same mistake and the reporter prints it. The other ranks of its node wait for
     torchrun to stop them once the reporter has exited (exiting first gets it killed, maybe before it prints)
     and print the error themselves only if that never happens; ranks of other nodes (whose exit does not stop
-    the reporter's node at once) leave the printing to it."""
+    the reporter's node at once) leave the printing to it. Every rank marks the error for its launcher, which
+    does not restart a mistake."""
+    mark_user_error(str(error))
     if not reporter:
         if not reporters_node:
             return
+        for sig in STOP_SIGNALS:  # torchrun's SIGTERM is the expected end here: no "stopped by" line for it
+            signal.signal(sig, signal.SIG_DFL)
         time.sleep(REPORT_GRACE_S)
     print_error(str(error))
 
@@ -46,6 +63,8 @@ def report_per_node(message: str) -> None:
 def train(config_path: str) -> int:
     """Start up (a mistake there is said by every node's local rank 0: each node has its own log), then train
     (a mistake found by then, e.g. data changed since the checkpoint, is said by global rank 0)."""
+    from runtime.startup import start_up
+
     startup = start_up(config_path)
     from runtime.trainer import Trainer
 
@@ -57,11 +76,29 @@ def train(config_path: str) -> int:
         trainer.close()
 
 
+def stopped_before_training(signum: int) -> int:
+    """A stop during start-up: said once per node (by its first worker), then 128 + the signal."""
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        print(stopped_in_startup(signal.Signals(signum).name), file=sys.stderr, flush=True)
+    return stop_status(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", required=True, help="YAML config (see docs/config.md)")
-    args = ap.parse_args(argv)
-    return report_user_errors(lambda: train(args.config), report=report_per_node)
+    stop = StopOnSignal(PARENT_AT_START).install()
+    try:
+        ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+        ap.add_argument("--config", required=True, help="YAML config (see docs/config.md)")
+        args = ap.parse_args(argv)
+        return report_user_errors(lambda: train(args.config), report=report_per_node)
+    except StopRequested as e:
+        return stopped_before_training(e.signum)
+    except Exception as e:
+        if stop.phase != "start-up":
+            raise
+        if stop.signum is not None:  # e.g. a collective broken by a rank that stopped first
+            return stopped_before_training(stop.signum)
+        stop.end_if_launcher_lost(within_s=STORE_GRACE_S if from_the_store(e) else 0.0)  # its store went with it
+        raise
 
 
 if __name__ == "__main__":

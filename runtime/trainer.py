@@ -12,13 +12,14 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from nanoset.errors import NanosetError
+from nanoset.errors import NanosetError, WriteFailed
 from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
 from runtime.checkpoint.run_folder import Rewound, move_aside, rewind
 from runtime.checkpoint.store import SKIPPED, SKIPPED_IN_A_ROW, CheckpointManager
@@ -45,7 +46,7 @@ from runtime.metrics import (
 )
 from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
-from runtime.preemption import StopOnSignal
+from runtime.preemption import installed, stop_on_signal
 from runtime.startup import Startup, start_up, startup_notes
 from runtime.validation import Validator, describe
 
@@ -59,7 +60,7 @@ class TrainSummary:
     checkpoint: Path | None = None
     metrics_file: Path | None = None
     stopped_by_signal: bool = False  # preempted: a checkpoint of last_step was saved; rerun to resume
-    exit_status: int = 0  # what the process should exit with: 130 after Ctrl-C
+    exit_status: int = 0  # what the process should exit with: 128 + the signal that stopped it (130: Ctrl-C)
 
 
 class Trainer:
@@ -76,7 +77,9 @@ class Trainer:
         self.is_main = self.parallel_context.world_rank == 0
         self.run_dir = config.general.run_path
         resumed = last_step(self.start.metadata) if self.start.checkpoint is not None else 0
-        moved, rewound = self._prepare_run_folder(resumed)
+        stop = installed()
+        with stop.held() if stop is not None else nullcontext():  # a Ctrl-C here waits for the moves' end
+            moved, rewound = self._prepare_run_folder(resumed)
         torch.manual_seed(config.general.seed)
         # resumed or from Hugging Face: every weight is loaded in _resume, so none is drawn first
         self.engine = Engine(config, self.parallel_context,
@@ -116,12 +119,7 @@ class Trainer:
                 failure = str(e)
             except OSError as e:
                 failure = f"{self.run_dir}: preparing the run folder failed ({e}); fix the cause and rerun"
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            shared = [failure]
-            torch.distributed.broadcast_object_list(shared, src=0)
-            failure = shared[0]
-        if failure:
-            raise NanosetError(failure)
+        raise_together(NanosetError(failure) if failure else None, self.parallel_context.device)
         return moved, rewound
 
     # ------------------------------------------------------------------ public -----------------
@@ -148,7 +146,8 @@ class Trainer:
         c = self.config
         last_save = self.last_step
         self._step_end = time.perf_counter()
-        with StopOnSignal(self.parallel_context.device) as stop:
+        device = self.parallel_context.device
+        with stop_on_signal() as stop:
             for step in range(self.last_step + 1, c.tokens.train_steps + 1):
                 stage = self.plan.stage_for_step(step)
                 if stage is not self._stage:
@@ -159,19 +158,17 @@ class Trainer:
                 lr = self.lr_schedule.apply(self.engine.optimizer, step)
                 result = self.engine.train_step(batches, stage.sequence_length, num_sources=len(stage.dataset_ids))
                 self.last_step = step
-                self._log_step(step, stage, result, lr, data_wait, summary)
-                if self.validator.should_validate(step, stage.index):  # before this step's checkpoint: never repeated
-                    self._validate(step, stage)
+                self._log_and_validate(step, stage, result, lr, data_wait, summary)
                 self._count_skips(step, result)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
                 # every rank stops after the same step; a signal during the last one changes nothing
-                summary.stopped_by_signal = stop.agreed() and step < c.tokens.train_steps
+                summary.stopped_by_signal = stop.agreed(device) and step < c.tokens.train_steps
                 interval = c.checkpoints.checkpoint_interval
                 if summary.stopped_by_signal or interval and step % interval == 0 and step < c.tokens.train_steps:
                     self._save(step)
                     last_save = step
-                    summary.stopped_by_signal = stop.agreed()  # a signal during the save: this checkpoint is it
+                    summary.stopped_by_signal = stop.agreed(device)  # a signal during the save: this checkpoint is it
                 if summary.stopped_by_signal:
                     break
             # the final checkpoint; with train_steps 0, of the weights loaded (an exact HF → checkpoint → HF trip)
@@ -184,8 +181,25 @@ class Trainer:
             self._export_hf(summary.checkpoint)
         self._release_loader()
         summary.exit_status = stop.exit_status if summary.stopped_by_signal else 0
-        self._print_summary(summary, stop.received)
+        self._print_summary(summary, stop.reason)
         return summary
+
+    def _log_and_validate(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,
+                          summary: TrainSummary) -> None:
+        """Log the step, then validate when due (before this step's checkpoint: never repeated). Rank 0 alone
+        writes metrics.jsonl: a write that fails there (a full disk) is raised on every rank, after validation's
+        collectives, so that no rank goes on alone or dies in the next collective with a traceback."""
+        failure = None
+        try:
+            self._log_step(step, stage, result, lr, data_wait, summary)
+        except WriteFailed as e:
+            failure = e
+        if self.validator.should_validate(step, stage.index):
+            try:
+                self._validate(step, stage)
+            except WriteFailed as e:
+                failure = failure or e
+        raise_together(failure, self.parallel_context.device)
 
     def _log_step(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,
                   summary: TrainSummary) -> None:
@@ -349,14 +363,16 @@ class Trainer:
     def _mfu(self, tokens_per_s: float, sequence_length: int) -> float | None:
         return model_flops_utilization(tokens_per_s, self.config, sequence_length, self._peak)
 
-    def _print_summary(self, summary: TrainSummary, signal_name: str | None) -> None:
+    def _print_summary(self, summary: TrainSummary, reason: str | None) -> None:
+        """The run's last line; ``reason``: what stopped it (a signal's name), None when it ran to its end."""
         if summary.stopped_by_signal:  # only `resume: latest` continues it (null starts over, a path rewinds)
             how = ("rerun the same command" if self.config.checkpoints.resume == LATEST
                    else "set checkpoints.resume: latest and rerun")
-            self.metrics.info(f"stopped by {signal_name or 'a signal to another rank'} after step "
-                              f"{summary.last_step}: checkpoint {summary.checkpoint}; {how} to resume")
+            self.metrics.info(f"stopped by {reason} after step {summary.last_step}: checkpoint {summary.checkpoint}; "
+                              f"{how} to resume")
             return
         losses = ", ".join(f"{name} {loss:.4f}" for name, loss in summary.final_loss_per_stage.items())
+        metrics = summary.metrics_file
+        wrote = f"; metrics: {metrics}" if metrics is not None and metrics.is_file() and metrics.stat().st_size else ""
         self.metrics.info(f"done: step {summary.last_step}/{self.config.tokens.train_steps}; final loss per stage: "
-                          f"{losses or 'none (nothing left to train)'}; checkpoint: {summary.checkpoint}; "
-                          f"metrics: {summary.metrics_file}")
+                          f"{losses or 'none (nothing left to train)'}; checkpoint: {summary.checkpoint}{wrote}")

@@ -60,3 +60,12 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr == f"error: {tmp_path / 'nope'}: no such dataset folder (create it with `nanoset tokenize ... " \
                           f"-o {tmp_path / 'nope'}`)\n"
+
+
+def test_nanoset_train_without_torch_says_so_in_one_line(tmp_path):
+    code = "import sys\nsys.modules['torch'] = None\nfrom nanoset.cli import main\nmain()\n"
+    proc = subprocess.run([sys.executable, "-c", code, "train", "--config", "c.yaml"], capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == ("error: nanoset train needs PyTorch, which is not installed: pip install torch (for the CPU "
+                           "build: pip install torch --index-url https://download.pytorch.org/whl/cpu)\n")

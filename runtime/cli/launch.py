@@ -3,10 +3,16 @@
 Every check of start-up (config, data, the checkpoint to resume, the run folder) runs here, in the
 launching process, before any worker exists: a mistake is one ``error:`` line, not a line per rank
 buried under torchrun's failure report. Then torchrun's elastic agent runs in this process
-(``torch.distributed.run``) with ``runtime/train.py`` as the workers' entry point; a worker that fails
-has said why in its own line, and the launcher adds only what the worker could not say (killed by a
-signal), then exits with the worker's status. ``--check`` prints the plan instead of training: per
-stage, its steps and datasets, the samples, tokens and epochs each dataset gives it, and what repeats.
+(``torch.distributed.run``, with the launcher's signal handling: ``runtime/cli/agent.py``) with
+``runtime/train.py`` as the workers' entry point; a worker that fails has said why in its own line, and
+the launcher adds only what the worker could not say (killed by a signal), then exits with the worker's
+status. ``--check`` prints the plan instead of training: where the run starts (a resume, a rewind, a
+fresh start), per stage its steps and datasets, the samples, tokens and epochs each dataset gives it, and
+what repeats.
+
+The command line is checked before anything else: options are nanoset train's and torchrun's, nothing
+else — no script (the launcher runs ``runtime/train.py`` itself), no option that would change the entry
+point, one number of nodes — each mistake one ``error:`` line (status 2, as for the other commands).
 """
 
 from __future__ import annotations
@@ -14,62 +20,188 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
+import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+from nanoset.errors import ConfigError, NanosetError, print_error, report_user_errors
+from runtime.cli.agent import LauncherSignals
+from runtime.preemption import (
+    INTERRUPTED_TWICE,
+    LAUNCHER_PID,
+    STOP_SIGNALS,
+    StopRequested,
+    stop_status,
+    stopped_in_startup,
+)
 
-from nanoset.errors import ConfigError, print_error, report_user_errors
-from runtime.config.load import load_config
-from runtime.data.order.plan import DataPlan, StagePlan
-from runtime.startup import start_up, startup_notes
+if TYPE_CHECKING:
+    from runtime.data.order.plan import DataPlan, StagePlan
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "train.py"
-# long enough for the workers to finish the step and save after Ctrl-C or SIGTERM (torchrun's default: 30 s)
+# torchrun kills workers this long after forwarding a signal it handles itself (its default: 30 s); the launcher
+# handles the stop signals on its own and never kills a stopping worker, but keeps it for the signals it leaves
 SHUTDOWN_TIMEOUT_S = "600"
+# torchrun options that would run something else than runtime/train.py
+ENTRY_POINT_OPTIONS = {"module": "-m/--module", "no_python": "--no-python", "run_path": "--run-path"}
+# torchrun's own log lines (an OMP_NUM_THREADS banner, "Received 2 death signal", its failure report): the
+# launcher says a failure once, itself
+TORCHRUN_LOGGERS = ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")
+USAGE_STATUS = 2
+
+
+
+class UsageError(NanosetError):
+    """A command line nanoset train cannot run: one ``error:`` line, status 2."""
+
+
+def _refuse(message: str) -> None:
+    raise UsageError(f"nanoset train: {message} (see nanoset train --help)")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's usage and exit(2) → one line
+        _refuse(message)
+
+
+@dataclass
+class LaunchArgs:
+    config: str
+    nproc: int | None  # --nproc-per-node; None: the config's world size / nodes
+    check: bool
+    torchrun: list[str]  # torchrun's options, checked
+    nodes: int
+
+
+def parse_args(argv: list[str]) -> LaunchArgs:
+    """nanoset train's options and torchrun's, each mistake a ``UsageError``: an unknown option, a positional
+    argument (the launcher runs runtime/train.py itself), an option that changes the entry point, a number of
+    processes or nodes that is not a positive integer, an elastic range of nodes."""
+    ap = _Parser(prog="nanoset train", description="Check the run once, then start its workers with torchrun's "
+                 "elastic agent in this process.",
+                 epilog="Other options are torchrun's (--nnodes, --node-rank, --rdzv-endpoint, --max-restarts, ...); "
+                        "no script: runtime/train.py is the workers' entry point.")
+    ap.add_argument("--config", required=True, help="the run's YAML config (docs/config.md)")
+    ap.add_argument("--nproc-per-node", "--nproc_per_node", type=_positive("--nproc-per-node"), default=None,
+                    help="worker processes on this node (default: the config's world size / nodes)")
+    ap.add_argument("--check", action="store_true", help="check everything and print the plan; train nothing")
+    args, rest = ap.parse_known_args(argv)
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    parser.error = _refuse  # type: ignore[method-assign]
+    known = parser.parse_args([*rest, "--", str(TRAIN_SCRIPT)])
+    for option, spelled in ENTRY_POINT_OPTIONS.items():
+        if getattr(known, option, False):
+            _refuse(f"{spelled} is not for nanoset train, whose workers run runtime/train.py")
+    if known.training_script != str(TRAIN_SCRIPT) or known.training_script_args:
+        given = known.training_script
+        if Path(given).name == TRAIN_SCRIPT.name:
+            _refuse(f"takes no script: it runs runtime/train.py itself; drop {given!r} from the command")
+        _refuse(f"takes no positional argument ({given!r}): it runs runtime/train.py with --config")
+    return LaunchArgs(args.config, args.nproc_per_node, args.check, rest, _nodes(known.nnodes))
+
+
+def _positive(option: str):
+    def parse(value: str) -> int:
+        if not re.fullmatch(r"\d+", value.strip()) or int(value) < 1:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of processes")
+        return int(value)
+    return parse
+
+
+def _nodes(nnodes: str) -> int:
+    """``--nnodes N`` (or ``N:N``): the config's parallelism fixes the number of processes, so one number."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", str(nnodes))
+    if m is None or int(m.group(1)) < 1 or (m.group(2) is not None and int(m.group(2)) < 1):
+        _refuse(f"--nnodes {nnodes!r}: give a positive number of nodes")
+    low, high = int(m.group(1)), int(m.group(2) or m.group(1))
+    if low != high:
+        _refuse(f"--nnodes {nnodes}: the config's parallelism fixes the number of processes, so the number of "
+                f"nodes too; give one number (--nnodes {high})")
+    return high
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="nanoset train", description="Check the run once, then start its workers "
-                                 "with torchrun's elastic agent in this process.",
-                                 epilog="Other options are torchrun's (--nnodes, --node-rank, --rdzv-endpoint, ...).")
-    ap.add_argument("--config", required=True, help="the run's YAML config (docs/config.md)")
-    ap.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None,
-                    help="worker processes on this node (default: the config's world size / nodes)")
-    ap.add_argument("--check", action="store_true", help="check everything and print the plan; train nothing")
-    args, torchrun_args = ap.parse_known_args(argv)
-    return report_user_errors(lambda: launch(args.config, args.nproc_per_node, args.check, torchrun_args))
+    signals = LauncherSignals().install()  # before anything slow: every stop signal has one answer from here
+    try:
+        try:
+            args = parse_args(list(sys.argv[1:] if argv is None else argv))
+        except UsageError as e:
+            print_error(str(e))
+            return USAGE_STATUS
+        return report_user_errors(lambda: launch(args, signals))
+    except StopRequested as e:  # before any worker ran: nothing to save
+        print(stopped_in_startup(e.name), file=sys.stderr, flush=True)
+        return stop_status(e.signum)
+    except ImportError as e:
+        if e.name is None or e.name.split(".")[0] != "torch":
+            raise
+        print_error("nanoset train needs PyTorch, which is not installed: pip install torch (for the CPU build: pip "
+                    "install torch --index-url https://download.pytorch.org/whl/cpu)")
+        return 1
 
 
-def launch(config_path: str, nproc: int | None, check: bool, torchrun_args: list[str]) -> int:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, parse_min_max_nnodes, run
-
-    parser = get_args_parser()
-    known = parser.parse_args([*torchrun_args, str(TRAIN_SCRIPT)])
-    _, nodes = parse_min_max_nnodes(known.nnodes)
-    config = load_config(config_path)
+def workers_per_node(config, config_path: str, nproc: int | None, nodes: int) -> int:
+    """The processes to start on this node: ``--nproc-per-node``, or the config's world size / nodes."""
+    world, layout = config.world_size, config.parallelism.describe()
     if nproc is None:
-        if config.world_size % nodes:
-            raise ConfigError(f"{config_path}: parallelism {config.parallelism.describe()} do not split over "
-                              f"--nnodes {known.nnodes}; give --nproc-per-node")
-        nproc = config.world_size // nodes
-    try:
-        config.parallelism.check_world(nproc * nodes)
-    except ConfigError as e:
-        raise ConfigError(f"{config_path}: {e}") from None
-    startup = start_up(config, world=nproc * nodes, lock=False)
-    if check:
-        print("\n".join(plan_report(startup.plan) + [f"note: {note}" for note in startup_notes(startup)]))
+        if world % nodes:
+            raise ConfigError(f"{config_path}: parallelism {layout} do not split over --nnodes {nodes}; change "
+                              f"parallelism or --nnodes")
+        return world // nodes
+    if nproc * nodes != world:
+        fix = (f"give --nproc-per-node {world // nodes} or leave it out" if world % nodes == 0
+               else "change parallelism or --nnodes")
+        on = f" on --nnodes {nodes}" if nodes > 1 else ""
+        raise ConfigError(f"{config_path}: parallelism {layout}, but --nproc-per-node {nproc}{on} would start "
+                          f"{nproc * nodes}; {fix}")
+    return nproc
+
+
+def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
+    from runtime.config.load import load_config
+    from runtime.startup import describe_start, start_up, startup_notes
+
+    config = load_config(args.config)
+    nproc = workers_per_node(config, args.config, args.nproc, args.nodes)
+    startup = start_up(config, world=nproc * args.nodes, lock=False)
+    if args.check:
+        print("\n".join([f"start: {describe_start(startup)}", *plan_report(startup.plan),
+                         *(f"note: {note}" for note in startup_notes(startup))]))
         return 0
-    torchrun = parser.parse_args([*torchrun_args, f"--nproc-per-node={nproc}", str(TRAIN_SCRIPT),
-                                  "--config", config_path])
+    return run_workers(args, nproc, signals)
+
+
+def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals) -> int:
+    """torchrun's elastic agent, in this process, with runtime/train.py on ``nproc`` workers; their status."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+    from torch.distributed.run import get_args_parser, run
+
+    from runtime.cli.agent import agent_of_launch
+
+    torchrun = get_args_parser().parse_args([*args.torchrun, f"--nproc-per-node={nproc}", "--", str(TRAIN_SCRIPT),
+                                             "--config", args.config])
+    if hasattr(torchrun, "signals_to_handle"):  # torch ≥ 2.8: leave the stop signals to the launcher's handlers
+        ours = {s.name for s in STOP_SIGNALS}
+        torchrun.signals_to_handle = ",".join(
+            s for s in torchrun.signals_to_handle.split(",") if s.strip() and s.strip() not in ours) or "SIGQUIT"
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # the workers stop if this process goes (runtime/preemption.py)
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_S)
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # failures are said below, once
+    if nproc > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets, without its five-line banner
+    quiet_torchrun()
     try:
-        run(torchrun)
+        with agent_of_launch(signals):
+            run(torchrun)
     except ChildFailedError as e:
+        if signals.killed:
+            print_error(INTERRUPTED_TWICE)
+            return stop_status(signal.SIGINT)
         rank, failure = e.get_first_failure()
         if failure.exitcode < 0:  # the worker could not say it: a signal (the out-of-memory killer's SIGKILL)
             name = signal.Signals(-failure.exitcode).name
@@ -78,13 +210,27 @@ def launch(config_path: str, nproc: int | None, check: bool, torchrun_args: list
                         + "; rerun the same command to resume from the latest checkpoint")
             return 128 - failure.exitcode
         return failure.exitcode
-    except SignalException as e:  # Ctrl-C or SIGTERM to the launcher: the workers saved (they said so)
-        return 128 + int(e.sigval)
+    except RendezvousError as e:  # the nodes never met: an endpoint, a node not started, a firewall
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__  # a timeout says nothing more
+        raise NanosetError(f"the rendezvous of the nodes failed ({why}); check --rdzv-endpoint "
+                           f"{torchrun.rdzv_endpoint or '(none)'} and that every node runs the same command") from None
     return 0
+
+
+def quiet_torchrun() -> None:
+    """torch's elastic loggers each set their own level, so a parent's level does not hold them: their records
+    end at a handler that drops them instead of Python's last-resort printer."""
+    for name in TORCHRUN_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+            logger.addHandler(logging.NullHandler())
+        logger.propagate = False
 
 
 def _weights_shown(part: StagePlan) -> list[str]:
     """Each dataset's weight as the plan shows it; with a schedule, its weights at the part's first and last steps."""
+    import numpy as np
+
     if part.schedule is None:
         return [f"{w:g}" for w in part.weights]
     first, last = part.schedule.shares(np.array([part.start_step, part.end_step - 1]))
@@ -99,13 +245,9 @@ def plan_report(plan: DataPlan) -> list[str]:
         lines.append(f"stage {part.name!r}: steps {part.start_step}-{part.end_step - 1} ({part.num_steps} steps), "
                      f"sequence length {part.sequence_length}, global batch {part.global_batch_size}: "
                      f"{part.num_samples:,} samples, {part.num_samples * part.sequence_length:,} tokens")
-        draws = part.blend.draws(part.num_samples)
-        for d, weight, offset, n in zip(part.dataset_ids, _weights_shown(part), part.draw_offsets.tolist(),
-                                        draws.tolist()):
-            w = plan.datasets[d]
-            epochs = n / w.num_samples
-            end = (offset + n) / w.num_samples
-            repeat = f"; repeats: epoch {end:.2f} by the stage's end" if end > 1 else ""
-            lines.append(f"  {named[w.folder]} (weight {weight}): {n:,} of its {w.num_samples:,} samples, "
-                         f"{n * w.sequence_length:,} tokens, {epochs:.2f} epochs{repeat}")
+        for reads, weight in zip(plan.reads(part), _weights_shown(part)):
+            w = plan.datasets[reads.dataset]
+            repeat = f"; repeats: epoch {reads.end_epoch:.2f} by the stage's end" if reads.repeats else ""
+            lines.append(f"  {named[w.folder]} (weight {weight}): {reads.samples:,} of its {w.num_samples:,} "
+                         f"samples, {reads.samples * w.sequence_length:,} tokens, {reads.epochs:.2f} epochs{repeat}")
     return lines

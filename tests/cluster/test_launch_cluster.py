@@ -15,7 +15,7 @@ import yaml
 
 from tests.support import ROOT
 from tests.support.configs import small_config
-from tests.support.harness import free_port, metrics, torchrun, worker_stderr
+from tests.support.harness import error_lines, free_port, metrics, torchrun, worker_stderr
 
 # the real runtime.train main, each step slowed down so that a signal reliably arrives mid-run
 SLOW_TRAIN = f'''
@@ -130,8 +130,8 @@ def test_sigterm_to_torchrun_saves_once_and_resumes_bit_identically(reference, s
 
 
 def test_sigusr1_to_one_worker_stops_every_rank(shards, tmp_path):
-    """Only one rank gets the signal: the ranks agree (MAX of a flag each step), both stop after the
-    same step, save one checkpoint together and exit 0 (so torchrun exits 0)."""
+    """Only one rank gets the signal: the ranks agree (MAX of their signals each step), both stop after the
+    same step, save one checkpoint together and exit 128 + SIGUSR1 (torchrun reports it and exits 1)."""
     run = tmp_path / "run"
     cfg = small_config(tmp_path, run)
     proc = start_slow(cfg, tmp_path, shards)
@@ -140,8 +140,8 @@ def test_sigusr1_to_one_worker_stops_every_rank(shards, tmp_path):
     assert len(workers) == 2
     os.kill(workers[-1], signal.SIGUSR1)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    step = int(out.split("stopped by ")[1].split(" after step ")[1].split(":")[0])
+    assert proc.returncode == 1 and f"exitcode  : {128 + signal.SIGUSR1} (pid" in err, err
+    step = stopped_at(out, "SIGUSR1 (sent to another rank)" if "(sent to another rank)" in out else "SIGUSR1")
     assert 2 <= step < 12
     saved = run / "checkpoints" / f"step-{step:06d}"
     assert (run / "checkpoints" / "latest").read_text().strip() == saved.name
@@ -219,8 +219,9 @@ def test_a_signal_during_a_checkpoint_save_stops_on_that_checkpoint(shards, tmp_
     script = tmp_path / "signal_in_save.py"
     script.write_text(SIGNAL_DURING_SAVE)
     run = tmp_path / "run"
-    out = torchrun(small_config(tmp_path, run, single_stage=True), 2, cwd=shards, script=script).stdout
-    assert stopped_at(out, "a signal to another rank") == 3
+    proc = torchrun(small_config(tmp_path, run, single_stage=True), 2, cwd=shards, script=script, check=False)
+    assert proc.returncode == 1 and f"exitcode  : {128 + signal.SIGUSR1} (pid" in proc.stderr, proc.stderr
+    assert stopped_at(proc.stdout, "SIGUSR1 (sent to another rank)") == 3  # rank 0 speaks: rank 1 got it
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest", "step-000003"]
     assert [r["step"] for r in metrics(run)] == [1, 2, 3]
 
@@ -253,8 +254,8 @@ def test_a_node_that_sees_other_data_is_refused(shards, tmp_path):
     assert not (run / "metrics.jsonl").exists() or metrics(run) == []
 
 
-def nanoset_train(*args, cwd: Path, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "nanoset.cli", "train", *map(str, args)], cwd=cwd, env=ENV,
+def nanoset_train(*args, cwd: Path, env: dict | None = None, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "nanoset.cli", "train", *map(str, args)], cwd=cwd, env=env or ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
@@ -266,6 +267,7 @@ def test_nanoset_train_checks_once_and_says_a_mistake_in_one_line(shards, tmp_pa
     out, err = check.communicate(timeout=120)
     assert check.returncode == 0 and err == "", err
     assert out.splitlines() == [
+        "start: starts fresh at step 1 of 12",
         "stage 'pretrain': steps 1-7 (7 steps), sequence length 32, global batch 4: 28 samples, 896 tokens",
         "  shards/web (weight 0.7): 20 of its 10,639 samples, 640 tokens, 0.00 epochs",
         "  shards/code (weight 0.3): 8 of its 3,812 samples, 256 tokens, 0.00 epochs",
@@ -280,9 +282,9 @@ def test_nanoset_train_checks_once_and_says_a_mistake_in_one_line(shards, tmp_pa
     assert err == ("error: model.vocab_size 1000 < vocab size 1494 of the tokenizer of shards/web; raise "
                    "model.vocab_size to at least 1494\n")
     wrong = nanoset_train("--config", cfg, "--nproc-per-node", 3, cwd=shards)
-    assert wrong.communicate(timeout=120)[1] == (
-        f"error: {cfg}: parallelism tp 1 × pp 1 × dp 2 = 2 processes, but 3 were launched; use torchrun "
-        f"--nproc_per_node=2\n")
+    assert wrong.communicate(timeout=120)[1] == (  # our option, not torchrun's --nproc_per_node
+        f"error: {cfg}: parallelism tp 1 × pp 1 × dp 2 = 2 processes, but --nproc-per-node 3 would start 3; give "
+        f"--nproc-per-node 2 or leave it out\n")
 
 
 def test_ctrl_c_to_nanoset_train_saves_and_exits_130_then_resumes_bit_identically(reference, shards, tmp_path):
@@ -328,3 +330,264 @@ def test_workers_whose_torchrun_agent_is_killed_stop_with_a_checkpoint(reference
     out, err = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, err
     assert losses(metrics(run)) == losses(ref_rows)
+
+
+# Imported by every process of a `nanoset train` started with launcher_env(); it changes the launcher's checks with
+# "launcher_slow_startup S" (a marker file, then S seconds), else the workers only (they have LOCAL_RANK), as FAULT
+# asks: "slow_step S", "slow_save S" (a marker file, then S seconds before a save),
+# "slow_startup S" (a marker file, then S seconds before start-up's checks), "slow_startup_but_rank0 S" (the same
+# but for rank 0, which goes on to wait for the others in init_process_group, after a marker), "exit_at_step N CODE"
+# (rank 0 exits),
+# "error_at_step N" (a user error on every rank).
+WORKER_FAULTS = '''
+import os, time
+fault = os.environ.get("FAULT", "").split()
+if fault and fault[0] == "launcher_slow_startup" and "LOCAL_RANK" not in os.environ:
+    import runtime.startup as startup
+    start_up = startup.start_up
+    def slow_start_up(*a, **k):
+        open(os.environ["FAULT_MARKER"], "w").close()
+        time.sleep(float(fault[1]))
+        return start_up(*a, **k)
+    startup.start_up = slow_start_up
+elif fault and ("LOCAL_RANK" in os.environ or "FAULT_WORKER" in os.environ):
+    kind, args = fault[0], fault[1:]
+    marker = os.environ["FAULT_MARKER"]
+    if kind in ("slow_step", "exit_at_step", "error_at_step"):
+        import runtime.engine as engine
+        step = engine.Engine.train_step
+        calls = [0]
+        def train_step(self, *a, **k):
+            calls[0] += 1
+            if kind == "slow_step":
+                time.sleep(float(args[0]))
+            elif kind == "exit_at_step" and calls[0] == int(args[0]) and os.environ.get("RANK", "0") == "0":
+                os._exit(int(args[1]))
+            elif kind == "error_at_step" and calls[0] == int(args[0]):
+                from nanoset.errors import ConfigError
+                raise ConfigError("data.bogus: a user error found while training")
+            return step(self, *a, **k)
+        engine.Engine.train_step = train_step
+    elif kind == "slow_save":
+        import runtime.checkpoint.store as store
+        save = store.CheckpointManager.save
+        def slow_save(self, *a, **k):
+            open(marker, "w").close()
+            time.sleep(float(args[0]))
+            return save(self, *a, **k)
+        store.CheckpointManager.save = slow_save
+    elif kind == "slow_startup_but_rank0" and os.environ.get("RANK", "0") == "0":  # waits on the others' store
+        import torch.distributed as dist
+        init = dist.init_process_group
+        def init_process_group(*a, **k):
+            open(f"{marker}.pg", "w").close()
+            return init(*a, **k)
+        dist.init_process_group = init_process_group
+    elif kind.startswith("slow_startup"):
+        import runtime.startup as startup
+        start_up = startup.start_up
+        def slow_start_up(*a, **k):
+            open(f"{marker}.{os.environ['RANK']}", "w").close()
+            time.sleep(float(args[0]))
+            return start_up(*a, **k)
+        startup.start_up = slow_start_up
+'''
+
+
+INTERRUPTED_TWICE = ("error: interrupted twice: stopped at once, without a checkpoint of the step in progress; rerun "
+                     "the same command to resume from the latest checkpoint\n")
+
+
+def launcher_env(tmp_path: Path, fault: str, worker: bool = False) -> dict:
+    """The environment of a `nanoset train` whose workers get ``fault`` (see WORKER_FAULTS); ``worker``: of a
+    process started without a launcher, which gets it itself."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(WORKER_FAULTS)
+    return {**ENV, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "FAULT": fault,
+            "FAULT_MARKER": str(tmp_path / "marker"), **({"FAULT_WORKER": "1"} if worker else {})}
+
+
+def wait_for(path: Path, proc: subprocess.Popen) -> None:
+    deadline = time.time() + 120
+    while not path.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+
+
+def gone(pids: list[int], within_s: float = 30) -> bool:
+    deadline = time.time() + within_s
+    while time.time() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.05)
+    return not any(Path(f"/proc/{p}").exists() for p in pids)
+
+
+def test_a_second_ctrl_c_to_nanoset_train_stops_the_workers_at_once(shards, tmp_path):
+    """The first Ctrl-C asks for a checkpoint after the step; a second one while the workers save kills them at once
+    (was: forwarded as SIGTERM, which the workers took for the same stop, and the line said SIGTERM)."""
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, dp=1, interval=0)
+    proc = nanoset_train("--config", cfg, cwd=shards, env=launcher_env(tmp_path, "slow_save 120"))
+    wait_for_step(run, 1, proc)
+    (worker,) = children(proc.pid)
+    os.kill(proc.pid, signal.SIGINT)
+    wait_for(tmp_path / "marker", proc)  # the worker is saving the checkpoint of its step
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)  # not the 120 s of the save
+    assert proc.returncode == 130
+    assert err == INTERRUPTED_TWICE
+    assert "stopped by" not in out and gone([worker], within_s=5)
+    assert not (run / "checkpoints").exists() or list((run / "checkpoints").iterdir()) == []
+
+
+def test_a_second_ctrl_c_to_a_single_process_run_exits_at_once(shards, tmp_path):
+    """Without a launcher (python -m runtime.train), the process itself answers the second Ctrl-C."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.train", "--config",
+                             str(small_config(tmp_path, run, dp=1, interval=0))], cwd=shards,
+                            env=launcher_env(tmp_path, "slow_save 120", worker=True), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_for_step(run, 1, proc)
+    proc.send_signal(signal.SIGINT)
+    wait_for(tmp_path / "marker", proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (130, INTERRUPTED_TWICE) and "stopped by" not in out
+
+
+def test_a_worker_killed_by_a_signal_is_one_line_and_128_plus_the_signal(shards, tmp_path):
+    run = tmp_path / "run"
+    proc = nanoset_train("--config", small_config(tmp_path, run, dp=1), cwd=shards,
+                         env={**ENV, "NANOSET_FAULT_KILL_AT_STEP": "2"})
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGKILL, err
+    (line,) = err.splitlines()
+    pid = line.split("(pid ")[1].split(")")[0]
+    assert pid.isdigit() and line == (f"error: worker rank 0 (pid {pid}) was killed by SIGKILL (out of memory?); rerun "
+                                      f"the same command to resume from the latest checkpoint")
+
+
+def test_a_workers_own_exit_status_passes_through_nanoset_train(shards, tmp_path):
+    proc = nanoset_train("--config", small_config(tmp_path, tmp_path / "run", dp=1), cwd=shards,
+                         env=launcher_env(tmp_path, "exit_at_step 2 7"))
+    out, err = proc.communicate(timeout=300)
+    assert (proc.returncode, err) == (7, "")  # nothing of torchrun's report
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])  # SIGHUP: the closed-terminal test
+def test_a_stop_signal_to_nanoset_train_saves_and_exits_128_plus_the_signal(shards, tmp_path, sig):
+    """SIGTERM (Slurm), SIGHUP (a closed terminal or ssh session) and SIGUSR1 (sbatch --signal) each stop after the
+    step with one checkpoint, and the launcher exits 128 + the signal, the worker's status (was: SIGTERM 143 where the
+    docs said 0, SIGHUP lost the steps since the last checkpoint, SIGUSR1 killed the launcher with 138)."""
+    run = tmp_path / "run"
+    proc = nanoset_train("--config", small_config(tmp_path, run, dp=1, interval=0), cwd=shards,
+                         env=launcher_env(tmp_path, "slow_step 0.3"))
+    wait_for_step(run, 2, proc)
+    os.kill(proc.pid, sig)
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (128 + sig, "")
+    step = stopped_at(out, sig.name)
+    assert 2 <= step < 12 and (run / "checkpoints" / "latest").read_text().strip() == f"step-{step:06d}"
+
+
+def test_ctrl_c_during_start_up_is_one_line(shards, tmp_path):
+    """Before the first step there is nothing to save: a Ctrl-C ends the workers at once with one line (was: a
+    KeyboardInterrupt traceback per rank)."""
+    run = tmp_path / "run"
+    proc = nanoset_train("--config", small_config(tmp_path, run), cwd=shards,
+                         env=launcher_env(tmp_path, "slow_startup 120"))
+    for rank in (0, 1):
+        wait_for(tmp_path / f"marker.{rank}", proc)
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err == ("stopped by SIGINT during start-up, before any step: nothing to save; rerun the same command to "
+                   "start again\n")
+    assert not (run / "metrics.jsonl").exists()
+
+
+def test_ctrl_c_during_the_launchers_checks_is_one_line(shards, tmp_path):
+    """The launcher's own start-up (its checks, tokenizing an HF stage) answers a stop signal at once, in one line."""
+    sig = signal.SIGINT
+    run = tmp_path / "run"
+    proc = nanoset_train("--config", small_config(tmp_path, run), cwd=shards,
+                         env=launcher_env(tmp_path, "launcher_slow_startup 120"))
+    wait_for(tmp_path / "marker", proc)
+    os.kill(proc.pid, sig)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (128 + sig, "")
+    assert err == (f"stopped by {sig.name} during start-up, before any step: nothing to save; rerun the same command "
+                   f"to start again\n")
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("fault", ["slow_startup", "slow_startup_but_rank0"])
+def test_workers_of_a_launcher_killed_during_start_up_stop(shards, tmp_path, fault):
+    """kill -9 of the launcher while its workers start up (a slow check; rank 0 waiting for rank 1 on the launcher's
+    store, which no longer answers) left them running; each notices at once that its launcher is gone."""
+    proc = nanoset_train("--config", small_config(tmp_path, tmp_path / "run"), cwd=shards,
+                         env=launcher_env(tmp_path, f"{fault} 120"))
+    for name in ("marker.0", "marker.1") if fault == "slow_startup" else ("marker.pg", "marker.1"):
+        wait_for(tmp_path / name, proc)
+    time.sleep(0.5)  # well inside init_process_group's wait
+    workers = children(proc.pid)
+    assert len(workers) == 2
+    os.kill(proc.pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert gone(workers, within_s=10), "the workers went on without their launcher"
+    # (waiting on the store, rank 0 also gets torch's C++ warning of the broken connection, its own log line)
+    assert "Traceback" not in err and error_lines(err) == [
+        f"error: the launcher (pid {proc.pid}) is gone; this worker stops before training"] * 2, err
+
+
+def test_a_user_error_of_the_workers_is_not_restarted(shards, tmp_path):
+    """--max-restarts is for failures a rerun may cure: a mistake the workers found is said once (was: once per
+    restart, the same line each time)."""
+    proc = nanoset_train("--config", small_config(tmp_path, tmp_path / "run"), "--max-restarts", 2, cwd=shards,
+                         env=launcher_env(tmp_path, "error_at_step 1"))
+    out, err = proc.communicate(timeout=300)
+    assert (proc.returncode, err) == (1, "error: data.bogus: a user error found while training\n")
+    assert out.count("stage 'pretrain' at step 1") == 1  # one start, no restart
+
+
+def test_nodes_that_never_meet_are_one_line(shards, tmp_path):
+    """A node alone at the rendezvous (the others not started, another endpoint): one line naming the endpoint, once
+    the rendezvous times out (was: torchrun's traceback); a layout that does not split over the nodes names ours."""
+    cfg = small_config(tmp_path, tmp_path / "run")
+    endpoint = f"127.0.0.1:{free_port()}"
+    proc = nanoset_train("--config", cfg, "--nnodes", 2, "--node-rank", 0, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                         endpoint, "--rdzv-conf", "join_timeout=2", cwd=shards)
+    assert proc.communicate(timeout=120) == ("", f"error: the rendezvous of the nodes failed (RendezvousTimeoutError); "
+                                                 f"check --rdzv-endpoint {endpoint} and that every node runs the same "
+                                                 f"command\n")
+    assert proc.returncode == 1
+    proc = nanoset_train("--config", cfg, "--nnodes", 3, cwd=shards)
+    assert proc.communicate(timeout=120)[1] == (f"error: {cfg}: parallelism tp 1 × pp 1 × dp 2 = 2 processes do not "
+                                                f"split over --nnodes 3; change parallelism or --nnodes\n")
+
+
+def test_a_closed_terminal_stops_the_run_with_a_checkpoint(shards, tmp_path):
+    """A terminal that hangs up fails every write (EIO) and then sends SIGHUP: the workers' next step line ended the
+    run with 'error: [Errno 5] Input/output error' and no checkpoint; now the output that went to the terminal goes
+    nowhere and the run stops after the step with its checkpoint, 128 + SIGHUP."""
+    import pty
+    import select
+
+    run = tmp_path / "run"
+    terminal, tty = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "nanoset.cli", "train", "--config",
+                             str(small_config(tmp_path, run, dp=1, interval=0))], cwd=shards,
+                            env=launcher_env(tmp_path, "slow_step 0.3"), stdin=tty, stdout=tty, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    os.close(tty)
+    deadline = time.time() + 300
+    while not (run / "metrics.jsonl").is_file() or len((run / "metrics.jsonl").read_text().splitlines()) < 2:
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        while select.select([terminal], [], [], 0.05)[0]:  # the terminal shows what the run prints
+            os.read(terminal, 65536)
+    os.close(terminal)  # the terminal goes: writes to it fail from now on
+    os.kill(proc.pid, signal.SIGHUP)  # and its hangup reaches the launcher, which forwards it
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (128 + signal.SIGHUP, "")
+    step = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("step-"))
+    assert 2 <= step < 12 and [r["step"] for r in metrics(run)] == list(range(1, step + 1))

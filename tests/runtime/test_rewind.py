@@ -8,6 +8,8 @@ import errno
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,12 @@ def test_a_rewind_moves_the_later_checkpoints_and_metrics_aside(shards, tmp_path
     earlier = run / "checkpoints" / "step-000004"
     again = small_config(tmp_path, run, dp=1, steps=8, interval=2, single_stage=True, name="rewind.yaml",
                          checkpoints={"keep_last": 4, "resume": str(earlier)})
+    assert check_start(first, shards) == f"start: resumes from {run / 'checkpoints' / 'step-000008'} (step 8): " \
+                                         f"nothing left to train"
+    assert check_start(again, shards) == (  # --check says what the rewind will move, and moves nothing
+        f"start: rewinds to {earlier} (step 4): trains steps 5-8; the 2 later checkpoint(s) (step-000006, step-000008) "
+        f"and a copy of metrics.jsonl are moved to {run}/rewound-<UTC time>")
+    assert not list(run.glob("rewound-*"))
     # killed after step 5, before the rewound run's first checkpoint: `latest` named step-000008, moved away, so
     # `resume: latest` (and explain, export) failed
     killed = train_one(again, cwd=shards, env={"NANOSET_FAULT_KILL_AT_STEP": "5"}, check=False)
@@ -152,3 +160,11 @@ def test_a_checkpoint_copied_into_the_run_folder_is_refused_before_replace_run_m
     assert str(e.value) == (f"checkpoints.resume: {run / 'saved' / 'step-000003'}: lies inside this run's folder "
                             f"{run} but is not one of its checkpoints ({folder}); move it out of the run folder first, "
                             f"or resume one of the run's own checkpoints")
+
+
+def check_start(config, cwd) -> str:
+    """The first line of ``nanoset train --check``: where the run starts."""
+    proc = subprocess.run([sys.executable, "-m", "nanoset.cli", "train", "--config", str(config), "--check"], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()[0]

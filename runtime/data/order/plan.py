@@ -83,6 +83,30 @@ class StagePlan:
         return done * self.global_batch_size
 
 
+@dataclass(frozen=True)
+class DatasetReads:
+    """What one stage part draws from one of its datasets: ``samples`` after the ``offset`` earlier parts drew."""
+
+    dataset: int  # index into DataPlan.datasets
+    offset: int
+    samples: int
+    dataset_samples: int  # the dataset's own samples (one epoch)
+
+    @property
+    def epochs(self) -> float:
+        return self.samples / self.dataset_samples
+
+    @property
+    def end_epoch(self) -> float:
+        """How far into the dataset (in epochs) the part's last draw is."""
+        return (self.offset + self.samples) / self.dataset_samples
+
+    @property
+    def repeats(self) -> bool:
+        """Whether the part reads past the dataset's first epoch: some of its samples come a second time."""
+        return self.offset + self.samples > self.dataset_samples
+
+
 @dataclass
 class SampleLocation:
     """Where samples come from: per sample, the dataset index, window index and epoch, and ``source``: the
@@ -307,6 +331,12 @@ class DataPlan:
             if isinstance(stage.data.dataset, HFDatasetArgs):
                 hf.update({resolved(f): stage.data.dataset.hf_dataset_or_datasets for f in self.stage_folders[i]})
         return {w.folder: hf.get(f, w.folder) for f, w in zip(self.folders, self.datasets)}
+
+    def reads(self, part: StagePlan) -> list[DatasetReads]:
+        """Per dataset of ``part``, in its folder order: what the part draws from it, and whether that repeats."""
+        draws = part.blend.draws(part.num_samples).tolist()
+        return [DatasetReads(d, offset, n, self.datasets[d].num_samples)
+                for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), draws)]
 
     def shown_names(self) -> dict[str, str]:
         """Each dataset's folder → how the run names it to a user: the folder, or for a stage of a Hugging Face

@@ -1,0 +1,168 @@
+"""The elastic agent that ``nanoset train`` runs in its own process: torchrun's ``LocalElasticAgent``, with the
+launcher's own answer to signals and to restarts.
+
+torch's agent turns a signal into an exception that shuts the workers down with that signal and then, from a
+``finally``, with SIGTERM: a second Ctrl-C reached the workers as a SIGTERM they took for the same stop, and a
+third left the launcher gone and its workers still running. Here the launcher keeps its own handlers:
+
+* before any worker runs (checks, rendezvous) a stop signal ends the launcher at once (``StopRequested``);
+* while the workers run, the first SIGINT, SIGTERM, SIGHUP or SIGUSR1 is forwarded to every worker, which
+  stops after its step with one checkpoint and exits 128 + the signal (the launcher exits with it);
+* a Ctrl-C while they stop kills them at once: SIGKILL to each worker's session (torch starts each worker in
+  its own), which holds its loader processes too.
+
+Restarts (``--max-restarts``) are for failures a rerun may cure (a crash, a killed worker): a worker that stopped
+on a signal is not restarted, nor one that said a user error (a config, data or checkpoint mistake, a diverged
+run), which a restart would only repeat. A worker exits 1 for such an error, as for a crash, so it also writes it
+into the file torchrun gives each worker for its failure (``TORCHELASTIC_ERROR_FILE``, in torch's own format)
+with a category this agent reads: ``mark_user_error``, called by ``runtime/train.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from runtime.preemption import STOP_SIGNALS, StopRequested, is_stop_status, leave_a_closed_terminal
+
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+USER_ERROR = "nanoset-user-error"
+
+
+def mark_user_error(message: str) -> None:
+    """Record ``message`` as this worker's failure, a user error (nothing when no launcher asked for it)."""
+    path = os.environ.get(ERROR_FILE)
+    if not path:
+        return
+    data = {"message": {"message": message, "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))}},
+            "errorTraits": {"category": USER_ERROR, "retryability": "False"}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:  # the mark only spares a restart; the error itself was said
+        pass
+
+
+def is_user_error(error_file_data: dict) -> bool:
+    """Whether a failure torchrun read from a worker's error file is a marked user error."""
+    traits = error_file_data.get("errorTraits") if isinstance(error_file_data, dict) else None
+    return isinstance(traits, dict) and traits.get("category") == USER_ERROR
+
+
+def _alive(pid: int) -> bool:
+    """Whether a worker still runs: not gone, and not a zombie (exited, its status not yet read by the agent)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):  # gone, or no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return state != "Z"
+
+
+def kill_at_once(pid: int) -> None:
+    """SIGKILL a worker and what it started: its session's process group (torch makes each worker a session
+    leader), or the worker alone where it leads none."""
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+            return
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class LauncherSignals:
+    """The launcher's stop signals: what it received, and whether it killed its workers (a second Ctrl-C)."""
+
+    def __init__(self) -> None:
+        self.first: int | None = None  # the first stop signal forwarded to the workers
+        self.killed = False
+        self._workers: Callable[[], list[int]] = list
+
+    def install(self) -> LauncherSignals:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
+        return self
+
+    def watch(self, workers: Callable[[], list[int]]) -> None:
+        """``workers``: the pids of the workers running now."""
+        self._workers = workers
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if signum == signal.SIGHUP:
+            leave_a_closed_terminal()
+        workers = [pid for pid in self._workers() if _alive(pid)]
+        if not workers:
+            if self.first is not None:  # they have stopped: the agent is about to report how
+                return
+            raise StopRequested(signum)  # none started yet: nothing to stop cleanly, the launcher ends now
+        if self.first is not None and signum == signal.SIGINT:  # Ctrl-C while they stop: now
+            self.killed = True
+            for pid in workers:
+                kill_at_once(pid)
+            return
+        if self.first is None:
+            self.first = signum
+        self.forward(signum, workers)
+
+    @staticmethod
+    def forward(signum: int, workers: list[int]) -> None:
+        for pid in workers:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+
+def final_failure(exitcode: int, error_file_data: dict) -> bool:
+    """A worker's failure that a restart would only repeat: a user error it said, or a stop on a signal."""
+    return is_user_error(error_file_data) or is_stop_status(exitcode)
+
+
+def agent_class(signals: LauncherSignals) -> type:
+    """torchrun's local agent, with ``signals`` answering the stop signals and no restart of a final failure."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    class LauncherAgent(LocalElasticAgent):
+        def _start_workers(self, worker_group):
+            signals.watch(self._worker_pids)
+            pids = super()._start_workers(worker_group)
+            signals.install()  # torch < 2.8 installs its own handlers with the workers
+            if signals.first is not None:  # a stop asked for while (re)starting them
+                signals.forward(signals.first, self._worker_pids())
+            return pids
+
+        def _worker_pids(self) -> list[int]:
+            return list(self._pcontext.pids().values()) if self._pcontext is not None else []
+
+        def _monitor_workers(self, worker_group):
+            result = super()._monitor_workers(worker_group)
+            if result.is_failed() and (signals.first is not None or any(
+                    final_failure(f.exitcode, f.error_file_data) for f in result.failures.values())):
+                self._remaining_restarts = 0
+            return result
+
+    return LauncherAgent
+
+
+@contextmanager
+def agent_of_launch(signals: LauncherSignals) -> Iterator[None]:
+    """Make ``torch.distributed.run.run`` (through ``launcher.api.launch_agent``) build the launcher's agent."""
+    import torch.distributed.launcher.api as launcher_api
+
+    saved = launcher_api.LocalElasticAgent
+    launcher_api.LocalElasticAgent = agent_class(signals)
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = saved
