@@ -26,6 +26,7 @@ import numpy as np
 
 from nanoset.atomic import fresh_folder_beside
 from nanoset.errors import NanosetError
+from nanoset.format.maxid import check_token_ids
 from nanoset.format.open import open_dataset
 from nanoset.format.reader import NanosetReader, ShardReader
 from nanoset.format.spec import (
@@ -121,11 +122,7 @@ def _copy_shard(shard: ShardReader, folder: Path, dtype: np.dtype, tok: Tokenize
     with open(folder / files["ds"], "wb") as f:
         for start in range(0, shard.num_tokens, CHUNK):
             chunk = np.asarray(shard.tokens[start : start + CHUNK])
-            low = int(chunk.min())
-            if low < 0:
-                pos = start + int(np.argmax(chunk < 0))
-                raise NanosetError(f"{shard.tokens_path}: negative token id {low} at position {pos}; "
-                                   f"token ids must be ≥ 0")
+            check_token_ids(chunk, start, shard.tokens_path)
             top = max(top, int(chunk.max()))
             if top > np.iinfo(dtype).max:
                 raise NanosetError(f"{shard.tokens_path}: token id {top} does not fit {dtype.name}; the file changed "

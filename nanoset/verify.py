@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.errors import NanosetError
+from nanoset.format.maxid import check_token_ids
 from nanoset.format.megatron import MegatronShardReader, verify_megatron_shard
 from nanoset.format.open import open_dataset
 from nanoset.format.reader import NanosetReader, ShardReader, missing_file
@@ -60,10 +61,7 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | No
     for start in range(0, shard.num_tokens, CHUNK_TOKENS):
         chunk = shard.tokens[start : start + CHUNK_TOKENS]
         top = int(chunk.max())
-        if chunk.dtype.kind == "i" and int(chunk.min()) < 0:  # Megatron's signed dtypes
-            pos = start + int(np.argmax(chunk < 0))
-            raise NanosetError(f"{shard.tokens_path}: negative token id {int(chunk[pos - start])} at position {pos}; "
-                               f"token ids must be ≥ 0")
+        check_token_ids(chunk, start, shard.tokens_path)
         if tok is not None and tok.vocab_size is not None and top >= tok.vocab_size:
             pos = start + int(np.argmax(chunk >= tok.vocab_size))
             raise _fail(shard.tokens_path, f"token id {top} at position {pos} is ≥ the vocab size {tok.vocab_size}")

@@ -39,15 +39,21 @@ def cache_dir() -> Path:
         return Path(tempfile.gettempdir()) / "nanoset"
 
 
+def check_token_ids(chunk: np.ndarray, start: int, path: Path) -> None:
+    """No negative id in ``chunk`` (tokens from position ``start`` of the file at ``path``): signed tokens
+    (Megatron's int dtypes) can hold one, and no embedding table can look it up."""
+    if chunk.dtype.kind == "i" and int(chunk.min()) < 0:
+        pos = start + int(np.argmax(chunk < 0))
+        raise NanosetError(f"{path}: negative token id {int(chunk[pos - start])} at position {pos}; "
+                           f"token ids must be ≥ 0")
+
+
 def scan_max(tokens: np.ndarray, path: Path) -> int:
-    """The largest id of a shard's tokens (at ``path``), -1 when it has none. Signed tokens (Megatron's int
-    dtypes) are also checked for negative ids, which no embedding table can look up."""
+    """The largest id of a shard's tokens (at ``path``), -1 when it has none, checking for negative ids."""
     top = -1
     for i in range(0, len(tokens), SCAN_CHUNK):
         chunk = tokens[i : i + SCAN_CHUNK]
-        if chunk.dtype.kind == "i" and int(chunk.min()) < 0:
-            pos = i + int(np.argmax(chunk < 0))
-            raise NanosetError(f"{path}: negative token id {int(tokens[pos])} at position {pos}; token ids must be ≥ 0")
+        check_token_ids(chunk, i, path)
         top = max(top, int(chunk.max()))
     return top
 
