@@ -26,7 +26,7 @@ from nanoset.atomic import fresh_folder_beside
 from nanoset.errors import NanosetError
 from nanoset.format.maxid import check_token_ids
 from nanoset.format.open import open_dataset
-from nanoset.format.reader import NanosetReader, ShardReader
+from nanoset.format.reader import NanosetReader, ShardReader, loss_mask_problem
 from nanoset.format.spec import (
     INDEX_DTYPE,
     MANIFEST_NAME,
@@ -89,10 +89,8 @@ def _copy_loss(shard: ShardReader, f: HashedFile) -> int:
     trained = 0
     for start in range(0, shard.num_tokens, CHUNK):
         chunk = np.asarray(shard.loss[start : start + CHUNK])
-        if chunk.size and int(chunk.max()) > 1:
-            pos = start + int(np.argmax(chunk > 1))
-            raise NanosetError(f"{shard.loss_path}: loss mask value {int(chunk[pos - start])} at token {pos}; "
-                               f"only 0 and 1 are valid")
+        if problem := loss_mask_problem(chunk, start):
+            raise NanosetError(f"{shard.loss_path}: {problem}")
         trained += int(np.count_nonzero(chunk))
         f.write(chunk.tobytes())
     return trained

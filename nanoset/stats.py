@@ -11,7 +11,7 @@ import numpy as np
 
 from nanoset.errors import NanosetError
 from nanoset.format.open import open_dataset
-from nanoset.format.reader import NanosetReader
+from nanoset.format.reader import NanosetReader, index_problem
 from nanoset.format.spec import LOSS_MASK_RULES, SKIPPED_NAME, UNRECORDED, TokenizerInfo
 
 SAMPLE_CHARS = 400
@@ -116,10 +116,9 @@ def _document_lengths(ds) -> np.ndarray:
     parts = []
     for shard in ds.shards:
         lengths = np.diff(np.asarray(shard.ends, dtype=np.int64), prepend=0)
-        bad = np.flatnonzero(lengths <= 0)
-        if len(bad):
-            raise NanosetError(f"{shard.index_path}: document ends not strictly increasing at document "
-                               f"{int(bad[0])}; the shard is corrupt (run `nanoset verify {ds.folder}`)")
+        if problem := index_problem(lengths):
+            raise NanosetError(f"{shard.index_path}: {problem}; the shard is corrupt "
+                               f"(run `nanoset verify {ds.folder}`)")
         parts.append(lengths)
     return np.concatenate(parts)
 

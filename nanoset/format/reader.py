@@ -119,6 +119,22 @@ def check_size(path: str, expected: int, folder: Path, dir_fd: int | None = None
                            f"(run `nanoset verify {folder}`)")
 
 
+def index_problem(lengths: np.ndarray) -> str | None:
+    """What is wrong with a shard index whose documents have these ``lengths`` (differences of its ends; a
+    damaged or hand-made shard): a document whose end does not pass the one before. None when nothing is."""
+    bad = np.flatnonzero(lengths <= 0)
+    return f"document ends not strictly increasing at document {int(bad[0])}" if len(bad) else None
+
+
+def loss_mask_problem(chunk: np.ndarray, start: int) -> str | None:
+    """What is wrong with the loss-mask bytes ``chunk`` (from token ``start``): a value other than 0 and 1.
+    None when nothing is."""
+    bad = np.flatnonzero(chunk > 1)
+    if not len(bad):
+        return None
+    return f"loss mask value {int(chunk[bad[0]])} at token {start + int(bad[0])}; only 0 and 1 are valid"
+
+
 class ShardList(Sequence[ShardReader]):
     """The shards of a folder with a manifest: a ``ShardReader`` is made (once) when a shard is first
     asked for, so that opening makes none, whatever the number of shards."""
