@@ -9,7 +9,7 @@ is the ``.bin`` file itself, mapped with its dtype: nothing is copied.
 Our readers need each document's cumulative token end. Megatron stores sequence boundaries, so
 the ends are derived once from the pointers (in bounded chunks, checking every pointer and index
 on the way) and kept in a small file in the user's cache, keyed by the ``.idx`` file's path, size,
-modification and status-change times and inode (``maxid.file_stamp``); dataset folders are often
+modification and status-change times and inode (``cache.file_stamp``); dataset folders are often
 read-only. Documents without tokens are dropped
 from the ends: they add nothing to the stream. The tokenizer is unknown, as for datatrove folders,
 and Megatron data need not end its documents with EOS, so nothing checks for one.
@@ -29,7 +29,7 @@ import numpy as np
 
 from nanoset.atomic import atomic_write
 from nanoset.errors import NanosetError
-from nanoset.format.maxid import cache_dir, file_stamp
+from nanoset.format.cache import cache_dir, file_stamp
 from nanoset.format.reader import NanosetReader, ShardReader
 from nanoset.format.spec import INDEX_DTYPE, MANIFEST_NAME, TOKENS_SUFFIX
 

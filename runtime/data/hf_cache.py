@@ -8,8 +8,8 @@ Every process of a run may find the cache missing, on one node or on many sharin
 folder. An exclusive lock file next to the cache (``fcntl`` record locks: across processes and,
 on NFS, across nodes) makes exactly one of them tokenize; the others wait for the lock, find the
 finished folder and read it. A process that dies releases its lock and the next one resumes the
-tokenize job. The fingerprint of the input files holds their size, mtime and ctime, so an input
-rewritten in place (even with its size and mtime restored) gets a new cache folder.
+tokenize job. The fingerprint of the input files holds their stamps (size, mtime, ctime, inode), so an
+input rewritten in place (even with its size and mtime restored) gets a new cache folder.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from nanoset.errors import MissingColumnError, NanosetError, WaitTimeout
+from nanoset.format.cache import file_stamp
 from nanoset.tokenize.chat import MASK_RULE
 from nanoset.tokenize.chat_template import load_chat_template, special_token_strings
 from nanoset.tokenize.rows import SKIP_HINT
@@ -42,8 +43,7 @@ def _files_fingerprint(path: Path) -> list:
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     out = []
     for p in files:
-        st = p.stat()
-        out.append((str(p.relative_to(path) if p != path else p.name), st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        out.append((str(p.relative_to(path) if p != path else p.name), *file_stamp(p)))
     return out
 
 
