@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +86,7 @@ def _decoder(given: str | None, recorded: TokenizerInfo | None, max_id: int) -> 
         path = find_tokenizer_file(recorded.path or recorded.name)
     except NanosetError:
         return None, "tokenizer not found: pass --tokenizer to decode", None
-    if recorded.sha256 and hashlib.sha256(path.read_bytes()).hexdigest() != recorded.sha256:
+    if not recorded.matches_file(path):
         return None, (f"{path} is not the tokenizer the data was made with (sha256 differs): pass --tokenizer to "
                       f"decode"), None
     try:
@@ -105,7 +104,7 @@ def _other_vocabulary(given: str, vocab: int, path: Path, recorded: TokenizerInf
     if recorded is not None and recorded.vocab_size is not None and recorded.vocab_size != vocab:
         return (f"--tokenizer {given} has {vocab:,} ids, the data's tokenizer {recorded.vocab_size:,}: another "
                 f"vocabulary, the samples are likely garbage")
-    if recorded is not None and recorded.sha256 and hashlib.sha256(path.read_bytes()).hexdigest() != recorded.sha256:
+    if recorded is not None and not recorded.matches_file(path):
         return f"--tokenizer {given} is not the tokenizer file the data was made with (sha256 differs)"
     return None
 

@@ -104,6 +104,11 @@ class TokenizerInfo:
     def describe(self) -> str:
         return f"{self.name!r}" + (f" sha256 {self.sha256[:12]}" if self.sha256 else "")
 
+    def matches_file(self, path: str | Path) -> bool:
+        """Whether the tokenizer file at ``path`` is still this one: its sha256 is the recorded one (True when
+        none is recorded, as for a datatrove folder: nothing to compare)."""
+        return not self.sha256 or hashlib.sha256(Path(path).read_bytes()).hexdigest() == self.sha256
+
 
 def comparable_name(name: str) -> str:
     """A tokenizer name as ``nanoset tokenize`` records it (a hub name as given, a local tokenizer by its

@@ -9,7 +9,6 @@ row its pieces yield, in order), so a sampled document is found by reading its t
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,7 +72,7 @@ def _tokenizer(ds: NanosetReader):
     info = ds.manifest.tokenizer
     if not info.path or not Path(info.path).is_file():
         raise _gone(info.path or info.name, "tokenizer")
-    if hashlib.sha256(Path(info.path).read_bytes()).hexdigest() != info.sha256:
+    if not info.matches_file(info.path):
         raise NanosetError(f"cannot re-encode: tokenizer {info.path} changed since the dataset was made (its sha256 "
                            f"differs from the manifest's); --retokenize needs the tokenizer that made it")
     now, then = registered_tokens(Path(info.path)), ds.manifest.build.get("registered_tokens", [])
