@@ -14,7 +14,15 @@ import numpy as np
 
 from nanoset.format.spec import SKIPPED_EXAMPLES
 from nanoset.format.writer import ShardWriter
-from nanoset.tokenize.backends import Encoder, FastCheck, FastokensUnusable, guard_sample, load_encoder, probe_texts
+from nanoset.tokenize.backends import (
+    Encoder,
+    FastCheck,
+    FastokensUnusable,
+    fastokens_refused,
+    guard_sample,
+    load_encoder,
+    probe_texts,
+)
 from nanoset.tokenize.chat import ChatColumns, ChatReader, encode_chats
 from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate
 from nanoset.tokenize.rows import TextReader
@@ -119,7 +127,7 @@ def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers", pro
         encoder = _encoder(backend)
     except FastokensUnusable as e:
         if cfg["strict_backend"]:
-            raise FastokensUnusable(f"--backend fastokens: {e}; use --backend auto or tokenizers") from None
+            raise fastokens_refused(str(e)) from None
         encoder, unusable = _encoder("tokenizers"), str(e)
     guarded = encoder.name != "fastokens"
     if not guarded and probe:
