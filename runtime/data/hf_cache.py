@@ -28,6 +28,7 @@ from pathlib import Path
 
 from nanoset.errors import MissingColumnError, NanosetError, WaitTimeout
 from nanoset.format.cache import file_stamp
+from nanoset.format.spec import MANIFEST_NAME
 from nanoset.tokenize.chat import MASK_RULE
 from nanoset.tokenize.chat_template import load_chat_template, special_token_strings
 from nanoset.tokenize.rows import SKIP_HINT
@@ -36,7 +37,6 @@ from runtime.config import Config, ConfigError, HFDatasetArgs
 
 HEARTBEAT_SECONDS = 30  # the lock holder touches the lock file this often while it tokenizes
 STALE_SECONDS = 900  # a holder silent for this long (hung, e.g. on a dead NFS mount) is given up on
-MANIFEST = "nanoset.json"
 
 
 def _files_fingerprint(path: Path) -> list:
@@ -154,12 +154,12 @@ def prepare_hf_dataset(config: Config, ds: HFDatasetArgs, where: str = "data.dat
     """Tokenize ``ds`` into its cache folder unless it is there already (once per cache, whatever the
     number of processes and nodes preparing it at the same time); returns the folder."""
     out = cache_folder(config, ds, where)
-    if (out / MANIFEST).is_file():
+    if (out / MANIFEST_NAME).is_file():
         return out
     _check_splits(ds, where)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive(out.parent / f".{out.name}.lock", out):
-        if (out / MANIFEST).is_file():  # another process finished it while this one waited
+        if (out / MANIFEST_NAME).is_file():  # another process finished it while this one waited
             return out
         from nanoset.tokenize.job import TokenizeOptions, tokenize
 
