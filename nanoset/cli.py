@@ -101,10 +101,10 @@ def inspect(path: Path, as_json: bool, samples: int, tokenizer: str | None) -> N
                    "compare them with the shards.")
 def verify(path: Path, retokenize: int | None) -> None:
     """Check checksums, sizes, index, token ids and EOS of every shard (a full read)."""
-    from nanoset.verify import verify_dataset
+    from nanoset.verify import check_retokenize_count, verify_dataset
 
-    if retokenize is not None and retokenize < 1:  # before the full read, which may take long
-        raise NanosetError(f"--retokenize must be ≥ 1, got {retokenize}")
+    if retokenize is not None:
+        check_retokenize_count(retokenize)  # before the full read, which may take long
     click.echo(verify_dataset(path))
     if retokenize is not None:
         from nanoset.tokenize.retokenize import RetokenizeMismatch

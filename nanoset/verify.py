@@ -113,6 +113,12 @@ def _checked(ds: NanosetReader) -> str:
     return words if _checks_eos(ds) else words + "; converted data whose documents need not end with EOS"
 
 
+def check_retokenize_count(count: int) -> None:
+    """``--retokenize N`` re-encodes at least one document."""
+    if count < 1:
+        raise NanosetError(f"--retokenize must be ≥ 1, got {count}")
+
+
 def verify_dataset(path: Path) -> str:
     """Verify every shard of the dataset at ``path``; returns a one-line report, raises on a problem."""
     ds = open_dataset(path)

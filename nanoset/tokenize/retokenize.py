@@ -24,6 +24,7 @@ from nanoset.tokenize.inputs import Piece, Source
 from nanoset.tokenize.rows import TextReader
 from nanoset.tokenize.tokenizer import load_tokenizer, registered_tokens
 from nanoset.tokenize.worker import appends_eos, encode_batch, reader_for
+from nanoset.verify import check_retokenize_count
 
 SAMPLE_SEED = 0  # the documents sampled are the same on every run of the check
 
@@ -106,8 +107,7 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
     """Compare ``count`` sampled documents of the dataset at ``path`` with the tokenizers backend's encoding of
     their recorded inputs. Returns one line per differing document and a summary line; raises (one line) when
     the check cannot be made."""
-    if count < 1:
-        raise NanosetError(f"--retokenize must be ≥ 1, got {count}")
+    check_retokenize_count(count)
     ds = open_dataset(path)
     m = ds.manifest
     if m is None or "inputs" not in m.build:
