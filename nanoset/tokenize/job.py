@@ -183,7 +183,7 @@ def tokenize(opts: TokenizeOptions) -> TokenizeSummary:
     folder = OutputFolder(opts.output)
     complete = folder.prepare(plan, opts.overwrite)
     for note in folder.notes:
-        print(f"note: {note}", file=sys.stderr, flush=True)
+        _note(note)
     if complete:
         return _summary(opts, plan, folder.completed_manifest(), [], len(plan.tasks), True, t0)
 
