@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from nanoset.errors import NanosetError, report_user_errors
+from nanoset.tokenize.backends import BACKENDS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -57,7 +58,7 @@ def _env_int(name: str, default: int) -> int:
               help="With --chat: rows without a messages column are a prompt (user turn) ...")
 @click.option("--completion-column", default="completion", show_default=True,
               help="... and a completion (assistant turn).")
-@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "fastokens", "tokenizers"]),
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(BACKENDS),
               help="The encoder; the output is the same with each. auto: fastokens where it is installed, loads the "
                    "tokenizer and agrees with tokenizers on a probe set, else tokenizers (with a note).")
 def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: str | None, text_column: str,
