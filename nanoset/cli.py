@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from nanoset.errors import NanosetError, report_user_errors
+from nanoset.errors import NanosetError, print_error, report_user_errors
 from nanoset.tokenize.backends import BACKENDS
 
 
@@ -165,16 +165,16 @@ def _click_main() -> int:
     try:
         status = cli.main(standalone_mode=False)  # a command's ctx.exit(code) comes back as its value
     except Terminated:
-        click.echo("error: terminated; rerun the same command to resume", err=True)
+        print_error("terminated; rerun the same command to resume")
         return 128 + signal.SIGTERM
     except click.exceptions.Abort as e:  # click turns Ctrl-C (and a stray EOFError) into Abort
         if isinstance(e.__cause__, KeyboardInterrupt):
-            click.echo("error: interrupted; rerun the same command to resume", err=True)
+            print_error("interrupted; rerun the same command to resume")
         else:
-            click.echo(f"error: aborted ({e.__cause__!r})" if e.__cause__ else "error: aborted", err=True)
+            print_error(f"aborted ({e.__cause__!r})" if e.__cause__ else "aborted")
         return 130
     except click.ClickException as e:
-        click.echo(f"error: {e.format_message()}", err=True)
+        print_error(e.format_message())
         return e.exit_code
     return status if isinstance(status, int) else 0
 
