@@ -217,8 +217,13 @@ class NanosetReader:
     def is_datatrove(self) -> bool:
         return self.format == "datatrove"
 
-    def _shard_of_token(self, pos: int) -> int:
+    def shard_of_token(self, pos: int) -> int:
+        """The index of the shard that holds token ``pos`` of the stream."""
         return int(np.searchsorted(self.token_offsets, pos, side="right")) - 1
+
+    def shard_of_document(self, i: int) -> int:
+        """The index of the shard that holds document ``i``."""
+        return int(np.searchsorted(self.document_offsets, i, side="right")) - 1
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``[start, stop)`` of the stream: a memmap view inside one shard, a copy across shards."""
@@ -239,7 +244,7 @@ class NanosetReader:
         """Items ``[start, stop)`` of the per-token array ``attr`` of the shards, as one stream."""
         if not 0 <= start <= stop <= self.num_tokens:
             raise IndexError(f"token range [{start}, {stop}) outside [0, {self.num_tokens}) of {self.folder}")
-        s = self._shard_of_token(start) if start < self.num_tokens else len(self.shards) - 1
+        s = self.shard_of_token(start) if start < self.num_tokens else len(self.shards) - 1
         off = int(self.token_offsets[s])
         if stop <= int(self.token_offsets[s + 1]):
             return getattr(self.shards[s], attr)[start - off : stop - off]
@@ -258,7 +263,7 @@ class NanosetReader:
         """Global token range ``[start, end)`` of document ``i``."""
         if not 0 <= i < self.num_documents:
             raise IndexError(f"document {i} outside [0, {self.num_documents}) of {self.folder}")
-        s = int(np.searchsorted(self.document_offsets, i, side="right")) - 1
+        s = self.shard_of_document(i)
         local = i - int(self.document_offsets[s])
         ends = self.shards[s].ends
         off = int(self.token_offsets[s])
@@ -275,14 +280,14 @@ class NanosetReader:
 
     def document_at(self, pos: int) -> int:
         """Id of the document holding global token ``pos``."""
-        s = self._shard_of_token(pos)
+        s = self.shard_of_token(pos)
         local = int(np.searchsorted(self.shards[s].ends, pos - int(self.token_offsets[s]), side="right"))
         return int(self.document_offsets[s]) + local
 
     def document_starts(self, start: int, stop: int) -> np.ndarray:
         """Global positions ``p`` with ``start < p < stop`` where a new document begins."""
         out = []
-        s = self._shard_of_token(start)
+        s = self.shard_of_token(start)
         while s < len(self.shards) and int(self.token_offsets[s]) < stop:
             off = int(self.token_offsets[s])
             ends = self.shards[s].ends

@@ -132,8 +132,7 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
         wanted = [int(d) for d in picks if first <= d < last]
         if not wanted:
             continue
-        sampled = [Sampled(d, ds.manifest.shards[int(np.searchsorted(ds.document_offsets, d, "right")) - 1].name,
-                           d - first) for d in wanted]
+        sampled = [Sampled(d, ds.manifest.shards[ds.shard_of_document(d)].name, d - first) for d in wanted]
         values = _read_task(ds, positions, sources, reader_of, [s.in_task for s in sampled], name)
         flat, loss, lengths = encode_batch(encoder, values, chat, eos_id, append_eos)
         ends = np.cumsum(lengths)
