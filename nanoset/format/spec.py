@@ -44,15 +44,17 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= UINT16_MAX_VOCAB else np.dtype("<u4")
 
 
+TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}  # a manifest's dtype names
+
+
 def dtype_name(dtype: np.dtype) -> str:
-    return {2: "uint16", 4: "uint32"}[np.dtype(dtype).itemsize]
+    return {d.itemsize: name for name, d in TOKEN_DTYPES.items()}[np.dtype(dtype).itemsize]
 
 
 def dtype_from_name(name: str) -> np.dtype:
-    table = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
-    if name not in table:
+    if name not in TOKEN_DTYPES:
         raise NanosetError(f"unknown token dtype {name!r} (expected uint16 or uint32)")
-    return table[name]
+    return TOKEN_DTYPES[name]
 
 
 def human_count(n: int) -> str:
