@@ -216,10 +216,6 @@ class NanosetReader:
         """Where the data comes from: 'nanoset' (a manifest), 'datatrove' or 'megatron'."""
         return "nanoset" if self.manifest is not None else self.shards[0].format
 
-    @property
-    def is_datatrove(self) -> bool:
-        return self.format == "datatrove"
-
     def shard_of_token(self, pos: int) -> int:
         """The index of the shard that holds token ``pos`` of the stream."""
         return int(np.searchsorted(self.token_offsets, pos, side="right")) - 1
