@@ -13,7 +13,8 @@ from pathlib import Path
 
 import click
 
-from nanoset.errors import NanosetError, report_user_errors
+from nanoset.errors import NanosetError, print_error, report_user_errors
+from nanoset.tokenize.backends import BACKENDS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -57,7 +58,7 @@ def _env_int(name: str, default: int) -> int:
               help="With --chat: rows without a messages column are a prompt (user turn) ...")
 @click.option("--completion-column", default="completion", show_default=True,
               help="... and a completion (assistant turn).")
-@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "fastokens", "tokenizers"]),
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(BACKENDS),
               help="The encoder; the output is the same with each. auto: fastokens where it is installed, loads the "
                    "tokenizer and agrees with tokenizers on a probe set, else tokenizers (with a note).")
 def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: str | None, text_column: str,
@@ -101,10 +102,10 @@ def inspect(path: Path, as_json: bool, samples: int, tokenizer: str | None) -> N
                    "compare them with the shards.")
 def verify(path: Path, retokenize: int | None) -> None:
     """Check checksums, sizes, index, token ids and EOS of every shard (a full read)."""
-    from nanoset.verify import verify_dataset
+    from nanoset.verify import check_retokenize_count, verify_dataset
 
-    if retokenize is not None and retokenize < 1:  # before the full read, which may take long
-        raise NanosetError(f"--retokenize must be ≥ 1, got {retokenize}")
+    if retokenize is not None:
+        check_retokenize_count(retokenize)  # before the full read, which may take long
     click.echo(verify_dataset(path))
     if retokenize is not None:
         from nanoset.tokenize.retokenize import RetokenizeMismatch
@@ -159,16 +160,16 @@ def _click_main() -> int:
     try:
         status = cli.main(standalone_mode=False)  # a command's ctx.exit(code) comes back as its value
     except Terminated:
-        click.echo("error: terminated; rerun the same command to resume", err=True)
+        print_error("terminated; rerun the same command to resume")
         return 128 + signal.SIGTERM
     except click.exceptions.Abort as e:  # click turns Ctrl-C (and a stray EOFError) into Abort
         if isinstance(e.__cause__, KeyboardInterrupt):
-            click.echo("error: interrupted; rerun the same command to resume", err=True)
+            print_error("interrupted; rerun the same command to resume")
         else:
-            click.echo(f"error: aborted ({e.__cause__!r})" if e.__cause__ else "error: aborted", err=True)
+            print_error(f"aborted ({e.__cause__!r})" if e.__cause__ else "aborted")
         return 130
     except click.ClickException as e:
-        click.echo(f"error: {e.format_message()}", err=True)
+        print_error(e.format_message())
         return e.exit_code
     return status if isinstance(status, int) else 0
 

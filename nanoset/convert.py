@@ -14,20 +14,19 @@ left beside OUT (``.OUT.convert-HOST-PID``, ``.OUT.old-HOST-PID``) is removed by
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import re
 import shutil
 import socket
 from pathlib import Path
-from typing import Any, BinaryIO
 
 import numpy as np
 
 from nanoset.atomic import fresh_folder_beside
 from nanoset.errors import NanosetError
+from nanoset.format.maxid import check_token_ids
 from nanoset.format.open import open_dataset
-from nanoset.format.reader import NanosetReader, ShardReader
+from nanoset.format.reader import NanosetReader, ShardReader, loss_mask_problem
 from nanoset.format.spec import (
     INDEX_DTYPE,
     MANIFEST_NAME,
@@ -40,23 +39,12 @@ from nanoset.format.spec import (
     metadata_text,
     shard_files,
 )
-from nanoset.format.writer import write_manifest
+from nanoset.format.writer import HashedFile, write_manifest
 
 HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())
 LEFTOVER = re.compile(r"(convert|old)-(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)")  # after ".OUT."
 CHUNK = 1 << 22  # tokens (or document ends) per copy step: bounded memory whatever the shard size
 UINT32_LIMIT = 1 << 32
-
-
-def _write(f: BinaryIO, h: Any, data: bytes) -> None:
-    h.update(data)
-    f.write(data)
-
-
-def _close(f: BinaryIO) -> None:
-    f.flush()
-    os.fsync(f.fileno())
-    f.close()
 
 
 def _tokenizer_info(ds: NanosetReader, spec: str | None, eos_token: str | None, top: int, src: Path) -> TokenizerInfo:
@@ -96,19 +84,15 @@ def _check_output(src: Path, out: Path, overwrite: bool) -> None:
                            f"dataset folder: choose another output folder")
 
 
-def _copy_loss(shard: ShardReader, path: Path, h: Any) -> int:
+def _copy_loss(shard: ShardReader, f: HashedFile) -> int:
     """Copy a datatrove shard's loss mask (one 0/1 byte per token); returns the count of tokens trained on."""
     trained = 0
-    with open(path, "wb") as f:
-        for start in range(0, shard.num_tokens, CHUNK):
-            chunk = np.asarray(shard.loss[start : start + CHUNK])
-            if chunk.size and int(chunk.max()) > 1:
-                pos = start + int(np.argmax(chunk > 1))
-                raise NanosetError(f"{shard.loss_path}: loss mask value {int(chunk[pos - start])} at token {pos}; "
-                                   f"only 0 and 1 are valid")
-            trained += int(np.count_nonzero(chunk))
-            _write(f, h, chunk.tobytes())
-        _close(f)
+    for start in range(0, shard.num_tokens, CHUNK):
+        chunk = np.asarray(shard.loss[start : start + CHUNK])
+        if problem := loss_mask_problem(chunk, start):
+            raise NanosetError(f"{shard.loss_path}: {problem}")
+        trained += int(np.count_nonzero(chunk))
+        f.write(chunk.tobytes())
     return trained
 
 
@@ -116,38 +100,37 @@ def _copy_shard(shard: ShardReader, folder: Path, dtype: np.dtype, tok: Tokenize
     """Copy one shard's tokens, ends and loss mask (if any) into ``folder``; returns its record and whether its
     documents end with EOS."""
     files = shard_files(shard.name, loss=shard.has_loss)
-    sha = {role: hashlib.sha256() for role in files}
+    sha: dict[str, str] = {}
     top = -1
-    with open(folder / files["ds"], "wb") as f:
+    with HashedFile(folder / files["ds"], resumable=False) as f:
         for start in range(0, shard.num_tokens, CHUNK):
             chunk = np.asarray(shard.tokens[start : start + CHUNK])
-            low = int(chunk.min())
-            if low < 0:
-                pos = start + int(np.argmax(chunk < 0))
-                raise NanosetError(f"{shard.tokens_path}: negative token id {low} at position {pos}; "
-                                   f"token ids must be ≥ 0")
+            check_token_ids(chunk, start, shard.tokens_path)
             top = max(top, int(chunk.max()))
             if top > np.iinfo(dtype).max:
                 raise NanosetError(f"{shard.tokens_path}: token id {top} does not fit {dtype.name}; the file changed "
                                    f"during the conversion")
-            _write(f, sha["ds"], chunk.astype(dtype).tobytes())
-        _close(f)
+            f.write(chunk.astype(dtype).tobytes())
+    sha["ds"] = f.hash.hexdigest()
     ends = shard.ends
     eos_ok = True
-    with open(folder / files["index"], "wb") as f:
+    with HashedFile(folder / files["index"], resumable=False) as f:
         for start in range(0, len(ends), CHUNK):
             part = np.asarray(ends[start : start + CHUNK], dtype=INDEX_DTYPE)
             if tok.eos_id is not None and eos_ok:
                 eos_ok = bool((np.asarray(shard.tokens[part.astype(np.int64) - 1]) == tok.eos_id).all())
-            _write(f, sha["index"], part.tobytes())
-        _close(f)
-    trained = _copy_loss(shard, folder / files["loss"], sha["loss"]) if shard.has_loss else None
-    meta = metadata_text(tok.name, dtype.itemsize, shard.num_tokens).encode("utf-8")
-    with open(folder / files["metadata"], "wb") as f:
-        _write(f, sha["metadata"], meta)
-        _close(f)
+            f.write(part.tobytes())
+    sha["index"] = f.hash.hexdigest()
+    trained = None
+    if shard.has_loss:
+        with HashedFile(folder / files["loss"], resumable=False) as f:
+            trained = _copy_loss(shard, f)
+        sha["loss"] = f.hash.hexdigest()
+    with HashedFile(folder / files["metadata"], resumable=False) as f:
+        f.write(metadata_text(tok.name, dtype.itemsize, shard.num_tokens).encode("utf-8"))
+    sha["metadata"] = f.hash.hexdigest()
     info = ShardInfo(name=shard.name, num_tokens=shard.num_tokens, num_documents=shard.num_documents,
-                     sha256={role: h.hexdigest() for role, h in sha.items()}, max_token_id=top, loss_tokens=trained)
+                     sha256={role: sha[role] for role in files}, max_token_id=top, loss_tokens=trained)
     return info, eos_ok
 
 

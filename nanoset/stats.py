@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ import numpy as np
 
 from nanoset.errors import NanosetError
 from nanoset.format.open import open_dataset
-from nanoset.format.reader import NanosetReader
+from nanoset.format.reader import NanosetReader, index_problem
 from nanoset.format.spec import LOSS_MASK_RULES, SKIPPED_NAME, UNRECORDED, TokenizerInfo
 
 SAMPLE_CHARS = 400
@@ -87,7 +86,7 @@ def _decoder(given: str | None, recorded: TokenizerInfo | None, max_id: int) -> 
         path = find_tokenizer_file(recorded.path or recorded.name)
     except NanosetError:
         return None, "tokenizer not found: pass --tokenizer to decode", None
-    if recorded.sha256 and hashlib.sha256(path.read_bytes()).hexdigest() != recorded.sha256:
+    if not recorded.matches_file(path):
         return None, (f"{path} is not the tokenizer the data was made with (sha256 differs): pass --tokenizer to "
                       f"decode"), None
     try:
@@ -105,7 +104,7 @@ def _other_vocabulary(given: str, vocab: int, path: Path, recorded: TokenizerInf
     if recorded is not None and recorded.vocab_size is not None and recorded.vocab_size != vocab:
         return (f"--tokenizer {given} has {vocab:,} ids, the data's tokenizer {recorded.vocab_size:,}: another "
                 f"vocabulary, the samples are likely garbage")
-    if recorded is not None and recorded.sha256 and hashlib.sha256(path.read_bytes()).hexdigest() != recorded.sha256:
+    if recorded is not None and not recorded.matches_file(path):
         return f"--tokenizer {given} is not the tokenizer file the data was made with (sha256 differs)"
     return None
 
@@ -116,10 +115,9 @@ def _document_lengths(ds) -> np.ndarray:
     parts = []
     for shard in ds.shards:
         lengths = np.diff(np.asarray(shard.ends, dtype=np.int64), prepend=0)
-        bad = np.flatnonzero(lengths <= 0)
-        if len(bad):
-            raise NanosetError(f"{shard.index_path}: document ends not strictly increasing at document "
-                               f"{int(bad[0])}; the shard is corrupt (run `nanoset verify {ds.folder}`)")
+        if problem := index_problem(lengths):
+            raise NanosetError(f"{shard.index_path}: {problem}; the shard is corrupt "
+                               f"(run `nanoset verify {ds.folder}`)")
         parts.append(lengths)
     return np.concatenate(parts)
 

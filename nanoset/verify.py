@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.errors import NanosetError
+from nanoset.format.maxid import check_token_ids
 from nanoset.format.megatron import MegatronShardReader, verify_megatron_shard
 from nanoset.format.open import open_dataset
-from nanoset.format.reader import NanosetReader, ShardReader, missing_file
+from nanoset.format.reader import NanosetReader, ShardReader, index_problem, loss_mask_problem, missing_file
 from nanoset.format.spec import ShardInfo
 
 CHUNK_TOKENS = 1 << 24
@@ -47,9 +48,8 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | No
                 raise _fail(path, f"sha256 {got[:12]}… differs from the manifest's {str(expected_sha.get(role))[:12]}…")
     ends = np.asarray(shard.ends, dtype=np.int64)
     if len(ends):
-        bad = np.flatnonzero(np.diff(ends, prepend=0) <= 0)
-        if len(bad):
-            raise _fail(shard.index_path, f"document ends not strictly increasing at document {int(bad[0])}")
+        if problem := index_problem(np.diff(ends, prepend=0)):
+            raise _fail(shard.index_path, problem)
         if int(ends[-1]) != shard.num_tokens:
             raise _fail(shard.index_path, f"last document ends at {int(ends[-1])}, but the shard has "
                                           f"{shard.num_tokens} tokens")
@@ -60,10 +60,7 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | No
     for start in range(0, shard.num_tokens, CHUNK_TOKENS):
         chunk = shard.tokens[start : start + CHUNK_TOKENS]
         top = int(chunk.max())
-        if chunk.dtype.kind == "i" and int(chunk.min()) < 0:  # Megatron's signed dtypes
-            pos = start + int(np.argmax(chunk < 0))
-            raise NanosetError(f"{shard.tokens_path}: negative token id {int(chunk[pos - start])} at position {pos}; "
-                               f"token ids must be ≥ 0")
+        check_token_ids(chunk, start, shard.tokens_path)
         if tok is not None and tok.vocab_size is not None and top >= tok.vocab_size:
             pos = start + int(np.argmax(chunk >= tok.vocab_size))
             raise _fail(shard.tokens_path, f"token id {top} at position {pos} is ≥ the vocab size {tok.vocab_size}")
@@ -87,10 +84,8 @@ def _verify_loss(shard: ShardReader, expected: ShardInfo | None) -> None:
     trained = 0
     for start in range(0, shard.num_tokens, CHUNK_TOKENS):
         chunk = shard.loss[start : start + CHUNK_TOKENS]
-        bad = np.flatnonzero(chunk > 1)
-        if len(bad):
-            pos = start + int(bad[0])
-            raise _fail(shard.loss_path, f"loss mask value {int(chunk[bad[0]])} at token {pos}; only 0 and 1 are valid")
+        if problem := loss_mask_problem(chunk, start):
+            raise _fail(shard.loss_path, problem)
         trained += int(np.count_nonzero(chunk))
     if expected is not None and expected.loss_tokens is not None and expected.loss_tokens != trained:
         raise _fail(shard.loss_path, f"{trained} tokens with loss, the manifest says {expected.loss_tokens}")
@@ -116,6 +111,12 @@ def _checked(ds: NanosetReader) -> str:
     if ds.tokenizer.eos_id is None:
         return words + "; no EOS check: the tokenizer is unknown"
     return words if _checks_eos(ds) else words + "; converted data whose documents need not end with EOS"
+
+
+def check_retokenize_count(count: int) -> None:
+    """``--retokenize N`` re-encodes at least one document."""
+    if count < 1:
+        raise NanosetError(f"--retokenize must be ≥ 1, got {count}")
 
 
 def verify_dataset(path: Path) -> str:

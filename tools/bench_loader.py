@@ -30,7 +30,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from nanoset import Manifest, ShardInfo, ShardWriter, TokenizerInfo, write_manifest
-from nanoset.format.spec import metadata_text
+from nanoset.format.spec import MANIFEST_NAME, metadata_text
 from runtime.config import Config
 from runtime.config.load import from_dict
 from runtime.config.rules import validate_config
@@ -127,7 +127,7 @@ def rss_mb() -> float:
 
 def scale(work: Path, shards: int, tokens_per_shard: int) -> tuple[float, float]:
     folder = work / f"sparse_{shards}x{tokens_per_shard}"
-    if not (folder / "nanoset.json").exists():
+    if not (folder / MANIFEST_NAME).exists():
         make_sparse_folder(folder, shards, tokens_per_shard)
     before = rss_mb()
     t0 = time.perf_counter()
@@ -239,7 +239,7 @@ def main() -> None:
     folders = []
     for i, tokens in enumerate((60_000_000, 30_000_000, 10_000_000)):
         folder = args.work / f"blend_{i}"
-        if not (folder / "nanoset.json").exists():
+        if not (folder / MANIFEST_NAME).exists():
             shutil.rmtree(folder, ignore_errors=True)
             make_folder(folder, tokens, i)
         folders.append(str(folder))

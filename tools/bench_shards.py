@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from nanoset import Manifest, ShardInfo, TokenizerInfo, write_manifest  # noqa: E402
-from nanoset.format.spec import metadata_text, shard_files  # noqa: E402
+from nanoset.format.spec import MANIFEST_NAME, metadata_text, shard_files  # noqa: E402
 
 DOC_TOKENS = 12
 VOCAB = 8192
@@ -35,7 +35,7 @@ TARGET_SECONDS, TARGET_MB = 1.5, 100
 
 def write_folder(folder: Path, shards: int) -> None:
     """``shards`` one-document shards and their manifest (written without fsync: a benchmark fixture)."""
-    if (folder / "nanoset.json").is_file():
+    if (folder / MANIFEST_NAME).is_file():
         return
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)

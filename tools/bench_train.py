@@ -30,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from nanoset.format.spec import MANIFEST_NAME  # noqa: E402
 from nanoset.tokenize.job import TokenizeOptions, tokenize  # noqa: E402
 from runtime.config import Config  # noqa: E402
 from runtime.config.load import from_dict  # noqa: E402
@@ -42,7 +43,7 @@ from runtime.trainer import Trainer  # noqa: E402
 def make_config(work: Path, steps: int, workers: int, prefetch: int = 0) -> Config:
     shards = work / "shards"
     for name in ("web", "code", "sft"):
-        if not (shards / name / "nanoset.json").exists():
+        if not (shards / name / MANIFEST_NAME).exists():
             tokenize(TokenizeOptions(inputs=[str(ROOT / "data_fixtures" / "corpus" / name)], output=shards / name,
                                      tokenizer=str(ROOT / "data_fixtures" / "tokenizer"), progress=False))
     c = from_dict(Config, {

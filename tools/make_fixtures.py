@@ -175,12 +175,12 @@ def make_corpus(root: Path) -> None:
     write_parquet(sft / "sft-001.parquet", [sft_doc(r) for _ in range(1500)])
 
 
-def all_texts(root: Path) -> list[str]:
+def all_texts() -> list[str]:
     r = random.Random(1234)
     return [web_doc(r) for _ in range(3500)] + [code_doc(r) for _ in range(2580)] + [sft_doc(r) for _ in range(3000)]
 
 
-def make_tokenizer(root: Path, out: Path, vocab_size: int = 4096) -> None:
+def make_tokenizer(out: Path, vocab_size: int = 4096) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -192,7 +192,7 @@ def make_tokenizer(root: Path, out: Path, vocab_size: int = 4096) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(all_texts(root), trainer=trainer)
+    tok.train_from_iterator(all_texts(), trainer=trainer)
     tok.add_special_tokens(CHAT_TOKENS)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
@@ -203,5 +203,5 @@ def make_tokenizer(root: Path, out: Path, vocab_size: int = 4096) -> None:
 if __name__ == "__main__":
     make_corpus(ROOT / "corpus")
     make_chat(ROOT / "chat")
-    make_tokenizer(ROOT / "corpus", ROOT / "tokenizer")
+    make_tokenizer(ROOT / "tokenizer")
     print(f"wrote {ROOT / 'corpus'}, {ROOT / 'chat'} and {ROOT / 'tokenizer'}")

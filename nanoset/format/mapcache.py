@@ -100,9 +100,18 @@ class MapCache:
         arr = map_file(path, dtype)
         with self._lock:
             self._maps[key] = arr
-            while len(self._maps) > self.capacity:
-                self._maps.popitem(last=False)
+            self._evict()
         return arr
+
+    def resize(self, capacity: int) -> None:
+        """Keep at most ``capacity`` maps from now on (the least recently used go at once)."""
+        with self._lock:
+            self.capacity = capacity
+            self._evict()
+
+    def _evict(self) -> None:
+        while len(self._maps) > self.capacity:
+            self._maps.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._maps)
@@ -128,7 +137,4 @@ def set_max_open_shards(n: int) -> None:
     ``$NANOSET_MAX_OPEN_SHARDS``, else ``default_max_open_shards()``."""
     if n < 1:
         raise NanosetError(f"max open shards must be ≥ 1, got {n}")
-    with _cache._lock:
-        _cache.capacity = 2 * n
-        while len(_cache._maps) > _cache.capacity:
-            _cache._maps.popitem(last=False)
+    _cache.resize(2 * n)

@@ -2,20 +2,16 @@
 
 Nanoset manifests record it per shard. A datatrove folder (or a manifest older than that field)
 does not: its shards are scanned once and the result recorded in a small JSON file keyed by the
-token files' names, sizes, modification and status-change times and inode numbers, so an unchanged
-folder is never rescanned and a changed one always is (a file rewritten with its size and
-modification time kept, as ``cp -p`` or ``rsync -a`` do, still has a new inode or status-change
-time, which no tool sets back). The record lives in the user's cache (``$NANOSET_CACHE_DIR``, else
-``$XDG_CACHE_HOME/nanoset``, else ``~/.cache/nanoset``) because dataset folders are often
-read-only; when that is not writable either, the scan is simply not recorded.
+token files' names and stamps (``nanoset.format.cache.file_stamp``), so an unchanged folder is never
+rescanned and a changed one always is. The record lives in the user's cache (``nanoset.format.cache``)
+because dataset folders are often read-only; when that is not writable either, the scan is simply not
+recorded.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,31 +19,27 @@ import numpy as np
 
 from nanoset.atomic import atomic_write_text
 from nanoset.errors import NanosetError
+from nanoset.format.cache import cache_dir, file_stamp
 from nanoset.format.spec import UNRECORDED
 
 SCAN_CHUNK = 1 << 24  # tokens per max() call: bounded memory whatever the shard size
 
 
-def cache_dir() -> Path:
-    if os.environ.get("NANOSET_CACHE_DIR"):
-        return Path(os.environ["NANOSET_CACHE_DIR"])
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]) / "nanoset"
-    try:
-        return Path.home() / ".cache" / "nanoset"
-    except (RuntimeError, KeyError):  # no home directory (some containers): a per-machine temporary cache
-        return Path(tempfile.gettempdir()) / "nanoset"
+def check_token_ids(chunk: np.ndarray, start: int, path: Path) -> None:
+    """No negative id in ``chunk`` (tokens from position ``start`` of the file at ``path``): signed tokens
+    (Megatron's int dtypes) can hold one, and no embedding table can look it up."""
+    if chunk.dtype.kind == "i" and int(chunk.min()) < 0:
+        pos = start + int(np.argmax(chunk < 0))
+        raise NanosetError(f"{path}: negative token id {int(chunk[pos - start])} at position {pos}; "
+                           f"token ids must be ≥ 0")
 
 
 def scan_max(tokens: np.ndarray, path: Path) -> int:
-    """The largest id of a shard's tokens (at ``path``), -1 when it has none. Signed tokens (Megatron's int
-    dtypes) are also checked for negative ids, which no embedding table can look up."""
+    """The largest id of a shard's tokens (at ``path``), -1 when it has none, checking for negative ids."""
     top = -1
     for i in range(0, len(tokens), SCAN_CHUNK):
         chunk = tokens[i : i + SCAN_CHUNK]
-        if chunk.dtype.kind == "i" and int(chunk.min()) < 0:
-            pos = i + int(np.argmax(chunk < 0))
-            raise NanosetError(f"{path}: negative token id {int(tokens[pos])} at position {pos}; token ids must be ≥ 0")
+        check_token_ids(chunk, i, path)
         top = max(top, int(chunk.max()))
     return top
 
@@ -61,13 +53,6 @@ def _load(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-def file_stamp(path: Path) -> list[int]:
-    """What tells a file's content changed without reading it: size, modification and status-change times,
-    inode number."""
-    st = os.stat(path)
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
 def dataset_max_token_id(reader: Any) -> int:

@@ -9,7 +9,7 @@ is the ``.bin`` file itself, mapped with its dtype: nothing is copied.
 Our readers need each document's cumulative token end. Megatron stores sequence boundaries, so
 the ends are derived once from the pointers (in bounded chunks, checking every pointer and index
 on the way) and kept in a small file in the user's cache, keyed by the ``.idx`` file's path, size,
-modification and status-change times and inode (``maxid.file_stamp``); dataset folders are often
+modification and status-change times and inode (``cache.file_stamp``); dataset folders are often
 read-only. Documents without tokens are dropped
 from the ends: they add nothing to the stream. The tokenizer is unknown, as for datatrove folders,
 and Megatron data need not end its documents with EOS, so nothing checks for one.
@@ -17,19 +17,19 @@ and Megatron data need not end its documents with EOS, so nothing checks for one
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import struct
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
+from nanoset.atomic import atomic_write
 from nanoset.errors import NanosetError
-from nanoset.format.maxid import cache_dir, file_stamp
+from nanoset.format.cache import cache_dir, file_stamp
 from nanoset.format.reader import NanosetReader, ShardReader
 from nanoset.format.spec import INDEX_DTYPE, MANIFEST_NAME, TOKENS_SUFFIX
 
@@ -180,21 +180,20 @@ def document_ends_file(index: MegatronIndex, bin_size: int) -> Path:
     path = _cache_file(index.path)
     if path.is_file():
         return path
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")  # unique across the nodes sharing a cache
+
+    def write(f: IO[bytes]) -> None:
+        for chunk in iter_document_ends(index, bin_size):
+            f.write(chunk.tobytes())
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            for chunk in iter_document_ends(index, bin_size):
-                f.write(chunk.tobytes())
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise NanosetError(f"{index.path}: cannot write its document index to the cache {path.parent} ({e}); "
+        atomic_write(path, write)
+    except (OSError, NanosetError) as e:
+        cause = e if isinstance(e, OSError) else e.__context__
+        if not isinstance(cause, OSError):
+            raise  # the index itself is corrupt: its own message, not the cache's
+        raise NanosetError(f"{index.path}: cannot write its document index to the cache {path.parent} ({cause}); "
                            f"set NANOSET_CACHE_DIR to a writable folder") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return path
 
 

@@ -72,13 +72,10 @@ class ShardReader:
         self._map_keys = _map_keys()
 
     def check_sizes(self) -> None:
-        """Cheap open-time check: the two data files have exactly the sizes the counts imply."""
-        for path, expected in (
-            (self.tokens_path, self.num_tokens * self.dtype.itemsize),
-            (self.index_path, self.num_documents * INDEX_DTYPE.itemsize),
-            *([(self.loss_path, self.num_tokens * LOSS_DTYPE.itemsize)] if self.has_loss else []),
-        ):
-            check_size(str(path), expected, self.folder)
+        """Cheap open-time check: the data files have exactly the sizes the counts imply."""
+        for suffix, per_token, per_document in file_sizes(self.dtype.itemsize, self.has_loss):
+            check_size(str(self.folder / (self.name + suffix)),
+                       self.num_tokens * per_token + self.num_documents * per_document, self.folder)
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled (e.g. in a DataLoader worker): a fresh cache key, maps reopen lazily there."""
@@ -101,6 +98,15 @@ class ShardReader:
         return _MAPS.get(self._map_keys[2], self.loss_path, LOSS_DTYPE)
 
 
+def file_sizes(itemsize: int, has_loss: bool) -> list[tuple[str, int, int]]:
+    """Each data file of a shard whose tokens take ``itemsize`` bytes: its suffix, and its bytes per token and
+    per document (tokens, document ends, the loss mask if any; the metadata file's size is not fixed)."""
+    sizes = [(TOKENS_SUFFIX, itemsize, 0), (INDEX_SUFFIX, 0, INDEX_DTYPE.itemsize)]
+    if has_loss:
+        sizes.append((LOSS_SUFFIX, LOSS_DTYPE.itemsize, 0))
+    return sizes
+
+
 def missing_file(path: str | Path) -> NanosetError:
     """The error for a file of a shard that is not there."""
     return NanosetError(f"{path}: missing; the dataset is incomplete (re-run `nanoset tokenize`)")
@@ -117,6 +123,22 @@ def check_size(path: str, expected: int, folder: Path, dir_fd: int | None = None
         where = os.path.join(folder, path) if dir_fd is not None else path
         raise NanosetError(f"{where}: {size} bytes, expected {expected}; the file is truncated or replaced "
                            f"(run `nanoset verify {folder}`)")
+
+
+def index_problem(lengths: np.ndarray) -> str | None:
+    """What is wrong with a shard index whose documents have these ``lengths`` (differences of its ends; a
+    damaged or hand-made shard): a document whose end does not pass the one before. None when nothing is."""
+    bad = np.flatnonzero(lengths <= 0)
+    return f"document ends not strictly increasing at document {int(bad[0])}" if len(bad) else None
+
+
+def loss_mask_problem(chunk: np.ndarray, start: int) -> str | None:
+    """What is wrong with the loss-mask bytes ``chunk`` (from token ``start``): a value other than 0 and 1.
+    None when nothing is."""
+    bad = np.flatnonzero(chunk > 1)
+    if not len(bad):
+        return None
+    return f"loss mask value {int(chunk[bad[0]])} at token {start + int(bad[0])}; only 0 and 1 are valid"
 
 
 class ShardList(Sequence[ShardReader]):
@@ -149,17 +171,14 @@ class ShardList(Sequence[ShardReader]):
     def check_sizes(self) -> None:
         """Every shard's files have the sizes the manifest implies: one ``stat`` per file, made relative to
         the open folder, and nothing else (0.3 s for 100,000 shards)."""
-        t, size, index_size = self.table, self.dtype.itemsize, INDEX_DTYPE.itemsize
+        t, folder, sizes = self.table, self.folder, file_sizes(self.dtype.itemsize, self.has_loss)
         relative = os.stat in os.supports_dir_fd
         fd = os.open(self.folder, os.O_RDONLY) if relative else None
         prefix = "" if relative else str(self.folder) + os.sep
         try:
             for name, tokens, documents in zip(t.names, t.num_tokens.tolist(), t.num_documents.tolist()):
-                base = prefix + name
-                check_size(base + TOKENS_SUFFIX, tokens * size, self.folder, fd)
-                check_size(base + INDEX_SUFFIX, documents * index_size, self.folder, fd)
-                if self.has_loss:
-                    check_size(base + LOSS_SUFFIX, tokens * LOSS_DTYPE.itemsize, self.folder, fd)
+                for suffix, per_token, per_document in sizes:
+                    check_size(prefix + name + suffix, tokens * per_token + documents * per_document, folder, fd)
         finally:
             if fd is not None:
                 os.close(fd)
@@ -197,12 +216,13 @@ class NanosetReader:
         """Where the data comes from: 'nanoset' (a manifest), 'datatrove' or 'megatron'."""
         return "nanoset" if self.manifest is not None else self.shards[0].format
 
-    @property
-    def is_datatrove(self) -> bool:
-        return self.format == "datatrove"
-
-    def _shard_of_token(self, pos: int) -> int:
+    def shard_of_token(self, pos: int) -> int:
+        """The index of the shard that holds token ``pos`` of the stream."""
         return int(np.searchsorted(self.token_offsets, pos, side="right")) - 1
+
+    def shard_of_document(self, i: int) -> int:
+        """The index of the shard that holds document ``i``."""
+        return int(np.searchsorted(self.document_offsets, i, side="right")) - 1
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``[start, stop)`` of the stream: a memmap view inside one shard, a copy across shards."""
@@ -223,7 +243,7 @@ class NanosetReader:
         """Items ``[start, stop)`` of the per-token array ``attr`` of the shards, as one stream."""
         if not 0 <= start <= stop <= self.num_tokens:
             raise IndexError(f"token range [{start}, {stop}) outside [0, {self.num_tokens}) of {self.folder}")
-        s = self._shard_of_token(start) if start < self.num_tokens else len(self.shards) - 1
+        s = self.shard_of_token(start) if start < self.num_tokens else len(self.shards) - 1
         off = int(self.token_offsets[s])
         if stop <= int(self.token_offsets[s + 1]):
             return getattr(self.shards[s], attr)[start - off : stop - off]
@@ -242,7 +262,7 @@ class NanosetReader:
         """Global token range ``[start, end)`` of document ``i``."""
         if not 0 <= i < self.num_documents:
             raise IndexError(f"document {i} outside [0, {self.num_documents}) of {self.folder}")
-        s = int(np.searchsorted(self.document_offsets, i, side="right")) - 1
+        s = self.shard_of_document(i)
         local = i - int(self.document_offsets[s])
         ends = self.shards[s].ends
         off = int(self.token_offsets[s])
@@ -259,14 +279,14 @@ class NanosetReader:
 
     def document_at(self, pos: int) -> int:
         """Id of the document holding global token ``pos``."""
-        s = self._shard_of_token(pos)
+        s = self.shard_of_token(pos)
         local = int(np.searchsorted(self.shards[s].ends, pos - int(self.token_offsets[s]), side="right"))
         return int(self.document_offsets[s]) + local
 
     def document_starts(self, start: int, stop: int) -> np.ndarray:
         """Global positions ``p`` with ``start < p < stop`` where a new document begins."""
         out = []
-        s = self._shard_of_token(start)
+        s = self.shard_of_token(start)
         while s < len(self.shards) and int(self.token_offsets[s]) < stop:
             off = int(self.token_offsets[s])
             ends = self.shards[s].ends

@@ -44,15 +44,17 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= UINT16_MAX_VOCAB else np.dtype("<u4")
 
 
+TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}  # a manifest's dtype names
+
+
 def dtype_name(dtype: np.dtype) -> str:
-    return {2: "uint16", 4: "uint32"}[np.dtype(dtype).itemsize]
+    return {d.itemsize: name for name, d in TOKEN_DTYPES.items()}[np.dtype(dtype).itemsize]
 
 
 def dtype_from_name(name: str) -> np.dtype:
-    table = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
-    if name not in table:
+    if name not in TOKEN_DTYPES:
         raise NanosetError(f"unknown token dtype {name!r} (expected uint16 or uint32)")
-    return table[name]
+    return TOKEN_DTYPES[name]
 
 
 def human_count(n: int) -> str:
@@ -103,6 +105,11 @@ class TokenizerInfo:
 
     def describe(self) -> str:
         return f"{self.name!r}" + (f" sha256 {self.sha256[:12]}" if self.sha256 else "")
+
+    def matches_file(self, path: str | Path) -> bool:
+        """Whether the tokenizer file at ``path`` is still this one: its sha256 is the recorded one (True when
+        none is recorded, as for a datatrove folder: nothing to compare)."""
+        return not self.sha256 or hashlib.sha256(Path(path).read_bytes()).hexdigest() == self.sha256
 
 
 def comparable_name(name: str) -> str:

@@ -31,19 +31,28 @@ from nanoset.format.spec import (
 )
 
 
-def write_error(path: Path, error: OSError) -> NanosetError:
+def write_error(path: Path, error: OSError, resumable: bool = True) -> NanosetError:
     """The one line for a write that failed (a full disk): which file, and what to do."""
     return NanosetError(f"{path}: cannot write it ({error.strerror or error}); free some space (or fix the cause) "
-                        f"and rerun the same command: finished work is kept")
+                        f"and rerun the same command" + (": finished work is kept" if resumable else ""))
 
 
-class _HashedFile:
-    """A binary file opened for writing that hashes what passes through it."""
+class HashedFile:
+    """A binary file opened for writing that hashes what passes through it; a full disk is one line naming it
+    (``resumable``: whether a rerun keeps finished work, as a tokenize job does). As a context manager it is
+    closed with fsync when the block succeeds, dropped when it fails."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, resumable: bool = True) -> None:
         self.path = path
+        self.resumable = resumable
         self.file: BinaryIO = open(path, "wb")
         self.hash = hashlib.sha256()
+
+    def __enter__(self) -> HashedFile:
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close(sync=exc_type is None)
 
     def write(self, data: bytes | memoryview) -> None:
         self.hash.update(data)
@@ -52,7 +61,7 @@ class _HashedFile:
         except OSError as e:
             if e.errno not in WRITE_ERRNOS:
                 raise
-            raise write_error(self.path, e) from None
+            raise write_error(self.path, e, self.resumable) from None
 
     def close(self, sync: bool) -> None:
         if self.file.closed:
@@ -66,7 +75,7 @@ class _HashedFile:
             if not sync:  # an abort: the file is discarded, whatever went wrong
                 return
             if e.errno in WRITE_ERRNOS:
-                raise write_error(self.path, e) from None
+                raise write_error(self.path, e, self.resumable) from None
             raise
         self.file.close()
 
@@ -103,9 +112,9 @@ class ShardWriter:
         tag = f"partial-{os.getpid()}"
         self._tmp = {role: p.with_name(f".{p.name}.{tag}") for role, p in self._final.items()}
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._tokens = _HashedFile(self._tmp["ds"])
-        self._index = _HashedFile(self._tmp["index"])
-        self._loss = _HashedFile(self._tmp["loss"]) if loss_masks else None
+        self._tokens = HashedFile(self._tmp["ds"])
+        self._index = HashedFile(self._tmp["index"])
+        self._loss = HashedFile(self._tmp["loss"]) if loss_masks else None
 
     def add_document(self, token_ids: Sequence[int] | np.ndarray,
                      loss: Sequence[int] | np.ndarray | None = None) -> None:
@@ -153,7 +162,7 @@ class ShardWriter:
         if self._loss is not None:
             self._loss.close(sync=True)
         meta = metadata_text(self.tokenizer_name, self.dtype.itemsize, self.num_tokens).encode("utf-8")
-        meta_file = _HashedFile(self._tmp["metadata"])
+        meta_file = HashedFile(self._tmp["metadata"])
         meta_file.write(meta)
         meta_file.close(sync=True)
         for role in self._final:  # the loss mask (if any) before the metadata, which is renamed last

@@ -192,6 +192,11 @@ def load_encoder(path: Path, backend: str, chat: bool = False,
     return FastokensEncoder(tok, offsets, reference)
 
 
+def fastokens_refused(reason: str) -> NanosetError:
+    """The error for ``--backend fastokens`` where fastokens cannot (or must not) encode: why, and what to use."""
+    return NanosetError(f"--backend fastokens: {reason}; use --backend auto or tokenizers")
+
+
 @dataclass(frozen=True)
 class BackendChoice:
     """What a job starts encoding with, and the note that says why it is not fastokens (None: nothing to say)."""
@@ -215,9 +220,8 @@ def choose_backend(path: Path, requested: str, chat: bool,
         return BackendChoice("tokenizers")
     if importlib.util.find_spec("fastokens") is None:
         if requested == "fastokens":
-            raise NanosetError("--backend fastokens: fastokens is not installed (`pip install fastokens`: wheels "
-                               "for Linux x86-64/aarch64, macOS and Windows); use --backend auto or "
-                               "tokenizers")
+            raise fastokens_refused("fastokens is not installed (`pip install fastokens`: wheels for Linux "
+                                    "x86-64/aarch64, macOS and Windows)")
         return BackendChoice("tokenizers")  # the ordinary case where no wheel exists: nothing to say
     if chat:
         offsets, reason = ByteLevelOffsets.of_tokenizer(encoding_config(path, reference or _reference_loader(path)))
@@ -225,7 +229,7 @@ def choose_backend(path: Path, requested: str, chat: bool,
             reason = (f"--chat needs character offsets, which fastokens does not give and the token bytes give only "
                       f"for byte-level BPE without a normalizer: {reason}")
             if requested == "fastokens":
-                raise NanosetError(f"--backend fastokens: {reason}; use --backend auto or tokenizers")
+                raise fastokens_refused(reason)
             return BackendChoice("tokenizers", f"encoding with tokenizers: {reason}")
     return BackendChoice("fastokens")
 

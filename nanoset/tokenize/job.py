@@ -22,7 +22,13 @@ import numpy as np
 from nanoset.errors import NanosetError
 from nanoset.format.spec import SKIPPED_EXAMPLES, SKIPPED_NAME, Manifest, dtype_for_vocab, dtype_name
 from nanoset.format.writer import write_manifest
-from nanoset.tokenize.backends import BackendChoice, TokenizersEncoder, choose_backend, first_difference
+from nanoset.tokenize.backends import (
+    BackendChoice,
+    TokenizersEncoder,
+    choose_backend,
+    fastokens_refused,
+    first_difference,
+)
 from nanoset.tokenize.chat import MASK_RULE
 from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template, special_token_strings
 from nanoset.tokenize.inputs import discover
@@ -180,7 +186,7 @@ def tokenize(opts: TokenizeOptions, on_start: Callable[[], None] | None = None) 
     folder = OutputFolder(opts.output)
     complete = folder.prepare(plan, opts.overwrite)
     for note in folder.notes:
-        print(f"note: {note}", file=sys.stderr, flush=True)
+        _note(note)
     if complete:
         return _summary(opts, plan, folder.completed_manifest(), [], len(plan.tasks), True, t0)
 
@@ -288,13 +294,14 @@ def _settle_backend(opts: TokenizeOptions, choice: BackendChoice, folder: Output
     return choice.backend
 
 
-def _fall_back(opts: TokenizeOptions, reason: str, who: str, redo: bool = False) -> str:
-    """Tokenizers from now on, because ``who`` saw fastokens differ or fail (``reason``), said once; ``--backend
-    fastokens``: an error."""
+def _fall_back(opts: TokenizeOptions, reason: str, who: str | None = None, redo: bool = False) -> str:
+    """Tokenizers from now on, because ``who`` (another run; None: this one) saw fastokens differ or fail
+    (``reason``), said once; ``--backend fastokens``: an error."""
     if opts.backend == "fastokens":
-        raise NanosetError(f"--backend fastokens: {who} saw {reason}; use --backend auto or tokenizers")
-    _note(f"encoding with tokenizers{' (what fastokens encoded is encoded again)' if redo else ''}, as {who} did: "
-          f"{reason}")
+        raise fastokens_refused(f"{who} saw {reason}" if who else reason)
+    redone = " (what fastokens encoded is encoded again)" if redo else ""
+    _note(f"encoding with tokenizers{redone}, as {who} did: {reason}" if who else
+          f"encoding with tokenizers{redone}: {reason}")
     return "tokenizers"
 
 
@@ -369,14 +376,11 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
             state["probed"] = state["probed"] or check.task is None
             if reason is None and (difference := first_difference(reference, check)) is not None:
                 reason = f"{result.encoder} and tokenizers differ on {difference} (a fastokens bug: please report it)"
-                if config["strict_backend"]:
-                    raise NanosetError(f"--backend fastokens: {reason}; use --backend auto or tokenizers")
         result.checks, result.unusable = [], None
-        if reason is not None and state["backend"] == "fastokens":  # recorded before the task's marker: a run
-            folder.record_encoder_fallback(reason)  # killed in between must not keep a differing task's shards
-            redo = " (what fastokens encoded is encoded again)" if result.by_fastokens else ""
-            _note(f"encoding with tokenizers{redo}: {reason}")
-            state["backend"] = "tokenizers"
+        if reason is not None and state["backend"] == "fastokens":
+            state["backend"] = _fall_back(opts, reason, redo=result.by_fastokens)  # --backend fastokens: raises
+            # recorded before the task's marker: a run killed in between must not keep a differing task's shards
+            folder.record_encoder_fallback(reason)
         folder.mark_done(task, result)
         ran[task.index] = result
         bar.update(1)

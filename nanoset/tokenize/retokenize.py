@@ -9,7 +9,6 @@ row its pieces yield, in order), so a sampled document is found by reading its t
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,12 +18,13 @@ from nanoset.errors import NanosetError
 from nanoset.format.open import open_dataset
 from nanoset.format.reader import NanosetReader
 from nanoset.tokenize.backends import TokenizersEncoder
-from nanoset.tokenize.chat import MASK_RULE, ChatColumns, ChatReader, encode_chats
+from nanoset.tokenize.chat import MASK_RULE, ChatColumns
 from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template
 from nanoset.tokenize.inputs import Piece, Source
 from nanoset.tokenize.rows import TextReader
 from nanoset.tokenize.tokenizer import load_tokenizer, registered_tokens
-from nanoset.tokenize.worker import appends_eos, encode_texts
+from nanoset.tokenize.worker import appends_eos, encode_batch, reader_for
+from nanoset.verify import check_retokenize_count
 
 SAMPLE_SEED = 0  # the documents sampled are the same on every run of the check
 
@@ -73,7 +73,7 @@ def _tokenizer(ds: NanosetReader):
     info = ds.manifest.tokenizer
     if not info.path or not Path(info.path).is_file():
         raise _gone(info.path or info.name, "tokenizer")
-    if hashlib.sha256(Path(info.path).read_bytes()).hexdigest() != info.sha256:
+    if not info.matches_file(info.path):
         raise NanosetError(f"cannot re-encode: tokenizer {info.path} changed since the dataset was made (its sha256 "
                            f"differs from the manifest's); --retokenize needs the tokenizer that made it")
     now, then = registered_tokens(Path(info.path)), ds.manifest.build.get("registered_tokens", [])
@@ -87,9 +87,9 @@ def _tokenizer(ds: NanosetReader):
     return load_tokenizer(Path(info.path))
 
 
-def _chat_reader_factory(ds: NanosetReader):
-    """How to read the pieces of a ``--chat`` dataset: its recorded template (the file it names, else the
-    tokenizer's own, by sha256), special tokens and columns."""
+def _chat_rows(ds: NanosetReader) -> tuple[ChatColumns, ChatRenderer]:
+    """How to read the conversations of a ``--chat`` dataset: its recorded columns, and its template (the file
+    it names, else the tokenizer's own, by sha256) with its special tokens."""
     m = ds.manifest
     chat = m.build["chat"]
     file = m.chat_template_file
@@ -100,16 +100,14 @@ def _chat_reader_factory(ds: NanosetReader):
         raise NanosetError(f"cannot re-encode: the chat template of {template.origin} changed since the dataset was "
                            f"made (its sha256 differs from the manifest's)")
     renderer = ChatRenderer(template, chat["special_tokens"])
-    columns = ChatColumns(chat["messages_column"], chat["prompt_column"], chat["completion_column"])
-    return lambda piece: ChatReader(piece, columns, renderer, m.build["skip_bad_lines"])
+    return ChatColumns(chat["messages_column"], chat["prompt_column"], chat["completion_column"]), renderer
 
 
 def retokenize(path: Path, count: int) -> tuple[list[str], str]:
     """Compare ``count`` sampled documents of the dataset at ``path`` with the tokenizers backend's encoding of
     their recorded inputs. Returns one line per differing document and a summary line; raises (one line) when
     the check cannot be made."""
-    if count < 1:
-        raise NanosetError(f"--retokenize must be ≥ 1, got {count}")
+    check_retokenize_count(count)
     ds = open_dataset(path)
     m = ds.manifest
     if m is None or "inputs" not in m.build:
@@ -119,10 +117,11 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
     chat = "chat" in m.build
     # masks of another rule (an older nanoset's) are not what re-encoding makes: their ids are still compared
     masks = chat and m.loss_mask_rule == MASK_RULE
-    if chat:
-        reader_of = _chat_reader_factory(ds)
-    else:
-        reader_of = lambda piece: TextReader(piece, m.build["text_column"], m.build["skip_bad_lines"])  # noqa: E731
+    rows = _chat_rows(ds) if chat else m.build["text_column"]
+
+    def reader_of(piece: Piece) -> TextReader:
+        return reader_for(piece, rows, m.build["skip_bad_lines"])
+
     append_eos = appends_eos(encoder.tok, eos_id)
     picks = np.sort(np.random.default_rng(SAMPLE_SEED).choice(ds.num_documents, min(count, ds.num_documents),
                                                               replace=False))
@@ -133,13 +132,9 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
         wanted = [int(d) for d in picks if first <= d < last]
         if not wanted:
             continue
-        sampled = [Sampled(d, ds.manifest.shards[int(np.searchsorted(ds.document_offsets, d, "right")) - 1].name,
-                           d - first) for d in wanted]
+        sampled = [Sampled(d, ds.manifest.shards[ds.shard_of_document(d)].name, d - first) for d in wanted]
         values = _read_task(ds, positions, sources, reader_of, [s.in_task for s in sampled], name)
-        if chat:
-            flat, loss, lengths = encode_chats(encoder, values, eos_id)
-        else:
-            (flat, lengths), loss = encode_texts(encoder, values, eos_id, append_eos), None
+        flat, loss, lengths = encode_batch(encoder, values, chat, eos_id, append_eos)
         ends = np.cumsum(lengths)
         for k, s in enumerate(sampled):
             a, b = int(ends[k] - lengths[k]), int(ends[k])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,18 @@ import numpy as np
 
 from nanoset.format.spec import SKIPPED_EXAMPLES
 from nanoset.format.writer import ShardWriter
-from nanoset.tokenize.backends import Encoder, FastCheck, FastokensUnusable, guard_sample, load_encoder, probe_texts
+from nanoset.tokenize.backends import (
+    Encoder,
+    FastCheck,
+    FastokensUnusable,
+    fastokens_refused,
+    guard_sample,
+    load_encoder,
+    probe_texts,
+)
 from nanoset.tokenize.chat import ChatColumns, ChatReader, encode_chats
 from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate
+from nanoset.tokenize.inputs import Piece
 from nanoset.tokenize.rows import TextReader
 from nanoset.tokenize.tasks import OutputFolder, Task, TaskResult, describe_task
 
@@ -51,6 +61,24 @@ def encode_texts(encoder: Encoder, texts: list[str], eos_id: int, append_eos: bo
     if not append_eos:
         return flat, lengths
     return np.insert(flat, np.cumsum(lengths), np.uint32(eos_id)), lengths + 1
+
+
+def encode_batch(encoder: Encoder, batch: list, chat: bool, eos_id: int,
+                 append_eos: bool) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """A batch of rows (texts, or rendered conversations with ``chat``) as flat ids, their loss mask (None for
+    texts) and the document lengths."""
+    if chat:
+        return encode_chats(encoder, batch, eos_id)
+    flat, lengths = encode_texts(encoder, batch, eos_id, append_eos)
+    return flat, None, lengths
+
+
+def reader_for(piece: Piece, rows: str | tuple[ChatColumns, ChatRenderer], skip_bad: bool,
+               on_skip: Callable[[str], None] | None = None) -> TextReader:
+    """The row reader of ``piece``; ``rows``: the text column, or a chat dataset's columns and renderer."""
+    if isinstance(rows, str):
+        return TextReader(piece, rows, skip_bad, on_skip)
+    return ChatReader(piece, *rows, skip_bad, on_skip)
 
 
 def _write_split(writers: list[ShardWriter], new_writer, flat: np.ndarray, lengths: np.ndarray,
@@ -119,7 +147,7 @@ def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers", pro
         encoder = _encoder(backend)
     except FastokensUnusable as e:
         if cfg["strict_backend"]:
-            raise FastokensUnusable(f"--backend fastokens: {e}; use --backend auto or tokenizers") from None
+            raise fastokens_refused(str(e)) from None
         encoder, unusable = _encoder("tokenizers"), str(e)
     guarded = encoder.name != "fastokens"
     if not guarded and probe:
@@ -137,22 +165,16 @@ def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers", pro
     sources: dict[str, list[dict]] = {}  # shard name -> the pieces its documents came from
     skipped = 0
     log = SkipLog(OutputFolder(Path(out)).skipped_log(task.index))
+    rows = (ChatColumns(**chat["columns"]), _worker["renderer"]) if chat else cfg["text_column"]
     try:
         for piece in task.pieces:
-            if chat:
-                reader: TextReader = ChatReader(piece, ChatColumns(**chat["columns"]), _worker["renderer"],
-                                                cfg["skip_bad_lines"], log)
-            else:
-                reader = TextReader(piece, cfg["text_column"], cfg["skip_bad_lines"], log)
+            reader = reader_for(piece, rows, cfg["skip_bad_lines"], log)
             for texts in reader.batches():
                 if not guarded and texts:  # a batch of skipped rows only is empty: the next one is the first
                     guarded = True
                     sample = guard_sample([c.text for c in texts] if chat else texts)
                     checks.append(FastCheck.of(encoder, sample, bool(chat), task.index, describe_task(task)))
-                if chat:
-                    flat, loss, lengths = encode_chats(encoder, texts, cfg["eos_id"])
-                else:
-                    (flat, lengths), loss = encode_texts(encoder, texts, cfg["eos_id"], cfg["append_eos"]), None
+                flat, loss, lengths = encode_batch(encoder, texts, bool(chat), cfg["eos_id"], cfg["append_eos"])
                 first = len(writers) - 1
                 _write_split(writers, new_writer, flat, lengths, cfg["max_tokens_per_shard"], loss)
                 for w in writers[first:]:

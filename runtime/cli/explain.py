@@ -45,8 +45,7 @@ def explain_step(plan: DataPlan, step: int) -> list[dict]:
         w = plan.datasets[d]
         start, stop = w.token_range(s)
         reader = w.reader
-        first = int(np.searchsorted(reader.token_offsets, start, side="right")) - 1
-        last = int(np.searchsorted(reader.token_offsets, stop - 1, side="right")) - 1
+        first, last = reader.shard_of_token(start), reader.shard_of_token(stop - 1)
         rows.append({
             "step": step, "stage": stage.name, "data_hash": data_hash, "position": pos, "dataset": w.folder,
             "sample": s, "epoch": e,

@@ -8,8 +8,8 @@ Every process of a run may find the cache missing, on one node or on many sharin
 folder. An exclusive lock file next to the cache (``fcntl`` record locks: across processes and,
 on NFS, across nodes) makes exactly one of them tokenize; the others wait for the lock, find the
 finished folder and read it. A process that dies releases its lock and the next one resumes the
-tokenize job. The fingerprint of the input files holds their size, mtime and ctime, so an input
-rewritten in place (even with its size and mtime restored) gets a new cache folder.
+tokenize job. The fingerprint of the input files holds their stamps (size, mtime, ctime, inode), so an
+input rewritten in place (even with its size and mtime restored) gets a new cache folder.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from nanoset.errors import MissingColumnError, NanosetError, WaitTimeout
+from nanoset.format.cache import file_stamp
+from nanoset.format.spec import MANIFEST_NAME
 from nanoset.tokenize.chat import MASK_RULE
 from nanoset.tokenize.chat_template import load_chat_template, special_token_strings
 from nanoset.tokenize.rows import SKIP_HINT
@@ -35,15 +37,13 @@ from runtime.config import Config, ConfigError, HFDatasetArgs
 
 HEARTBEAT_SECONDS = 30  # the lock holder touches the lock file this often while it tokenizes
 STALE_SECONDS = 900  # a holder silent for this long (hung, e.g. on a dead NFS mount) is given up on
-MANIFEST = "nanoset.json"
 
 
 def _files_fingerprint(path: Path) -> list:
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     out = []
     for p in files:
-        st = p.stat()
-        out.append((str(p.relative_to(path) if p != path else p.name), st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        out.append((str(p.relative_to(path) if p != path else p.name), *file_stamp(p)))
     return out
 
 
@@ -163,12 +163,12 @@ def prepare_hf_dataset(config: Config, ds: HFDatasetArgs, where: str = "data.dat
     """Tokenize ``ds`` into its cache folder unless it is there already (once per cache, whatever the
     number of processes and nodes preparing it at the same time); returns the folder."""
     out = cache_folder(config, ds, where)
-    if (out / MANIFEST).is_file():
+    if (out / MANIFEST_NAME).is_file():
         return out
     _check_splits(ds, where)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive(out.parent / f".{out.name}.lock", out):
-        if (out / MANIFEST).is_file():  # another process finished it while this one waited
+        if (out / MANIFEST_NAME).is_file():  # another process finished it while this one waited
             return out
         from nanoset.tokenize.job import TokenizeOptions, tokenize
 

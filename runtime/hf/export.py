@@ -8,7 +8,6 @@ tokenizer files from the data's manifest record; the folder appears atomically (
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -120,7 +119,7 @@ def _copy_tokenizer(info: TokenizerInfo | None, tmp: Path) -> str:
                  if not src.is_absolute() else "no longer there")
         return (f"the data's tokenizer {src} is {where}: tokenizer files not written; copy its tokenizer.json (and "
                 f"tokenizer_config.json) into the output folder")
-    if info.sha256 and hashlib.sha256(src.read_bytes()).hexdigest() != info.sha256:
+    if not info.matches_file(src):
         return f"{src} changed since the data was made (sha256): tokenizer files not written"
     shutil.copyfile(src, tmp / "tokenizer.json")
     for name in TOKENIZER_SIDE_FILES:

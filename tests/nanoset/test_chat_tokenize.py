@@ -286,7 +286,7 @@ def test_datatrove_folder_with_loss_files(chat_dataset, tmp_path):
     shutil.copytree(chat_dataset, dt)
     (dt / "nanoset.json").unlink()
     ref, ds = open_dataset(chat_dataset), open_dataset(dt)
-    assert ds.is_datatrove and ds.has_loss_masks
+    assert ds.format == "datatrove" and ds.has_loss_masks
     np.testing.assert_array_equal(ds.loss_mask(0, ds.num_tokens), ref.loss_mask(0, ref.num_tokens))
     st = json.loads(run_cli("inspect", dt, "--json").stdout)
     assert st["loss_tokens"] == int(ref.loss_mask(0, ref.num_tokens).sum())

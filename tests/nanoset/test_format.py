@@ -91,7 +91,7 @@ def test_datatrove_folder_matches_independent_numpy_reader(tmp_path):
     ds = open_dataset(tmp_path)
     # the independent reader: plain numpy over the files, in name order
     stream = np.concatenate([np.fromfile(tmp_path / n, dtype="<u2") for n in ("000_shard.ds", "001_shard.ds")])
-    assert ds.is_datatrove and ds.tokenizer.name == "gpt2"
+    assert ds.format == "datatrove" and ds.tokenizer.name == "gpt2"
     assert ds.num_tokens == len(stream) and ds.num_documents == 60
     np.testing.assert_array_equal(ds.tokens(0, ds.num_tokens), stream)
     for i in (0, 29, 30, 59):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -179,6 +180,27 @@ def test_convert_keeps_a_datatrove_folders_loss_masks(tmp_path):
     (src / "001.ds.loss").write_bytes(bytes([1, 2]))
     proc = run_cli("convert", src, "-o", tmp_path / "bad", check=False)
     assert proc.stderr == f"error: {src}/001.ds.loss: loss mask value 2 at token 1; only 0 and 1 are valid\n"
+
+
+def test_a_full_disk_during_convert_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    from nanoset.convert import convert
+    from nanoset.format import writer
+
+    prefix = write_mmidx(tmp_path / "mg", DOCS)
+    real_open = open
+
+    def full_disk(path, mode="r", *args, **kwargs):
+        if str(path).endswith(".ds") and "w" in mode:
+            return real_open("/dev/full", mode, *args, **kwargs)
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(writer, "open", full_disk, raising=False)
+    out = tmp_path / "out"
+    with pytest.raises(NanosetError) as e:
+        convert(prefix, out)
+    assert re.fullmatch(rf"{tmp_path}/\.out\.convert-[^/]+/mg\.ds: cannot write it \(No space left on device\); "
+                        rf"free some space \(or fix the cause\) and rerun the same command", str(e.value)), str(e.value)
+    assert not out.exists() and not list(tmp_path.glob(".out.*"))  # nothing half written is left
 
 
 def test_negative_ids_are_refused_before_training(tmp_path):

@@ -130,7 +130,7 @@ def test_datatrove_and_nanoset_of_one_tokenizer_blend(tmp_path, shards, recorded
     web = shards / "shards" / "web"
     plan = DataPlan(make_config(stages=stage(web, dt, weights=[0.5, 0.5])))
     assert [w.folder for w in plan.datasets] == [str(web), str(dt)]
-    assert plan.datasets[1].reader.is_datatrove and plan.datasets[0].reader.tokenizer.sha256
+    assert plan.datasets[1].reader.format == "datatrove" and plan.datasets[0].reader.tokenizer.sha256
 
 
 def test_datatrove_of_another_tokenizer_is_refused(tmp_path, shards):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -161,6 +162,21 @@ def test_packing_is_cached_by_fingerprint_and_length(tmp_path, monkeypatch):
     reader = open_dataset(tmp_path / "chat")
     assert reader.fingerprint == p.reader.fingerprint
     fresh = PackedDocuments(tmp_path / "chat", 7, reader, tmp_path / "cache")
+    assert [fresh.token_range(i) for i in range(fresh.num_samples)] == [(0, 4), (4, 10), (10, 14), (14, 20)]
+
+
+def test_an_index_rewritten_in_place_with_its_mtime_kept_is_packed_anew(tmp_path):
+    """Same size, same inode, same mtime (as `cp -p` over the file leaves it): only the status-change time
+    tells the index changed, and the packing cache must not serve the old table."""
+    p = packed(tmp_path, 7)
+    index = tmp_path / "chat" / "s0.ds.index"
+    st = index.stat()
+    index.write_bytes(np.array([1, 4, 10], dtype="<u8").tobytes())  # documents 1, 3, 6, written in place
+    os.utime(index, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (index.stat().st_size, index.stat().st_ino, index.stat().st_mtime_ns) == (st.st_size, st.st_ino,
+                                                                                      st.st_mtime_ns)
+    fresh = PackedDocuments(tmp_path / "chat", 7, open_dataset(tmp_path / "chat"), tmp_path / "cache")
+    assert [p.token_range(i) for i in range(p.num_samples)] == [(0, 8), (8, 14), (14, 20)]
     assert [fresh.token_range(i) for i in range(fresh.num_samples)] == [(0, 4), (4, 10), (10, 14), (14, 20)]
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from nanoset import NanosetReader, open_dataset
 from nanoset.atomic import atomic_write_array
+from nanoset.format.cache import file_stamp
 from runtime.config import ConfigError
 from runtime.data.order.windows import checked_indices, position_ids_at
 
@@ -186,15 +187,15 @@ def packing_table(reader: NanosetReader, capacity: int, drop_long_documents: boo
 
 def _content_key(reader: NanosetReader) -> str:
     """The dataset fingerprint; for a folder without a manifest (whose fingerprint holds only names and
-    sizes) also the size, mtime and inode of its files, so a rewritten index never meets a stale packing."""
+    sizes) also the stamps of its files (``nanoset.format.cache.file_stamp``), so a rewritten index never meets
+    a stale packing."""
     if reader.manifest is not None:
         return reader.fingerprint
     stamps = []
     for shard in reader.shards:
         for path in (shard.tokens_path, shard.index_path):
             if path.is_file():
-                st = path.stat()
-                stamps.append((str(path), st.st_size, st.st_mtime_ns, st.st_ino))
+                stamps.append((str(path), *file_stamp(path)))
     return reader.fingerprint + "-" + hashlib.sha256(json.dumps(stamps).encode()).hexdigest()[:8]
 
 
