@@ -10,6 +10,7 @@ traceback. Where callers catch a builtin (``FileNotFoundError``, ``FileExistsErr
 from __future__ import annotations
 
 import errno
+import signal
 import sys
 from collections.abc import Callable
 
@@ -76,6 +77,16 @@ class MissingColumnError(NanosetError):
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EMFILE,
                       errno.ENFILE, errno.ENAMETOOLONG, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
                       errno.EIO, errno.ENOMEM, errno.ENOTEMPTY, errno.EBUSY, errno.ESTALE}
+
+
+def killed_by(signum: int) -> str:
+    """How a process that a signal ended died, for a message: ``killed by SIGKILL (out of memory?)``, or
+    ``killed by signal 34`` for a signal without a name (a real-time one)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        return f"killed by signal {signum}"
+    return f"killed by {name}" + (" (out of memory?)" if signum == signal.SIGKILL else "")
 
 
 def user_message(error: BaseException) -> str | None:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any, Generic, TypeVar
 
+from nanoset.errors import killed_by
+
 T = TypeVar("T")
 
 
@@ -28,12 +30,7 @@ class WorkerDied(Exception):
 
     def cause(self) -> str:
         if self.exitcode is not None and self.exitcode < 0:
-            try:
-                name = signal.Signals(-self.exitcode).name
-            except ValueError:
-                name = f"signal {-self.exitcode}"
-            hint = " (the out-of-memory killer sends this)" if name == "SIGKILL" else ""
-            return f"was killed by {name}{hint}"
+            return f"was {killed_by(-self.exitcode)}"
         return f"exited with status {self.exitcode}"
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nanoset.errors import ConfigError, NanosetError, print_error, report_user_errors
+from nanoset.errors import ConfigError, NanosetError, killed_by, print_error, report_user_errors
 from runtime.cli.agent import LauncherSignals
 from runtime.preemption import (
     INTERRUPTED_TWICE,
@@ -204,10 +204,8 @@ def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals) -> int:
             return stop_status(signal.SIGINT)
         rank, failure = e.get_first_failure()
         if failure.exitcode < 0:  # the worker could not say it: a signal (the out-of-memory killer's SIGKILL)
-            name = signal.Signals(-failure.exitcode).name
-            print_error(f"worker rank {rank} (pid {failure.pid}) was killed by {name}"
-                        + (" (out of memory?)" if name == "SIGKILL" else "")
-                        + "; rerun the same command to resume from the latest checkpoint")
+            print_error(f"worker rank {rank} (pid {failure.pid}) was {killed_by(-failure.exitcode)}; rerun the same "
+                        f"command to resume from the latest checkpoint")
             return 128 - failure.exitcode
         return failure.exitcode
     except RendezvousError as e:  # the nodes never met: an endpoint, a node not started, a firewall
