@@ -255,8 +255,8 @@ class Trainer:
         self._stage = stage
         consumed = stage.consumed_samples(step - 1)
         named = self.plan.shown_names()
-        folders = ", ".join(f"{named[self.plan.datasets[d].folder]} ({w:g})"
-                            for d, w in zip(stage.dataset_ids, stage.weights))
+        folders = ", ".join(f"{named[self.plan.datasets[d].folder]} ({w})"
+                            for d, w in zip(stage.dataset_ids, stage.weights_shown()))
         self.metrics.info(f"stage {stage.name!r} at step {step} (steps {stage.start_step}-{stage.end_step - 1}): "
                           f"datasets {folders}, sequence length {stage.sequence_length}, "
                           f"{consumed} of {stage.num_samples} samples already consumed")

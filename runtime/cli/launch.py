@@ -39,7 +39,7 @@ from runtime.preemption import (
 )
 
 if TYPE_CHECKING:
-    from runtime.data.order.plan import DataPlan, StagePlan
+    from runtime.data.order.plan import DataPlan
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "train.py"
 # torchrun kills workers this long after forwarding a signal it handles itself (its default: 30 s); the launcher
@@ -225,16 +225,6 @@ def quiet_torchrun() -> None:
         logger.propagate = False
 
 
-def _weights_shown(part: StagePlan) -> list[str]:
-    """Each dataset's weight as the plan shows it; with a schedule, its weights at the part's first and last steps."""
-    import numpy as np
-
-    if part.schedule is None:
-        return [f"{w:g}" for w in part.weights]
-    first, last = part.schedule.shares(np.array([part.start_step, part.end_step - 1]))
-    return [f"{a:g} by schedule" if f"{a:g}" == f"{b:g}" else f"{a:g} → {b:g} by schedule" for a, b in zip(first, last)]
-
-
 def plan_report(plan: DataPlan) -> list[str]:
     """What each stage (part) trains: its steps, sequence length and global batch, and per dataset the samples,
     tokens and epochs it draws, and whether it repeats samples (more than one epoch by the end of the stage)."""
@@ -243,7 +233,7 @@ def plan_report(plan: DataPlan) -> list[str]:
         lines.append(f"stage {part.name!r}: steps {part.start_step}-{part.end_step - 1} ({part.num_steps} steps), "
                      f"sequence length {part.sequence_length}, global batch {part.global_batch_size}: "
                      f"{part.num_samples:,} samples, {part.num_samples * part.sequence_length:,} tokens")
-        for reads, weight in zip(plan.reads(part), _weights_shown(part)):
+        for reads, weight in zip(plan.reads(part), part.weights_shown()):
             w = plan.datasets[reads.dataset]
             repeat = f"; repeats: epoch {reads.end_epoch:.2f} by the stage's end" if reads.repeats else ""
             lines.append(f"  {named[w.folder]} (weight {weight}): {reads.samples:,} of its {w.num_samples:,} "

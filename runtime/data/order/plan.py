@@ -82,6 +82,15 @@ class StagePlan:
         done = min(max(last_step - self.start_step + 1, 0), self.num_steps)
         return done * self.global_batch_size
 
+    def weights_shown(self) -> list[str]:
+        """Each dataset's weight as the plan and the log show it; with a schedule, its weights at the part's first
+        and last steps (``0.9 → 0.2 by schedule``)."""
+        if self.schedule is None:
+            return [f"{w:g}" for w in self.weights]
+        first, last = self.schedule.shares(np.array([self.start_step, self.end_step - 1]))
+        return [f"{a:g} by schedule" if f"{a:g}" == f"{b:g}" else f"{a:g} → {b:g} by schedule"
+                for a, b in zip(first, last)]
+
 
 @dataclass(frozen=True)
 class DatasetReads:
