@@ -125,7 +125,7 @@ class Trainer:
     # ------------------------------------------------------------------ public -----------------
 
     def fit(self) -> TrainSummary:
-        """Seed style: train on ``self.train_dataloader`` (or the config's stages when it is None)."""
+        """The second call style: train on ``self.train_dataloader`` (or the config's stages when it is None)."""
         return self.train(self.train_dataloader)
 
     def train(self, dataloader_or_dls: Any = None) -> TrainSummary:

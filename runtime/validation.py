@@ -38,8 +38,7 @@ class Validator:
         """``{name: {"loss", "ppl", "tokens"}}`` for every set, identical on every rank."""
         ctx = engine.ctx
         tokens = self.config.tokens
-        broadcast = ctx.cp_size * ctx.tp_size > 1
-        reads = reads_for_replica(ctx) or not broadcast
+        reads = reads_for_replica(ctx)
         out = {}
         for held in self.sets:
             loss_sum, count = 0.0, 0

@@ -56,11 +56,6 @@ def explain_step(plan: DataPlan, step: int) -> list[dict]:
     return rows
 
 
-def explain_steps(plan: DataPlan, first: int, last: int) -> list[dict]:
-    """The rows of ``explain_step`` for every step of ``[first, last]``, in order."""
-    return [row for step in range(first, last + 1) for row in explain_step(plan, step)]
-
-
 def parse_steps(text: str, train_steps: int) -> tuple[int, int]:
     """``A:B`` (inclusive) inside ``[1, train_steps]``."""
     first, sep, last = text.partition(":")

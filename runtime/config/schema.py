@@ -59,11 +59,11 @@ PP_ENGINES: tuple[str, ...] = get_args(PipelineEngine)
 
 @dataclass
 class GeneralArgs:
-    project: str  # the project's name (for the log)
+    project: str  # the project's name (Nanotron's key, kept for its configs; the trainer does not use it)
     run: str  # the run's name: its folder is runs/<run> unless run_dir is given
     seed: int = key(42, SEED)  # model initialisation, and the data order of stages without data.seed
     run_dir: str | None = None  # default: runs/<run>
-    cache_dir: str = ".nanoset_cache"  # where Hugging Face datasets are tokenized once, and packings cached
+    cache_dir: str = ".nanoset_cache"  # tokenized HF datasets; packing and weight-schedule caches
 
     def __post_init__(self) -> None:  # `~/runs/x` is the home folder's, not a folder named `~` here
         self.run_dir = _home(self.run_dir)

@@ -24,7 +24,6 @@ _EXPORTS = {
     "DataPlan": "runtime.data.order.plan",
     "StagePlan": "runtime.data.order.plan",
     "training_metadata": "runtime.data.order.plan",
-    "validate_data": "runtime.data.order.plan",
     "TrainingMetadata": "runtime.data.order.record",
     "compute_remain_train_steps_of_a_data_stage_from_ckp": "runtime.compat",
     "get_consumed_train_samples_of_a_data_stage_from_ckp": "runtime.compat",

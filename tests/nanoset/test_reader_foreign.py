@@ -17,7 +17,7 @@ import pytest
 
 from nanoset import NanosetError, open_dataset
 from runtime.config import ConfigError
-from runtime.data.order.plan import DataPlan, validate_data
+from runtime.data.order.plan import DataPlan
 from tests.support import CORPUS, TOKENIZER, run_cli
 from tests.support.configs import make_config
 from tests.support.datasets import write_datatrove
@@ -55,7 +55,7 @@ def test_unfinished_tokenize_output_is_refused_everywhere(tmp_path):
         open_dataset(out)
     assert str(e.value).startswith(line)
     with pytest.raises(ConfigError) as e:
-        validate_data(make_config(stages=stage(out)))
+        DataPlan(make_config(stages=stage(out)))
     assert str(e.value).startswith(f"data_stages[0] (s).data.dataset.dataset_folder: {line}")
     assert "\n" not in str(e.value)
     # the command the message names finishes it
@@ -77,7 +77,7 @@ def test_datatrove_ids_beyond_vocab_are_refused_before_training(tmp_path, cache_
     st = (folder / "001.ds").stat()
     os.utime(folder / "001.ds", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
     with pytest.raises(ConfigError) as e:
-        validate_data(make_config(seq=2, stages=stage(folder)))
+        DataPlan(make_config(seq=2, stages=stage(folder)))
     assert str(e.value) == (f"{folder}: holds token id 9000, ≥ model.vocab_size 8192; raise model.vocab_size to at "
                             f"least 9001, or use data made with the model's tokenizer")
 
@@ -107,7 +107,7 @@ def test_old_manifest_without_max_ids_is_scanned(tmp_path):
     (folder / "nanoset.json").write_text(json.dumps(manifest))
     assert open_dataset(folder).max_token_id == 9000
     with pytest.raises(ConfigError, match=f"{folder}: holds token id 9000, ≥ model.vocab_size 8192"):
-        validate_data(make_config(seq=1, stages=stage(folder)))
+        DataPlan(make_config(seq=1, stages=stage(folder)))
 
 
 # ---------------------------------------------------------------- one tokenizer, two formats

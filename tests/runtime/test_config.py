@@ -10,7 +10,7 @@ import yaml
 from runtime.compat import get_config_from_yaml
 from runtime.config import ConfigError
 from runtime.config.load import load_config
-from runtime.data.order.plan import validate_data
+from runtime.data.order.plan import DataPlan
 from tests.support import CONFIGS
 
 BASE = yaml.safe_load((CONFIGS / "two-stage.yaml").read_text())
@@ -39,7 +39,7 @@ def test_example_loads_and_validates(shards, monkeypatch):
     assert [s.name for s in c.data_stages] == ["pretrain", "anneal"]
     assert c.data_stages[0].data.dataset.weights == [0.7, 0.3] and c.data_stages[1].data.dataset.weights == [1.0]
     assert c.stage_sequence_length(c.data_stages[1]) == 64 and c.stage_seed(c.data_stages[1]) == 42
-    plan = validate_data(c)
+    plan = DataPlan(c)
     assert [(s.start_step, s.end_step) for s in plan.stages] == [(1, 31), (31, 41)]
 
 
@@ -155,7 +155,7 @@ def data_fails(tmp_path, shards, monkeypatch, edit, *fragments):
     monkeypatch.chdir(shards)
     c = load(tmp_path, edit)
     with pytest.raises(ConfigError) as e:
-        validate_data(c)
+        DataPlan(c)
     for f in fragments:
         assert f in str(e.value), str(e.value)
 

@@ -144,7 +144,7 @@ class DataPlan:
                  readers: dict[str, object] | None = None) -> None:
         self.config = config
         if stage_folders is None:
-            stage_folders = [_nanoset_folders(config, s, i) for i, s in enumerate(config.data_stages)]
+            stage_folders = [_nanoset_folders(s, i) for i, s in enumerate(config.data_stages)]
         self.stage_folders = stage_folders
         self.history = history
         self.checkpoint = str(checkpoint) if history is not None else None
@@ -446,7 +446,7 @@ def _weights(stage: DatasetStageArgs) -> tuple[list[float] | None, WeightSchedul
     return list(ds.weights), None
 
 
-def _nanoset_folders(config: Config, stage: DatasetStageArgs, i: int) -> list[str]:
+def _nanoset_folders(stage: DatasetStageArgs, i: int) -> list[str]:
     ds = stage.data.dataset
     if not isinstance(ds, NanosetDatasetsArgs):
         raise ConfigError(f"data_stages[{i}] ({stage.name}) uses a Hugging Face dataset; prepare it first with "
@@ -470,7 +470,3 @@ def training_metadata(plan: DataPlan, last_step: int) -> TrainingMetadata:
         last_stage_idx=current.index, global_batch_size=config.global_batch_size, data_stages=plan.record(last_step),
         draws_per_dataset=plan.draws_after(last_step), data_fingerprint=plan.fingerprint)
 
-
-def validate_data(config: Config, stage_folders: list[list[str]] | None = None) -> DataPlan:
-    """The I/O half of validation: opens every dataset folder; returns the plan for reuse."""
-    return DataPlan(config, stage_folders)
