@@ -77,6 +77,6 @@ def dataset_max_token_id(reader: Any) -> int:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, json.dumps({"folder": str(folder), "files": files, "max_token_ids": found}))
-        except OSError:
-            pass  # nowhere writable: correct all the same, only rescanned next time
+        except (OSError, NanosetError):  # nowhere writable, or a full disk (WriteFailed)
+            pass  # correct all the same, only rescanned next time
     return max(known + found, default=-1)

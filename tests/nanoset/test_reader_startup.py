@@ -121,6 +121,20 @@ def test_the_largest_id_is_rescanned_when_a_file_is_rewritten_keeping_size_and_m
     assert open_dataset(folder).max_token_id == 9000
 
 
+def test_a_full_cache_disk_leaves_the_largest_id_unrecorded_not_the_folder_unreadable(tmp_path, monkeypatch):
+    """The scan record is a cache: a full disk there (atomic_write's one-line WriteFailed) stopped reading."""
+    from nanoset.errors import WriteFailed
+    from nanoset.format import maxid
+
+    def full_disk(path, _text):
+        raise WriteFailed(path, "No space left on device")
+
+    monkeypatch.setattr(maxid, "atomic_write_text", full_disk)
+    folder = tmp_path / "dt"
+    write_datatrove(folder, [[[5, 6, 0]], [[7, 0]]])
+    assert open_dataset(folder).max_token_id == 7
+
+
 def test_megatron_ends_are_derived_again_when_the_index_is_rewritten_keeping_size_and_mtime(tmp_path):
     prefix = write_mmidx(tmp_path / "d", [[[1, 2, 3]], [[4, 5]]], "int32")
     assert open_dataset(prefix).document_ends.tolist() == [3, 5]
