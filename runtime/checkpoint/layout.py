@@ -28,6 +28,11 @@ METADATA = "metadata.json"
 TMP_PREFIX = ".tmp-"  # saves in progress (and checkpoints being discarded): stale after a crash
 
 
+def rng_file(checkpoint: Path, rank: int) -> Path:
+    """Each rank's RNG states (Python, numpy, torch, CUDA) in a checkpoint."""
+    return checkpoint / f"rng-rank{rank}.pt"
+
+
 @dataclass(frozen=True)
 class NamedBy:
     """How the user named a checkpoint, for the error lines about it: the trainer's config key or a command's

@@ -35,6 +35,7 @@ from runtime.checkpoint.layout import (
     latest_name,
     read_metadata,
     resolve_resume,
+    rng_file,
     saved_checkpoints,
     stage_latest,
     stale_temporaries,
@@ -133,7 +134,7 @@ class CheckpointManager:
         failure, staged = "", None
         try:
             dcp.save(_app_state(engine), checkpoint_id=str(tmp))
-            torch.save(_rng_state(), tmp / f"rng-rank{dist.get_rank()}.pt")
+            torch.save(_rng_state(), rng_file(tmp, dist.get_rank()))
             if self.is_writer:
                 write_metadata(tmp, dict(metadata, world_size=dist.get_world_size()))
                 staged = stage_latest(self.folder, final)
@@ -227,7 +228,7 @@ class CheckpointManager:
         metadata = read_metadata(path, record=False, model=False)  # start-up checked what it needs
         hint = earlier_checkpoints_hint(path)
         load_dcp(_app_state(engine), path, hint)  # in place: parameters, AdamW state
-        rng = path / f"rng-rank{dist.get_rank()}.pt"
+        rng = rng_file(path, dist.get_rank())
         if metadata.get("world_size") == dist.get_world_size():  # the same layout: each rank its own RNG file
             state, error = None, ""
             try:

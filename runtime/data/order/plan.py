@@ -186,7 +186,7 @@ class DataPlan:
     def _dataset(self, folder: str, i: int, stage: DatasetStageArgs) -> int:
         seq = self.config.stage_sequence_length(stage)
         data = stage.data
-        key = (resolved(folder), seq, data.packing, data.packing == "documents" and data.drop_long_documents)
+        key = (resolved(folder), seq, packing_mode(stage))
         if key not in self._keys:
             if key[0] not in self._readers:
                 self._readers[key[0]] = _open(folder, i, stage)
