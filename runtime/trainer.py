@@ -26,7 +26,7 @@ from runtime.checkpoint.store import SKIPPED, SKIPPED_IN_A_ROW, CheckpointManage
 from runtime.config import Config
 from runtime.data.loading.collator import check_micro_batch
 from runtime.data.loading.dataloader import from_loader_worker
-from runtime.data.loading.prefetch import PrefetchIterator
+from runtime.data.loading.prefetch import PrefetchIterator, shutdown_workers
 from runtime.data.loading.same_plan import check_same_plan
 from runtime.data.loading.sources import DataSource, data_source
 from runtime.data.loading.tp_broadcast import broadcast_batches, check_same_batches, needs_broadcast
@@ -307,8 +307,8 @@ class Trainer:
 
     def _release_loader(self) -> None:
         it = self._iterator
-        if it is not None and hasattr(it, "_shutdown_workers"):
-            it._shutdown_workers()
+        if it is not None:
+            shutdown_workers(it)
         if isinstance(it, PrefetchIterator):  # its thread stops and is joined (it shuts down the workers)
             it.close()
         self._iterator = None

@@ -20,7 +20,7 @@ import torch
 
 from nanoset import NanosetError, NanosetReader, open_dataset
 from runtime.config import Config, ConfigError
-from runtime.data.loading.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
+from runtime.data.loading.collator import collator_class, pointer_batch
 from runtime.data.order.permutation import FeistelPermutation
 from runtime.data.order.vocab import Known, check_tokenizer, check_unknown_beside_known, check_vocab
 from runtime.data.order.windows import TokenWindows
@@ -88,8 +88,7 @@ class HeldOutSet:
         steps = -(-len(ids) // rows_per_step)
         last = ctx.pp_size - 1
         owns_data = ctx.pp_rank in (0, last)
-        cls = DataCollatorForCLMWithPositionIds if use_position_ids else DataCollatorForCLM
-        collate = cls(sequence_length, 0, last, pp_rank=ctx.pp_rank)
+        collate = collator_class(use_position_ids)(sequence_length, 0, last, pp_rank=ctx.pp_rank)
         for s in range(steps):
             if not owns_data:
                 yield [pointer_batch(0, last, use_position_ids) for _ in range(accumulation)]

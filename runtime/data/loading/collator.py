@@ -117,6 +117,11 @@ class DataCollatorForCLMWithPositionIds(DataCollatorForCLM):
         np.stack([np.asarray(ex["position_ids"]) for ex in examples], out=out[0], casting="unsafe")
 
 
+def collator_class(use_position_ids: bool) -> type[DataCollatorForCLM]:
+    """The collator of a stage: with ``position_ids`` (documents restart their positions) or without."""
+    return DataCollatorForCLMWithPositionIds if use_position_ids else DataCollatorForCLM
+
+
 def check_micro_batch(batch: Any, owns_inputs: bool, owns_labels: bool, rows: int, length: int, where: str) -> None:
     """Refuse a micro-batch that breaks the contract for this pipeline rank: a missing key, another shape than
     ``[rows, length]`` (``[micro_batch_size, sequence_length]``) or dtype. A loader's batch of another size would

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from nanoset.errors import NanosetError
-from runtime.data.loading.collator import DataCollatorForCLM, DataCollatorForCLMWithPositionIds, pointer_batch
+from runtime.data.loading.collator import collator_class, pointer_batch
 from runtime.data.loading.prefetch import PrefetchLoader
 from runtime.data.loading.sampler import get_sampler
 from runtime.parallel.tensor_pointer import TensorPointer
@@ -73,8 +73,7 @@ def get_train_dataloader(train_dataset: Any, sequence_length: int, parallel_cont
     if pp_rank not in (input_pp_rank, output_pp_rank):
         return TensorPointerLoader(input_pp_rank, output_pp_rank, use_position_ids,
                                    num_batches=len(sampler) // micro_batch_size)
-    collator_cls = DataCollatorForCLMWithPositionIds if use_position_ids else DataCollatorForCLM
-    collator = collator_cls(sequence_length, input_pp_rank, output_pp_rank, pp_rank=pp_rank)
+    collator = collator_class(use_position_ids)(sequence_length, input_pp_rank, output_pp_rank, pp_rank=pp_rank)
     loader = DataLoader(
         train_dataset, batch_size=micro_batch_size, sampler=sampler, collate_fn=collator,
         num_workers=dataloader_num_workers, pin_memory=dataloader_pin_memory and torch.cuda.is_available(),

@@ -113,7 +113,7 @@ def _fill(it: Iterator, q: queue.Queue, stop: threading.Event) -> None:
     except BaseException as e:  # noqa: BLE001 - every failure goes to the consumer
         put(_Failure(e))
     finally:
-        _shutdown(it)
+        shutdown_workers(it)
 
 
 def _drain(q: queue.Queue) -> None:
@@ -124,7 +124,7 @@ def _drain(q: queue.Queue) -> None:
         pass
 
 
-def _shutdown(it: Iterator) -> None:
+def shutdown_workers(it: Iterator) -> None:
     """Release what the wrapped iterator holds (a DataLoader iterator's worker processes)."""
     if hasattr(it, "_shutdown_workers"):
         it._shutdown_workers()
