@@ -37,15 +37,16 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
 class WriteFailed(NanosetError):
-    """A file that could not be written for want of space (a full disk, a quota): names it and the cause."""
+    """A file that could not be written for want of space (a full disk, a quota): names it and the cause;
+    ``resumable``: whether the rerun keeps finished work (a tokenize job does)."""
 
-    def __init__(self, path, reason: str) -> None:
-        super().__init__(path, reason)  # both, so that it pickles across worker processes
-        self.path, self.reason = path, reason
+    def __init__(self, path, reason: str, resumable: bool = False) -> None:
+        super().__init__(path, reason, resumable)  # all, so that it pickles across worker processes
+        self.path, self.reason, self.resumable = path, reason, resumable
 
     def __str__(self) -> str:
         return (f"{self.path}: cannot write it ({self.reason}); free some space (or fix the cause) and rerun the "
-                f"same command")
+                f"same command" + (": finished work is kept" if self.resumable else ""))
 
 
 class MissingPath(NanosetError, FileNotFoundError):

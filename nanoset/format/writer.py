@@ -19,7 +19,7 @@ from typing import BinaryIO
 import numpy as np
 
 from nanoset.atomic import atomic_write_text
-from nanoset.errors import WRITE_ERRNOS, NanosetError
+from nanoset.errors import WRITE_ERRNOS, NanosetError, WriteFailed
 from nanoset.format.spec import (
     INDEX_DTYPE,
     LOSS_DTYPE,
@@ -31,10 +31,9 @@ from nanoset.format.spec import (
 )
 
 
-def write_error(path: Path, error: OSError, resumable: bool = True) -> NanosetError:
+def write_error(path: Path, error: OSError, resumable: bool = True) -> WriteFailed:
     """The one line for a write that failed (a full disk): which file, and what to do."""
-    return NanosetError(f"{path}: cannot write it ({error.strerror or error}); free some space (or fix the cause) "
-                        f"and rerun the same command" + (": finished work is kept" if resumable else ""))
+    return WriteFailed(path, error.strerror or str(error), resumable)
 
 
 class HashedFile:
