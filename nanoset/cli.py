@@ -6,28 +6,20 @@ A user mistake prints one ``error: ...`` line on stderr and exits 1; never a tra
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 from pathlib import Path
 
 import click
 
-from nanoset.errors import NanosetError, print_error, report_user_errors
+from nanoset.env import env_number
+from nanoset.errors import print_error, report_user_errors
 from nanoset.tokenize.backends import BACKENDS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """Nanoset: tokenize corpora into memory-mapped shards, inspect, verify and convert them; train on them."""
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    try:
-        return int(value) if value is not None else default
-    except ValueError:
-        raise NanosetError(f"environment variable {name}={value!r} is not an integer") from None
 
 
 @cli.command()
@@ -73,8 +65,8 @@ def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: s
     summary = run(TokenizeOptions(
         inputs=list(inputs), output=output, tokenizer=tokenizer, eos_token=eos_token, text_column=text_column,
         workers=workers, max_tokens_per_shard=max_tokens_per_shard,
-        num_tasks=num_tasks if num_tasks is not None else _env_int("WORLD_SIZE", 1),
-        task_index=task_index if task_index is not None else _env_int("RANK", 0),
+        num_tasks=num_tasks if num_tasks is not None else env_number("WORLD_SIZE", 1),
+        task_index=task_index if task_index is not None else env_number("RANK", 0),
         overwrite=overwrite, skip_bad_lines=skip_bad_lines, task_bytes=task_bytes, progress=not quiet,
         chat=chat, chat_template=chat_template, messages_column=messages_column, prompt_column=prompt_column,
         completion_column=completion_column, backend=backend,

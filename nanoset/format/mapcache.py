@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nanoset.env import env_number
 from nanoset.errors import MissingPath, NanosetError
 
 DEFAULT_MAX_OPEN_SHARDS = 64
@@ -71,20 +72,14 @@ def default_max_open_shards() -> int:
 
 
 def _env_capacity() -> int:
-    value = os.environ.get(ENV_MAX_OPEN_SHARDS)
-    try:
-        n = int(value) if value is not None else default_max_open_shards()
-    except ValueError:
-        raise NanosetError(f"environment variable {ENV_MAX_OPEN_SHARDS}={value!r} is not an integer") from None
-    if n < 1:
-        raise NanosetError(f"environment variable {ENV_MAX_OPEN_SHARDS}={n} must be ≥ 1")
-    return n
+    return env_number(ENV_MAX_OPEN_SHARDS, default_max_open_shards(), minimum=1)
 
 
 class MapCache:
-    """Least-recently-used memory maps, at most ``capacity`` of them."""
+    """Least-recently-used memory maps, at most ``capacity`` of them (None: twice ``$NANOSET_MAX_OPEN_SHARDS``, read
+    at the first map, inside a command, so that a bad value is its one-line error and not an import's traceback)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int | None) -> None:
         self.capacity = capacity
         self._maps: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
@@ -103,13 +98,15 @@ class MapCache:
             self._evict()
         return arr
 
-    def resize(self, capacity: int) -> None:
+    def resize(self, capacity: int | None) -> None:
         """Keep at most ``capacity`` maps from now on (the least recently used go at once)."""
         with self._lock:
             self.capacity = capacity
             self._evict()
 
     def _evict(self) -> None:
+        if self.capacity is None:
+            self.capacity = 2 * _env_capacity()
         while len(self._maps) > self.capacity:
             self._maps.popitem(last=False)
 
@@ -124,7 +121,7 @@ class MapCache:
         self._lock = threading.Lock()  # a lock held by another thread at fork time would never be released
 
 
-_cache = MapCache(2 * _env_capacity())
+_cache = MapCache(None)
 os.register_at_fork(after_in_child=_cache._after_fork)
 
 

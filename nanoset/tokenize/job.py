@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nanoset.env import env_number
 from nanoset.errors import NanosetError
 from nanoset.format.spec import SKIPPED_EXAMPLES, SKIPPED_NAME, Manifest, dtype_for_vocab, dtype_name
 from nanoset.format.writer import write_manifest
@@ -328,7 +329,7 @@ class ProgressLog:
 
     def __init__(self, output: Path, total: int) -> None:
         self.output, self.total = output, total
-        self.interval = float(os.environ.get("NANOSET_PROGRESS_SECONDS") or PROGRESS_SECONDS)
+        self.interval = env_number("NANOSET_PROGRESS_SECONDS", PROGRESS_SECONDS, float, minimum=0)
         self.start = self.last = time.perf_counter()
 
     def update(self, done: int, documents: int, tokens: int) -> None:

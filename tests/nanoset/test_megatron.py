@@ -62,7 +62,7 @@ def test_many_pairs_are_read_under_the_open_maps_bound(tmp_path):
     folder = tmp_path / "mg"
     for k in range(6):
         write_mmidx(folder / f"part{k}", [[[k, 10 + k]], [[20 + k]]], "uint16")
-    before = shared_cache().capacity // 2
+    before = shared_cache().capacity
     set_max_open_shards(2)
     try:
         ds = open_dataset(folder)
@@ -70,7 +70,7 @@ def test_many_pairs_are_read_under_the_open_maps_bound(tmp_path):
         assert [int(ds.document_bounds(i)[1]) for i in range(12)] == [2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18]
         assert len(shared_cache()) <= 4
     finally:
-        set_max_open_shards(before)
+        shared_cache().resize(before)
 
 
 def test_document_ends_are_cached_and_rebuilt(tmp_path, cache_dir):  # noqa: F811 (the fixture imported above)

@@ -65,3 +65,17 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path, monkeypatch):
                         rf"some space \(or fix the cause\) and rerun the same command: finished work is kept",
                         str(e.value)), str(e.value)
     assert not list(out.glob(".*.partial-*"))  # nothing half written is left
+
+
+def test_a_number_in_an_environment_variable_that_is_none_is_one_line(tmp_path):
+    """NANOSET_PROGRESS_SECONDS=soon was a ValueError traceback; the other variables say the same line."""
+    args = ["tokenize", CORPUS, "-o", tmp_path / "out", "--tokenizer", TOKENIZER]
+    for env, line in [({"NANOSET_PROGRESS_SECONDS": "soon"}, "NANOSET_PROGRESS_SECONDS='soon' is not a number"),
+                      ({"NANOSET_PROGRESS_SECONDS": "-1"}, "NANOSET_PROGRESS_SECONDS=-1.0 must be ≥ 0"),
+                      ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer")]:
+        proc = run_cli(*args, env=env, check=False)
+        assert proc.returncode == 1 and proc.stderr == f"error: environment variable {line}\n", (env, proc.stderr)
+    # the shard maps' bound is read where shards are first mapped: inside the command, not at import
+    run_cli(*args, "--quiet")
+    proc = run_cli("inspect", tmp_path / "out", env={"NANOSET_MAX_OPEN_SHARDS": "0"}, check=False)
+    assert proc.returncode == 1 and proc.stderr == "error: environment variable NANOSET_MAX_OPEN_SHARDS=0 must be ≥ 1\n"
