@@ -24,7 +24,7 @@ from runtime.config.schema import (
 def validate_config(c: Config) -> None:
     for name in SIZE_KEYS:
         if getattr(c.model, name) is None:
-            raise ConfigError(f"config.model.{name}: required key is missing (give it, or model.init_from_hf: PATH "
+            raise ConfigError(f"model.{name}: required key is missing (give it, or model.init_from_hf: PATH "
                               f"of a Hugging Face model whose config.json has it)")
     _check_ranges(c, "")
     _validate_sizes(c)

@@ -47,7 +47,7 @@ def test_unknown_key_names_path_and_closest(tmp_path):
     fails(tmp_path, lambda d: d["tokens"].update(micro_batch_sise=2), "config.tokens.micro_batch_sise: unknown key",
           "did you mean 'micro_batch_size'")
     fails(tmp_path, lambda d: d["data_stages"][0]["data"].update(shufle=True), "data_stages[0].data.shufle")
-    fails(tmp_path, lambda d: d["model"].pop("hidden_size"), "config.model.hidden_size: required key is missing")
+    fails(tmp_path, lambda d: d["model"].pop("hidden_size"), "model.hidden_size: required key is missing")
     fails(tmp_path, lambda d: d["tokens"].update(train_steps="many"), "config.tokens.train_steps: expected an integer")
     fails(tmp_path, lambda d: d["parallelism"].update(pp_engine="zb"), "'zb' is not one of")
     # inside a union-typed entry (Nanoset folders | Hugging Face dataset): the kind the keys fit best

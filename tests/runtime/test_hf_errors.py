@@ -31,7 +31,7 @@ def test_sizes_come_from_config_json_and_must_agree(tmp_path):
                             f"{hf / 'config.json'} (model.init_from_hf); remove the key or make them agree")
     with pytest.raises(ConfigError, match=r"model.rms_norm_eps: 1e-06 in the config but 1e-05 in"):
         load_config(write_yaml(tmp_path, hf, rms_norm_eps=1e-6))
-    with pytest.raises(ConfigError, match=r"config.model.hidden_size: required key is missing \(give it, or "
+    with pytest.raises(ConfigError, match=r"model.hidden_size: required key is missing \(give it, or "
                                           r"model.init_from_hf: PATH"):
         load_config(write_yaml(tmp_path, hf, init_from_hf=None))
 
