@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 from nanoset.errors import ConfigError
 from runtime.checkpoint.layout import (
@@ -25,7 +24,13 @@ from runtime.checkpoint.layout import (
     resolve_resume,
     step_folders,
 )
-from runtime.checkpoint.run_folder import check_writable, existing_run, refuse_a_checkpoint_inside_the_run, run_lock
+from runtime.checkpoint.run_folder import (
+    RunLock,
+    check_writable,
+    existing_run,
+    refuse_a_checkpoint_inside_the_run,
+    run_lock,
+)
 from runtime.config import Config
 from runtime.config.load import load_config
 from runtime.data.heldout import HeldOutSet, open_heldout, training_readers
@@ -41,7 +46,7 @@ class RunStart:
     checkpoint: Path | None  # the checkpoint to resume from; None: step 0
     metadata: dict | None  # what it records (checkpoint.layout.read_metadata)
     replace_old_run: bool = False  # a fresh start where a run exists: global rank 0 moves the old one aside
-    lock: IO | None = field(default=None, repr=False)  # global rank 0: held while the run lives (see run_lock)
+    lock: RunLock | None = field(default=None, repr=False)  # global rank 0: held while the run lives (see run_lock)
 
 
 @dataclass

@@ -11,7 +11,7 @@ import gc
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -141,7 +141,7 @@ class Trainer:
         self.checkpoints.clean_stale()
         self.last_step = self._resume()
         check_same_plan(self.plan)  # no rank silently reads another dataset (e.g. another node's cwd)
-        self.metrics.truncate_after(self.last_step)  # a step is never logged twice, a torn tail is dropped
+        self._writing_metrics(lambda: self.metrics.truncate_after(self.last_step))  # no step logged twice
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config
         last_save = self.last_step
@@ -186,17 +186,19 @@ class Trainer:
 
     def _log_and_validate(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,
                           summary: TrainSummary) -> None:
-        """Log the step, then validate when due (before this step's checkpoint: never repeated). Rank 0 alone
-        writes metrics.jsonl: a write that fails there (a full disk) is raised on every rank, after validation's
-        collectives, so that no rank goes on alone or dies in the next collective with a traceback."""
+        """Log the step, then validate when due (before this step's checkpoint: never repeated)."""
+        validate = self.validator.should_validate(step, stage.index)
+        self._writing_metrics(lambda: self._log_step(step, stage, result, lr, data_wait, summary),
+                              lambda: self._validate(step, stage) if validate else None)
+
+    def _writing_metrics(self, *parts: Callable[[], None]) -> None:
+        """Run every part on every rank. Rank 0 alone writes metrics.jsonl: a write that fails there (a full disk)
+        is raised on every rank once all parts ran (validation's collectives included), so that no rank goes on
+        alone or dies in the next collective with a traceback."""
         failure = None
-        try:
-            self._log_step(step, stage, result, lr, data_wait, summary)
-        except WriteFailed as e:
-            failure = e
-        if self.validator.should_validate(step, stage.index):
+        for part in parts:
             try:
-                self._validate(step, stage)
+                part()
             except WriteFailed as e:
                 failure = failure or e
         raise_together(failure, self.parallel_context.device)

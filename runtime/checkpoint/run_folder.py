@@ -43,14 +43,45 @@ def existing_run(config: Config) -> list[str]:
     return found
 
 
-def run_lock(config: Config) -> IO | None:
-    """An exclusive lock, held by global rank 0 while the run lives, on ``.<run_dir>.lock`` next to the run
-    folder (so it survives ``replace_run`` renaming the folder): a second launch of the same run (submitted
-    twice, or requeued while the first still runs) is refused instead of writing into the same folder."""
+class RunLock:
+    """The locks a run holds while it lives (its run folder's and, kept elsewhere, its checkpoints folder's)."""
+
+    def __init__(self, files: list[IO]) -> None:
+        self.files = files
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+def run_lock(config: Config) -> RunLock | None:
+    """Exclusive locks, held by global rank 0 while the run lives, on ``.<run_dir>.lock`` next to the run folder
+    (so it survives ``replace_run`` renaming the folder) and, for a ``checkpoints.checkpoints_path`` outside it, on
+    ``.<checkpoints>.lock`` next to that: a second launch of the same run (submitted twice, or requeued while the
+    first still runs), or another run saving into the same checkpoints folder, is refused instead of writing
+    there (two runs replaced and pruned each other's step-N folders)."""
     check_writable(config.general.run_path, "general.run_dir", moving=False)
     run = Path(os.path.realpath(config.general.run_path))
-    run.parent.mkdir(parents=True, exist_ok=True)
-    f = open(run.parent / f".{run.name}.lock", "a+")
+    checkpoints = Path(os.path.realpath(checkpoints_folder(config)))
+    folders = [(run, config.general.run_path, "general.run_dir", "in this folder")]
+    if run != checkpoints and run not in checkpoints.parents:
+        folders.append((checkpoints, checkpoints_folder(config), "checkpoints.checkpoints_path",
+                        "with this checkpoints folder"))
+    held: list[IO] = []
+    try:
+        for real, shown, key, where in folders:
+            f = _lock(real, shown, key, where)
+            if f is not None:
+                held.append(f)
+    except BaseException:
+        RunLock(held).close()
+        raise
+    return RunLock(held) if held else None
+
+
+def _lock(folder: Path, shown: Path, key: str, where: str) -> IO | None:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    f = open(folder.parent / f".{folder.name}.lock", "a+")
     try:
         fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -60,12 +91,15 @@ def run_lock(config: Config) -> IO | None:
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
-        raise RunFolderError(f"{config.general.run_path}: another run is training in this folder ({holder}); wait "
-                          f"for it to end or stop it, or choose another general.run_dir") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"{socket.gethostname()} pid {os.getpid()}\n")
-    f.flush()
+        raise RunFolderError(f"{shown}: another run is training {where} ({holder}); wait for it to end or stop it, "
+                             f"or choose another {key}") from None
+    try:  # who holds it, for the refusal above: best effort (a full disk is said where the run writes)
+        f.seek(0)
+        f.truncate()
+        f.write(f"{socket.gethostname()} pid {os.getpid()}\n")
+        f.flush()
+    except OSError:
+        pass
     return f
 
 

@@ -173,3 +173,22 @@ def test_metrics_on_a_full_disk_are_one_line_naming_the_file(tmp_path):
     with pytest.raises(WriteFailed) as e:
         logger.log(row)
     assert str(e.value) == message
+
+
+def test_metrics_that_cannot_be_rewritten_at_resume_are_one_line_on_every_rank(shards, tmp_path):
+    """A resume rewrites metrics.jsonl (rank 0 alone) before the first step: a full disk there was rank 0's line
+    followed by rank 1's gloo 'Connection closed by peer' traceback."""
+    run = tmp_path / "run"
+    train = [sys.executable, "-m", "nanoset.cli", "train", "--nproc-per-node", "2", "--config"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cfg = small_config(tmp_path, run, dp=2, steps=6, interval=3, single_stage=True)
+    first = subprocess.run([*train, str(cfg)], capture_output=True, text=True, cwd=shards, env=env, timeout=300)
+    assert first.returncode == 0, first.stderr
+    size = (run / "metrics.jsonl").stat().st_size
+    cfg = small_config(tmp_path, run, dp=2, steps=9, interval=3, single_stage=True)
+    proc = subprocess.run([*train, str(cfg)], capture_output=True, text=True, cwd=shards, env=env, timeout=300,
+                          preexec_fn=_file_size_limit(size - 1))  # the rewrite cannot hold the file
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert error_lines(proc.stderr) == [f"error: {run / 'metrics.jsonl'}: cannot write it (File too large); free "
+                                        f"some space (or fix the cause) and rerun the same command"]
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]  # the old file, untouched

@@ -13,6 +13,7 @@ import sys
 import pytest
 import yaml
 
+from runtime.checkpoint.run_folder import run_lock
 from runtime.checkpoint.store import CheckpointManager
 from runtime.config.load import load_config
 from runtime.metrics import MetricsLogger
@@ -430,3 +431,41 @@ def test_checkpoint_mistakes_advise_what_the_command_takes(shards, tmp_path):
                               cwd=shards, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
         assert (proc.returncode, proc.stderr) == (1, f"error: {line}\n"), command
     assert not (tmp_path / "hf").exists()
+
+
+HOLD_LOCK = """
+import sys, time
+sys.path.insert(0, {root!r})
+from runtime.config.load import load_config
+from runtime.checkpoint.run_folder import run_lock
+held = run_lock(load_config({cfg!r}))
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_second_run_sharing_the_checkpoints_folder_is_refused_while_the_first_trains(shards, tmp_path):
+    """Two runs with their own run_dir but one checkpoints.checkpoints_path: the lock was on run_dir only, so the
+    second resumed the first's in-flight `latest` and both wrote (and replaced, and pruned) step-N folders in one
+    folder: each run's summary then named checkpoints holding the other's weights."""
+    from nanoset.errors import RunFolderError
+    from runtime.startup import plan_start
+
+    shared = tmp_path / "shared-checkpoints"
+    cfg_a = small_config(tmp_path, tmp_path / "a", dp=1, name="a.yaml", checkpoints={"checkpoints_path": str(shared)})
+    cfg_b = small_config(tmp_path, tmp_path / "b", dp=1, name="b.yaml", checkpoints={"checkpoints_path": str(shared)})
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK.format(root=str(ROOT), cfg=str(cfg_a))],
+                              stdout=subprocess.PIPE, text=True, cwd=shards)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunFolderError) as e:
+            plan_start(load_config(cfg_b))
+        assert str(e.value) == (f"{shared}: another run is training with this checkpoints folder "
+                                f"({os.uname().nodename} pid {holder.pid}); wait for it to end or stop it, or choose "
+                                f"another checkpoints.checkpoints_path")
+    finally:
+        holder.kill()
+        holder.wait()
+    held = run_lock(load_config(cfg_b))  # once the first is gone, the second takes both locks
+    assert held is not None and len(held.files) == 2
+    held.close()
