@@ -113,10 +113,31 @@ def stale_temporaries(folder: Path) -> list[Path]:
     return sorted([*folder.glob(TMP_PREFIX + "*"), *folder.glob(f".{LATEST}.tmp-*")])
 
 
+def interrupted_save(folder: Path) -> Path | None:
+    """A complete checkpoint that a staged ``latest`` names, newer than the one ``latest`` names: a save killed
+    between the checkpoint's rename and the pointer's. It is the newest checkpoint of the run (resuming the
+    older one would take it for a later branch and rewind)."""
+    current = checkpoint_step(latest_name(folder) or "")
+    newest = None
+    for staged in folder.glob(f".{LATEST}.tmp-*"):
+        try:
+            path = folder / staged.read_text().strip()
+        except OSError:
+            continue
+        step = checkpoint_step(path.name)
+        if step is not None and is_complete(path) and (current is None or step > current) and (
+                newest is None or step > checkpoint_step(newest.name)):
+            newest = path
+    return newest
+
+
 def _latest(folder: Path, named: NamedBy, given: Path | str) -> Path | None:
-    """The checkpoint ``folder/latest`` names (None when nothing was saved yet). Without a ``latest`` file, the
-    newest complete checkpoint: a checkpoint is complete once its metadata.json is written, and a kill between
-    its rename and the pointer's leaves it without one."""
+    """The checkpoint ``folder/latest`` names (None when nothing was saved yet), or the newer one of a save
+    interrupted before its pointer's rename. Without a ``latest`` file, the newest complete checkpoint: a
+    checkpoint is complete once its metadata.json is written."""
+    interrupted = interrupted_save(folder) if folder.is_dir() else None
+    if interrupted is not None:
+        return interrupted
     name = latest_name(folder)
     if name is None:
         complete = saved_checkpoints(folder)

@@ -32,6 +32,7 @@ from runtime.checkpoint.layout import (
     checkpoint_name,
     commit_latest,
     earlier_checkpoints_hint,
+    interrupted_save,
     latest_name,
     read_metadata,
     resolve_resume,
@@ -40,6 +41,7 @@ from runtime.checkpoint.layout import (
     stage_latest,
     stale_temporaries,
     step_folders,
+    write_latest,
     write_metadata,
 )
 from runtime.engine import Engine
@@ -109,8 +111,11 @@ class CheckpointManager:
         self.is_writer = is_writer  # global rank 0 renames, updates `latest` and prunes
 
     def clean_stale(self) -> None:
-        """Remove what saves that a crash interrupted left: temporary folders, a staged ``latest``."""
+        """Finish a save killed between its two renames (``latest`` names its checkpoint), then remove what saves
+        that a crash interrupted left: temporary folders, a staged ``latest``."""
         if self.is_writer and self.folder.is_dir():
+            if (completed := interrupted_save(self.folder)) is not None:
+                write_latest(self.folder, completed)
             for p in stale_temporaries(self.folder):
                 if p.is_dir():
                     shutil.rmtree(p, ignore_errors=True)

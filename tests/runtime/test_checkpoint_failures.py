@@ -192,3 +192,39 @@ def test_metrics_that_cannot_be_rewritten_at_resume_are_one_line_on_every_rank(s
     assert error_lines(proc.stderr) == [f"error: {run / 'metrics.jsonl'}: cannot write it (File too large); free "
                                         f"some space (or fix the cause) and rerun the same command"]
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]  # the old file, untouched
+
+
+# runtime.train killed (SIGKILL) at the save of step 4 after the checkpoint's rename, before latest's
+KILLED_BETWEEN_RENAMES = f"""
+import os, signal, sys
+sys.path.insert(0, {str(ROOT)!r})
+from runtime.checkpoint import store
+commit = store.commit_latest
+def killed(folder, staged):
+    if staged.read_text().strip() == "step-000004":
+        os.kill(os.getpid(), signal.SIGKILL)
+    commit(folder, staged)
+store.commit_latest = killed
+from runtime.train import main
+sys.exit(main())
+"""
+
+
+def test_a_run_killed_between_the_two_renames_resumes_the_new_checkpoint(shards, tmp_path):
+    """latest still named step 2 and the staged pointer was deleted: the plain rerun took the complete step 4 for
+    a later branch, moved it to rewound-*/ and trained steps 3-4 again."""
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, dp=1, steps=6, interval=2, single_stage=True)
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_BETWEEN_RENAMES)
+    proc = subprocess.run([sys.executable, str(script), "--config", str(cfg)], capture_output=True, text=True,
+                          cwd=shards)
+    assert proc.returncode == -9
+    folder = run / "checkpoints"
+    assert (folder / "latest").read_text() == "step-000002\n" and (folder / "step-000004" / "metadata.json").is_file()
+    assert resolve_resume(folder, "latest") == folder / "step-000004"
+    resumed = train_one(cfg, cwd=shards)
+    assert f"resumed from {folder / 'step-000004'} at step 4" in resumed.stdout and "rewound" not in resumed.stdout
+    assert not list(run.glob("rewound-*"))
+    assert (folder / "latest").read_text() == "step-000006\n" and not list(folder.glob(".latest.tmp-*"))
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]
