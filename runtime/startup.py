@@ -22,12 +22,15 @@ from runtime.checkpoint.layout import (
     last_step,
     read_metadata,
     resolve_resume,
-    step_folders,
 )
 from runtime.checkpoint.run_folder import (
+    REWOUND,
     RunLock,
+    branch_folder,
     check_writable,
+    describe_rewind,
     existing_run,
+    later_checkpoints,
     refuse_a_checkpoint_inside_the_run,
     run_lock,
 )
@@ -126,12 +129,13 @@ def describe_start(startup: Startup) -> str:
                 f"{c.general.run_path.name}.old-<UTC time>")
     last = last_step(start.metadata)
     todo = f"trains steps {last + 1}-{steps}" if last < steps else "nothing left to train"
-    folder = checkpoints_folder(c)
-    later = [p.name for s, p in step_folders(folder) if s > last] if folder.is_dir() else []
+    later = later_checkpoints(c, last)
     if not later:
         return f"resumes from {start.checkpoint} (step {last}): {todo}"
-    return (f"rewinds to {start.checkpoint} (step {last}): {todo}; the {len(later)} later checkpoint(s) "
-            f"({', '.join(later)}) and a copy of metrics.jsonl are moved to {c.general.run_path}/rewound-<UTC time>")
+    aside = c.general.run_path / f"{REWOUND}-<UTC time>"
+    moved = f"the {len(later)} later checkpoint(s) ({', '.join(p.name for p in later)}) are"
+    where = describe_rewind(moved, aside, branch_folder(c, aside))
+    return f"rewinds to {start.checkpoint} (step {last}): {todo}; {where}"
 
 
 LOST_TOKENS_NOTE = 0.02  # packing that loses more than this share of a dataset's tokens is worth a note

@@ -155,10 +155,30 @@ class Rewound:
     checkpoints: Path  # the later checkpoints, with a `latest` naming the newest
 
     def describe(self) -> str:
-        if self.checkpoints == self.folder / "checkpoints":
-            return f"the run's later checkpoints and its metrics.jsonl were moved to {self.folder}"
-        return (f"the run's later checkpoints were moved to {self.checkpoints} (on their own filesystem) and its "
-                f"metrics.jsonl to {self.folder}")
+        return describe_rewind("the run's later checkpoints were", self.folder, self.checkpoints)
+
+
+def describe_rewind(what: str, folder: Path | str, checkpoints: Path | str) -> str:
+    """Where a rewind puts ``what`` it moves (``the 2 later checkpoint(s) (...) are``) and the copy of
+    metrics.jsonl, for the run's log and for ``--check``."""
+    if Path(checkpoints) == Path(folder) / "checkpoints":
+        return f"{what} moved to {checkpoints}, and a copy of metrics.jsonl made in {folder}"
+    return f"{what} moved to {checkpoints} (on their own filesystem), and a copy of metrics.jsonl made in {folder}"
+
+
+def later_checkpoints(config: Config, step: int) -> list[Path]:
+    """The checkpoints after ``step``: what a rewind to ``step`` moves aside."""
+    folder = checkpoints_folder(config)
+    return [p for s, p in step_folders(folder) if s > step] if folder.is_dir() else []
+
+
+def branch_folder(config: Config, aside: Path) -> Path:
+    """Where a rewind puts the later checkpoints: ``aside/checkpoints`` on the run folder's filesystem (a rename),
+    else ``<checkpoints folder>/<aside's name>`` (a checkpoints_path on another disk is never copied)."""
+    folder = checkpoints_folder(config)
+    run = config.general.run_path
+    same = not run.exists() or os.stat(run).st_dev == os.stat(folder).st_dev
+    return aside / "checkpoints" if same else folder / aside.name
 
 
 def rewind(config: Config, checkpoint: Path, step: int) -> Rewound | None:
@@ -175,16 +195,14 @@ def rewind(config: Config, checkpoint: Path, step: int) -> Rewound | None:
     if Path(os.path.realpath(checkpoint)).parent == Path(os.path.realpath(folder)) and \
             latest_name(folder) != checkpoint.name:
         write_latest(folder, checkpoint)
-    later = [p for s, p in step_folders(folder) if s > step]
+    later = later_checkpoints(config, step)
     if not later:
         return None
     aside = _stamped(config.general.run_path, REWOUND)
-    checkpoints = aside / "checkpoints"
+    checkpoints = branch_folder(config, aside)
     moved = 0
     try:
         aside.mkdir(parents=True)
-        if os.stat(aside).st_dev != os.stat(folder).st_dev:
-            checkpoints = folder / aside.name
         metrics = config.general.run_path / "metrics.jsonl"
         if metrics.is_file():
             shutil.copy2(metrics, aside / metrics.name)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from nanoset.errors import ConfigError, RunFolderError
-from runtime.checkpoint.run_folder import rewind
+from runtime.checkpoint.run_folder import branch_folder, rewind
 from runtime.config.load import load_config
 from runtime.startup import plan_start
 from tests.support.configs import TWO_STAGE, build, merged, small_config
@@ -35,15 +35,16 @@ def test_a_rewind_moves_the_later_checkpoints_and_metrics_aside(shards, tmp_path
                                          f"nothing left to train"
     assert check_start(again, shards) == (  # --check says what the rewind will move, and moves nothing
         f"start: rewinds to {earlier} (step 4): trains steps 5-8; the 2 later checkpoint(s) (step-000006, step-000008) "
-        f"and a copy of metrics.jsonl are moved to {run}/rewound-<UTC time>")
+        f"are moved to {run}/rewound-<UTC time>/checkpoints, and a copy of metrics.jsonl made in "
+        f"{run}/rewound-<UTC time>")
     assert not list(run.glob("rewound-*"))
     # killed after step 5, before the rewound run's first checkpoint: `latest` named step-000008, moved away, so
     # `resume: latest` (and explain, export) failed
     killed = train_one(again, cwd=shards, env={"NANOSET_FAULT_KILL_AT_STEP": "5"}, check=False)
     assert killed.returncode != 0
     (aside,) = run.glob("rewound-*")
-    assert f"rewound to step 4 ({earlier}): the run's later checkpoints and its metrics.jsonl were moved to " \
-           f"{aside}" in killed.stdout
+    assert f"rewound to step 4 ({earlier}): the run's later checkpoints were moved to {aside / 'checkpoints'}, and " \
+           f"a copy of metrics.jsonl made in {aside}" in killed.stdout
     assert (run / "checkpoints" / "latest").read_text() == "step-000004\n"
     assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == ["latest", "step-000006", "step-000008"]
     assert (aside / "checkpoints" / "latest").read_text() == "step-000008\n"  # the branch resumes by itself
@@ -121,11 +122,12 @@ def test_a_rewind_with_checkpoints_on_another_filesystem_moves_them_there(tmp_pa
     shm = Path(os.environ.get("NANOSET_TEST_OTHER_FS", "/dev/shm")) / f"nanoset-test-{os.getpid()}-{tmp_path.name}"
     try:
         c, run, folder = _run_with_checkpoints(tmp_path, [3, 6, 9, 12], latest=12, checkpoints_path=shm / "ck")
+        assert branch_folder(c, run / "rewound-T") == folder / "rewound-T"  # what --check names, before it moves
         rewound = rewind(c, folder / "step-000006", 6)
         (aside,) = run.glob("rewound-*")
         assert rewound.folder == aside and rewound.checkpoints == folder / aside.name
         assert rewound.describe() == (f"the run's later checkpoints were moved to {folder / aside.name} (on their own "
-                                      f"filesystem) and its metrics.jsonl to {aside}")
+                                      f"filesystem), and a copy of metrics.jsonl made in {aside}")
         assert sorted(p.name for p in aside.iterdir()) == ["metrics.jsonl"]
         assert sorted(p.name for p in (folder / aside.name).iterdir()) == ["latest", "step-000009", "step-000012"]
         assert sorted(p.name for p in folder.iterdir()) == ["latest", aside.name, "step-000003", "step-000006"]
