@@ -135,7 +135,11 @@ def train(ctx: click.Context) -> None:
     """Train: nanoset train --config C [--nproc-per-node N] [--check] [torchrun options] (--help for more)."""
     from runtime.cli.launch import main as launch  # imports torch itself, once its signal handlers are in place
 
-    ctx.exit(launch(ctx.args))
+    status = launch(ctx.args)
+    from runtime.preemption import ignore_stop_signals
+
+    ignore_stop_signals()  # the run has ended: a stop signal during the exit changes nothing
+    ctx.exit(status)
 
 
 class Terminated(Exception):

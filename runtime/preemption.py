@@ -38,8 +38,8 @@ LAUNCHER_PID = "NANOSET_LAUNCHER_PID"  # set by nanoset train for its workers: t
 LAUNCHER_LOST = 64  # the "signal number" a rank contributes to the agreement when its launcher is gone
 LAUNCHER_LOST_STATUS = 1
 WATCH_INTERVAL_S = 0.2
-INTERRUPTED_TWICE = ("interrupted twice: stopped at once, without a checkpoint of the step in progress; rerun the "
-                     "same command to resume from the latest checkpoint")  # said by the launcher, or by a worker alone
+INTERRUPTED_TWICE = ("interrupted twice: stopped at once, without saving what was in progress; rerun the same "
+                     "command to resume from the latest checkpoint")  # said by the launcher, or by a worker alone
 STORE_GRACE_S = 2.0  # how long after a broken store connection a worker looks for its launcher's end
 
 
@@ -59,6 +59,14 @@ def stop_status(signum: int) -> int:
 
 def is_stop_status(status: int) -> bool:
     return status - 128 in {int(s) for s in STOP_SIGNALS}
+
+
+def ignore_stop_signals() -> None:
+    """Once a run has returned (its checkpoints saved, its exit status known), a stop signal has nothing left to
+    stop: ignored through the process's teardown, where Python's default handlers would return and turn a
+    finished run into one 'killed by SIGTERM'."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def stopped_in_startup(name: str) -> str:
@@ -129,7 +137,10 @@ class StopOnSignal:
     def install(self) -> StopOnSignal:
         """Answer the stop signals from now on (and, under a launcher, watch it during start-up)."""
         global _installed
-        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        # SIGTERM last: a launcher forwards a stop once it sees this process catch SIGTERM (agent.py), by then
+        # every handler is in place
+        self._previous = {sig: signal.signal(sig, self._on_signal)
+                          for sig in sorted(STOP_SIGNALS, key=lambda s: s == signal.SIGTERM)}
         _installed = self
         if self.launcher is not None and self._watcher is None:
             self._watcher = threading.Thread(target=self._watch_launcher, name="launcher-watch", daemon=True)
@@ -156,6 +167,9 @@ class StopOnSignal:
         self.signum = signum
         if self.phase == "start-up" and not self._holding:
             raise StopRequested(signum)
+        if self.phase == "done" and os.environ.get("RANK", "0") == "0":  # past the loop: the run ends as it is
+            print(f"note: {signal.Signals(signum).name} after the last step: the run finishes what follows it (the "
+                  f"final checkpoint, the Hugging Face export) and ends", flush=True)
 
     @contextmanager
     def held(self) -> Iterator[None]:

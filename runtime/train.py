@@ -30,6 +30,7 @@ from runtime.preemption import (  # noqa: E402
     StopOnSignal,
     StopRequested,
     from_the_store,
+    ignore_stop_signals,
     stop_status,
     stopped_in_startup,
 )
@@ -84,8 +85,9 @@ def stopped_before_training(signum: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    stop = StopOnSignal(PARENT_AT_START).install()
+    stop = StopOnSignal(PARENT_AT_START)
     try:
+        stop.install()  # inside: a stop forwarded the moment the handlers are in place is a StopRequested here
         ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
         ap.add_argument("--config", required=True, help="YAML config (see docs/config.md)")
         args = ap.parse_args(argv)
@@ -102,4 +104,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    ignore_stop_signals()
+    sys.exit(status)

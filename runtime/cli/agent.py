@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -87,6 +88,7 @@ class LauncherSignals:
     def __init__(self) -> None:
         self.first: int | None = None  # the first stop signal forwarded to the workers
         self.killed = False
+        self.started = False  # workers are being started (or were: they may all have ended since)
         self._workers: Callable[[], list[int]] = list
 
     def install(self) -> LauncherSignals:
@@ -103,7 +105,8 @@ class LauncherSignals:
             leave_a_closed_terminal()
         workers = [pid for pid in self._workers() if _alive(pid)]
         if not workers:
-            if self.first is not None:  # they have stopped: the agent is about to report how
+            if self.first is not None or self.started:  # they ended (or restart): the agent reports how
+                self.first = self.first or signum  # a restart is forwarded it, and none follows a failure
                 return
             raise StopRequested(signum)  # none started yet: nothing to stop cleanly, the launcher ends now
         if self.first is not None and signum == signal.SIGINT:  # Ctrl-C while they stop: now
@@ -117,11 +120,40 @@ class LauncherSignals:
 
     @staticmethod
     def forward(signum: int, workers: list[int]) -> None:
+        """Send ``signum`` to each worker once it answers the stop signals: a worker still starting (importing,
+        before runtime/train.py installs its handlers) would die of it, or of Python's KeyboardInterrupt, with a
+        traceback; it gets the signal as soon as it is ready, from a thread (the handler returns at once)."""
         for pid in workers:
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
+            if handles_stop_signals(pid) is False:
+                threading.Thread(target=_forward_when_ready, args=(signum, pid), daemon=True).start()
+            else:
+                _kill(pid, signum)
+
+
+def handles_stop_signals(pid: int) -> bool | None:
+    """Whether a worker has its stop handlers (``SigCgt`` of /proc/PID/status holds SIGTERM, which Python does not
+    catch by itself; the worker installs all its stop handlers at once); None where that cannot be read."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return None
+
+
+def _forward_when_ready(signum: int, pid: int, poll_s: float = 0.01) -> None:
+    while _alive(pid) and handles_stop_signals(pid) is False:
+        time.sleep(poll_s)
+    _kill(pid, signum)
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def final_failure(exitcode: int, error_file_data: dict) -> bool:
@@ -136,6 +168,7 @@ def agent_class(signals: LauncherSignals) -> type:
     class LauncherAgent(LocalElasticAgent):
         def _start_workers(self, worker_group):
             signals.watch(self._worker_pids)
+            signals.started = True  # from here a stop is forwarded to them (below, if it comes while they start)
             pids = super()._start_workers(worker_group)
             signals.install()  # torch < 2.8 installs its own handlers with the workers
             if signals.first is not None:  # a stop asked for while (re)starting them

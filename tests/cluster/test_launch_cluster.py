@@ -394,8 +394,8 @@ elif fault and ("LOCAL_RANK" in os.environ or "FAULT_WORKER" in os.environ):
 '''
 
 
-INTERRUPTED_TWICE = ("error: interrupted twice: stopped at once, without a checkpoint of the step in progress; rerun "
-                     "the same command to resume from the latest checkpoint\n")
+INTERRUPTED_TWICE = ("error: interrupted twice: stopped at once, without saving what was in progress; rerun the same "
+                     "command to resume from the latest checkpoint\n")
 
 
 def launcher_env(tmp_path: Path, fault: str, worker: bool = False) -> dict:
@@ -591,3 +591,35 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(shards, tmp_path):
     assert (proc.returncode, err) == (128 + signal.SIGHUP, "")
     step = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("step-"))
     assert 2 <= step < 12 and [r["step"] for r in metrics(run)] == list(range(1, step + 1))
+
+
+SIGNAL_DURING_EXPORT = f'''
+import os, signal, sys
+sys.path.insert(0, {str(ROOT)!r})
+from runtime.trainer import Trainer
+export = Trainer._export_hf
+def export_and_get_a_signal(self, checkpoint):
+    os.kill(os.getpid(), signal.SIGTERM)  # arrives after the last step, while the final checkpoint is exported
+    return export(self, checkpoint)
+Trainer._export_hf = export_and_get_a_signal
+from runtime.train import main
+status = main()
+from runtime.preemption import ignore_stop_signals
+ignore_stop_signals()
+os.kill(os.getpid(), signal.SIGTERM)  # and one during the process's exit: ignored
+sys.exit(status)
+'''
+
+
+def test_a_stop_signal_after_the_last_step_lets_the_run_finish_and_says_so(shards, tmp_path):
+    """A SIGTERM during the final export was silent, and one during the exit ended a finished run with 143."""
+    script = tmp_path / "signal_in_export.py"
+    script.write_text(SIGNAL_DURING_EXPORT)
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, dp=1, steps=4, interval=2, single_stage=True, checkpoints={"export_hf": True})
+    proc = subprocess.run([sys.executable, str(script), "--config", str(cfg)], capture_output=True, text=True,
+                          cwd=shards, env=ENV, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert ("note: SIGTERM after the last step: the run finishes what follows it (the final checkpoint, the Hugging "
+            "Face export) and ends") in proc.stdout.splitlines()
+    assert (run / "hf" / "config.json").is_file() and (run / "checkpoints" / "latest").read_text() == "step-000004\n"
