@@ -65,6 +65,7 @@ def run_lock(config: Config) -> RunLock | None:
     checkpoints = Path(os.path.realpath(checkpoints_folder(config)))
     folders = [(run, config.general.run_path, "general.run_dir", "in this folder")]
     if run != checkpoints and run not in checkpoints.parents:
+        check_writable(checkpoints_folder(config), "checkpoints.checkpoints_path", moving=False)
         folders.append((checkpoints, checkpoints_folder(config), "checkpoints.checkpoints_path",
                         "with this checkpoints folder"))
     held: list[IO] = []

@@ -39,13 +39,19 @@ sys.exit(main())
 """
 
 
-def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_rerun_resumes(shards, tmp_path):
+def run_with_fault(shards, tmp_path, script_text: str):
+    """runtime.train, one process, 6 steps with a checkpoint every 2, run through a script that plants a fault."""
     run = tmp_path / "run"
     cfg = small_config(tmp_path, run, dp=1, steps=6, interval=2, single_stage=True)
-    script = tmp_path / "full_disk.py"
-    script.write_text(FULL_DISK)
+    script = tmp_path / "fault.py"
+    script.write_text(script_text)
     proc = subprocess.run([sys.executable, str(script), "--config", str(cfg)], capture_output=True, text=True,
                           cwd=shards)
+    return run, cfg, proc
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_rerun_resumes(shards, tmp_path):
+    run, cfg, proc = run_with_fault(shards, tmp_path, FULL_DISK)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     (line,) = error_lines(proc.stderr)
     assert line.startswith(f"error: {run}/checkpoints: saving the checkpoint of step 4 failed (")
@@ -93,12 +99,7 @@ def test_a_full_disk_while_writing_latest_is_one_line_and_leaves_nothing_behind(
     """`latest` was written after the checkpoint's rename, outside the failure handling: a bare
     `[Errno 28] No space left on device`, a `.latest.tmp-PID` left for good, and a rerun refused ("checkpoints
     step-000003 but no latest pointer"). It is written with the checkpoint's files now."""
-    run = tmp_path / "run"
-    cfg = small_config(tmp_path, run, dp=1, steps=6, interval=2, single_stage=True)
-    script = tmp_path / "full_at_latest.py"
-    script.write_text(FULL_AT_LATEST)
-    proc = subprocess.run([sys.executable, str(script), "--config", str(cfg)], capture_output=True, text=True,
-                          cwd=shards)
+    run, cfg, proc = run_with_fault(shards, tmp_path, FULL_AT_LATEST)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     (line,) = error_lines(proc.stderr)
     assert line.startswith(f"error: {run}/checkpoints: saving the checkpoint of step 4 failed (latest: No space left "
@@ -213,12 +214,7 @@ sys.exit(main())
 def test_a_run_killed_between_the_two_renames_resumes_the_new_checkpoint(shards, tmp_path):
     """latest still named step 2 and the staged pointer was deleted: the plain rerun took the complete step 4 for
     a later branch, moved it to rewound-*/ and trained steps 3-4 again."""
-    run = tmp_path / "run"
-    cfg = small_config(tmp_path, run, dp=1, steps=6, interval=2, single_stage=True)
-    script = tmp_path / "killed.py"
-    script.write_text(KILLED_BETWEEN_RENAMES)
-    proc = subprocess.run([sys.executable, str(script), "--config", str(cfg)], capture_output=True, text=True,
-                          cwd=shards)
+    run, cfg, proc = run_with_fault(shards, tmp_path, KILLED_BETWEEN_RENAMES)
     assert proc.returncode == -9
     folder = run / "checkpoints"
     assert (folder / "latest").read_text() == "step-000002\n" and (folder / "step-000004" / "metadata.json").is_file()
