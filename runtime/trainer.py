@@ -24,7 +24,7 @@ from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
 from runtime.checkpoint.run_folder import Rewound, move_aside, rewind
 from runtime.checkpoint.store import SKIPPED, SKIPPED_IN_A_ROW, CheckpointManager
 from runtime.config import Config
-from runtime.data.loading.collator import check_micro_batch
+from runtime.data.loading.contract import check_micro_batch
 from runtime.data.loading.dataloader import from_loader_worker
 from runtime.data.loading.prefetch import PrefetchIterator, shutdown_workers
 from runtime.data.loading.same_plan import check_same_plan

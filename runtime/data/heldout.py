@@ -20,7 +20,8 @@ import torch
 
 from nanoset import NanosetError, NanosetReader, open_dataset
 from runtime.config import Config, ConfigError
-from runtime.data.loading.collator import collator_class, pointer_batch
+from runtime.data.loading.collator import collator_class
+from runtime.data.loading.contract import pointer_batch
 from runtime.data.order.permutation import FeistelPermutation
 from runtime.data.order.vocab import Known, check_tokenizer, check_unknown_beside_known, check_vocab
 from runtime.data.order.windows import TokenWindows
