@@ -68,7 +68,8 @@ class StepFeed:
         return batches
 
     def close(self) -> None:
-        """Release the loader and its workers; a later ``batches`` builds its stage's loader again."""
+        """Release the loader and its workers and free what they held; a later ``batches`` builds its stage's
+        loader again."""
         it = self._iterator
         if it is not None:
             shutdown_workers(it)
@@ -76,15 +77,15 @@ class StepFeed:
             it.close()
         self._iterator = None
         self.stage = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _switch(self, stage: Stage, step: int) -> None:
         """Release the previous stage's loader (and its workers), then build this stage's and log the start."""
         if not (self.source.same_loader_for(stage) and self._iterator is not None):
-            if self.stage is not None:  # what the previous stage's loader held goes back
+            if self.stage is not None:  # a first stage has nothing to release
                 self.close()
-                gc.collect()
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
             if self._reads:
                 self._iterator = iter(self.source.loader(stage, step))
                 self._compare = not self.source.from_config  # a user's loader: at its first step
@@ -151,12 +152,9 @@ def validation_batches(vset: ValidationSet, sequence_length: int, use_position_i
     """This rank's micro-batches of each evaluation step of ``vset``: every row of the set once, in steps of
     ``dp_size × micro_batch_size × accumulation`` rows, the last one padded."""
     source = ValidationSource(vset, sequence_length, use_position_ids, ctx, micro_batch_size, accumulation)
-    feed = StepFeed(source, ctx, micro_batch_size, accumulation)
-    try:
-        for step in range(source.stage.end_step):
-            yield feed.batches(step)
-    finally:
-        feed.close()
+    feed = StepFeed(source, ctx, micro_batch_size, accumulation)  # its loader, in-process, holds no worker
+    for step in range(source.stage.end_step):
+        yield feed.batches(step)
 
 
 def plan_signature(plan: DataPlan) -> str:

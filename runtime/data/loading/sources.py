@@ -221,4 +221,3 @@ class ValidationSource(DataSource):
                 if ctx.pp_rank == last and pad.any():
                     batch["label_mask"][torch.from_numpy(pad)] = False  # padding rows count no label
                 yield batch
-
