@@ -60,7 +60,7 @@ def run(config: Config, path: Path, metadata: dict, validation_sets: list[Valida
     step = last_step(metadata)
     stage = config.stage_at(max(step, 1))
     results = Validator(config, validation_sets).validate(engine, config.stage_sequence_length(stage),
-                                                  stage.data.use_position_ids)
+                                                          stage.data.use_position_ids)
     return {"step": step, "stage": stage.name, "val": results}
 
 

@@ -42,7 +42,7 @@ class ValidationSet:
         return sum(w.num_samples for w in self.windows(sequence_length))
 
     def sample_ids(self, sequence_length: int) -> np.ndarray:
-        """The set's windows, in evaluation order: the first ``samples`` of its seeded permutation."""
+        """The set's windows, in validation order: the first ``samples`` of its seeded permutation."""
         n = self.num_windows(sequence_length)
         perm = FeistelPermutation(n, "validation", self.seed, [r.fingerprint for r in self.readers], sequence_length)
         return perm(np.arange(min(self.samples, n), dtype=np.int64))
