@@ -13,6 +13,7 @@ import errno
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 
 class NanosetError(ValueError):
@@ -47,6 +48,32 @@ class WriteFailed(NanosetError):
     def __str__(self) -> str:
         return (f"{self.path}: cannot write it ({self.reason}); free some space (or fix the cause) and rerun the "
                 f"same command" + (": finished work is kept" if self.resumable else ""))
+
+
+class FolderNotWritable(NanosetError):
+    """A folder that cannot be created, or written in, here (a read-only place, another user's folder, /sys):
+    ``unwritable_folder`` words it."""
+
+
+def unwritable_folder(folder: Path, error: OSError, advice: str) -> FolderNotWritable:
+    """The one line for ``error``, met creating ``folder`` (or a folder beside it, or an entry in it): the
+    folder, where creating failed and why in the system's words (not an errno line naming a temporary file),
+    then ``advice``: what to do, in the caller's terms ("choose another -o folder"), to which the way out of a
+    permission error is added."""
+    folder = Path(folder)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    where = Path(error.filename).parent if error.filename else existing
+    if not existing.is_dir():
+        reason = "is a file, not a folder" if existing == folder else f"{existing} is a file, not a folder"
+    elif where == folder:
+        reason = f"cannot write in it ({error.strerror})"
+    else:
+        reason = f"cannot create it in {where} ({error.strerror})"
+    if error.errno in (errno.EACCES, errno.EPERM) and existing.is_dir():
+        advice += f", or make {'it' if where == folder else where} writable"
+    return FolderNotWritable(f"{folder}: {reason}; {advice}")
 
 
 class MissingPath(NanosetError, FileNotFoundError):
@@ -101,6 +128,11 @@ def user_message(error: BaseException) -> str | None:
 
 def print_error(message: str) -> None:
     print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def print_note(message: str) -> None:
+    """What a command decided for the user, or wants them to know, without stopping: one ``note:`` line."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
 
 
 def report_user_errors(main: Callable[[], int | None], report: Callable[[str], None] = print_error) -> int:

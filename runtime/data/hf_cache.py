@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from nanoset.atomic import writable_folder
 from nanoset.errors import MissingColumnError, NanosetError, WaitTimeout
 from nanoset.format.cache import file_stamp
 from nanoset.format.spec import MANIFEST_NAME
@@ -166,7 +167,7 @@ def prepare_hf_dataset(config: Config, ds: HFDatasetArgs, where: str = "data.dat
     if (out / MANIFEST_NAME).is_file():
         return out
     _check_splits(ds, where)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    writable_folder(out.parent, "set general.cache_dir to a writable folder")
     with _exclusive(out.parent / f".{out.name}.lock", out):
         if (out / MANIFEST_NAME).is_file():  # another process finished it while this one waited
             return out
