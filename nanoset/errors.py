@@ -90,15 +90,21 @@ class WaitTimeout(NanosetError, TimeoutError):
 
 class MissingColumnError(NanosetError):
     """An input lacks the text column. Carries the facts, so a caller (the CLI, or the runtime's
-    Hugging Face stages) can name its own option for the column; pickles across worker processes."""
+    Hugging Face stages) can name its own option for the column; pickles across worker processes.
+    ``conversations``: the columns there are those of conversations (read as text without ``--chat``)."""
 
-    def __init__(self, where: str, column: str, columns: list[str], option: str = "--text-column") -> None:
-        super().__init__(where, column, columns, option)
+    def __init__(self, where: str, column: str, columns: list[str], option: str = "--text-column",
+                 conversations: bool = False) -> None:
+        super().__init__(where, column, columns, option, conversations)
         self.where, self.column, self.columns, self.option = where, column, list(columns), option
+        self.conversations = conversations
 
     def __str__(self) -> str:
-        return (f"{self.where}: no column {self.column!r}; the columns there are: "
-                f"{', '.join(map(str, self.columns)) or 'none'} (choose one with {self.option})")
+        there = (f"{self.where}: no column {self.column!r}; the columns there are: "
+                 f"{', '.join(map(str, self.columns)) or 'none'}")
+        if self.conversations:
+            return f"{there}, which hold conversations: add --chat (or choose a text column with {self.option})"
+        return f"{there} (choose one with {self.option})"
 
 
 # OSErrors that come from the machine, not from a bug: said in one line (they name the path)

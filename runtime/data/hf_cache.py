@@ -187,8 +187,9 @@ def prepare_hf_dataset(config: Config, ds: HFDatasetArgs, where: str = "data.dat
         except MissingColumnError as e:
             keys = ("messages_column_name (or prompt_column_name and completion_column_name)" if ds.sft
                     else "text_column_name")
+            chat = f", which hold conversations: set {where}.sft: true" if e.conversations and not ds.sft else ""
             raise ConfigError(f"{where}.{keys}: {e.column!r} is not a column of {e.where}; the columns "
-                              f"there are: {', '.join(map(str, e.columns)) or 'none'}") from None
+                              f"there are: {', '.join(map(str, e.columns)) or 'none'}{chat}") from None
     return out
 
 
