@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.env import env_number
-from nanoset.errors import NanosetError
+from nanoset.errors import NanosetError, print_note
 from nanoset.format.spec import SKIPPED_EXAMPLES, SKIPPED_NAME, Manifest, dtype_for_vocab, dtype_name
 from nanoset.format.writer import write_manifest
 from nanoset.tokenize.backends import (
@@ -31,12 +31,18 @@ from nanoset.tokenize.backends import (
     choose_backend,
     first_difference,
 )
-from nanoset.tokenize.chat import MASK_RULE, ChatColumns
+from nanoset.tokenize.chat import MASK_RULE, ChatColumns, split_markers, split_markers_note
 from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template, special_token_strings
 from nanoset.tokenize.inputs import discover
 from nanoset.tokenize.taskpool import TaskPool, WorkerDied
 from nanoset.tokenize.tasks import OutputFolder, Plan, Task, TaskResult, describe_task, make_plan
-from nanoset.tokenize.tokenizer import ResolvedTokenizer, load_tokenizer, registered_tokens, resolve_tokenizer
+from nanoset.tokenize.tokenizer import (
+    ResolvedTokenizer,
+    load_tokenizer,
+    registered_tokens,
+    resolve_tokenizer,
+    sampling_note,
+)
 from nanoset.tokenize.worker import ChatSetup, WorkerConfig, appends_eos, init_worker, run_task
 
 
@@ -141,9 +147,9 @@ def chat_setup(opts: TokenizeOptions, tokenizer: ResolvedTokenizer) -> ChatSetup
         return None
     template = load_chat_template(tokenizer.path, opts.chat_template)
     special = special_token_strings(tokenizer.path, tokenizer.info.eos_token)
-    ChatRenderer(template, special)
+    split = split_markers(ChatRenderer(template, special), tokenizer.tokenizer or load_tokenizer(tokenizer.path))
     return ChatSetup(template, special, ChatColumns(opts.messages_column, opts.prompt_column, opts.completion_column),
-                     str(Path(opts.chat_template).resolve()) if opts.chat_template else None)
+                     str(Path(opts.chat_template).resolve()) if opts.chat_template else None, split)
 
 
 def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: ChatSetup | None = None) -> Plan:
@@ -158,12 +164,16 @@ def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: ChatSe
     }
     if registered := registered_tokens(tokenizer.path):  # they change the ids; none: plain plans keep their bytes
         options["registered_tokens"] = registered
+    if tokenizer.sampling_off:  # the file's encoding would be random: the dataset is of its settings set off
+        options["sampling_off"] = tokenizer.sampling_off
     if chat is not None:  # only chat plans carry the key: plain plans (and manifests) keep their bytes
         del options["text_column"]
         columns = chat.columns
         options["chat"] = {"template_sha256": chat.template.sha256, "special_tokens": chat.special_tokens,
                            "mask_rule": MASK_RULE, "messages_column": columns.messages,
                            "prompt_column": columns.prompt, "completion_column": columns.completion}
+        if chat.split_markers:  # for inspect, in the template's order (derived from the tokenizer and template)
+            options["chat"]["split_markers"] = [[m, n] for m, n in chat.split_markers.items()]
     sources = discover(opts.inputs, exclude=opts.output)
     if opts.splits is not None:
         sources = [s for s in sources if s.split is None or s.split in opts.splits]
@@ -188,15 +198,19 @@ def tokenize(opts: TokenizeOptions, on_start: Callable[[], None] | None = None) 
     # before the output folder is touched (--overwrite empties it): a --backend that cannot run is refused first
     choice = choose_backend(tokenizer.path, opts.backend, opts.chat, lambda: reference)
     folder = OutputFolder(opts.output)
-    complete = folder.prepare(plan, opts.overwrite)
-    for note in folder.notes:
-        _note(note)
-    if complete:
-        return _summary(opts, plan, folder.completed_manifest(), [], len(plan.tasks), True, t0)
-    run = JobRun(opts, tokenizer, chat, plan, folder, reference, t0)
-    with _task_errors(opts, folder):
-        ran, resumed = run.pending_tasks(choice, on_start)
-    return run.publish(ran, resumed)
+    folder.lock([t.index for t in plan.share(opts.num_tasks, opts.task_index)], opts.num_tasks, opts.task_index)
+    try:
+        complete = folder.prepare(plan, opts.overwrite)
+        for note in folder.notes:
+            print_note(note)
+        if complete:
+            return _summary(opts, plan, folder.completed_manifest(), [], len(plan.tasks), True, t0)
+        run = JobRun(opts, tokenizer, chat, plan, folder, reference, t0)
+        with _task_errors(opts, folder):
+            ran, resumed = run.pending_tasks(choice, on_start)
+        return run.publish(ran, resumed)
+    finally:
+        folder.release()
 
 
 @dataclass
@@ -214,9 +228,9 @@ class JobRun:
 
     def __post_init__(self) -> None:
         self.itemsize = np.dtype(self.plan.build["dtype"]).itemsize
-        self.mine = [t for t in self.plan.tasks if t.index % self.opts.num_tasks == self.opts.task_index]
+        self.mine = self.plan.share(self.opts.num_tasks, self.opts.task_index)
         self.fallback = FastokensFallback(self.opts.backend, self.folder.encoder_fallback,
-                                          self.folder.record_encoder_fallback, _note)
+                                          self.folder.record_encoder_fallback, print_note)
 
     def worker_config(self) -> WorkerConfig:
         info = self.tokenizer.info
@@ -225,6 +239,16 @@ class JobRun:
                             append_eos=appends_eos(self.reference.tok, info.eos_id),
                             max_tokens_per_shard=self.opts.max_tokens_per_shard, chat=self.chat,
                             strict_backend=self.opts.backend == "fastokens")
+
+    def start_notes(self) -> list[str]:
+        """What the user hears of as the work starts: what was decided for them about the tokenizer (an EOS taken
+        by its name, a sampling setting set off) and chat markers it encodes as text."""
+        notes = list(self.tokenizer.notes)
+        if self.tokenizer.sampling_off:
+            notes.append(sampling_note(self.tokenizer.path, self.tokenizer.sampling_off))
+        if self.chat is not None and self.chat.split_markers:
+            notes.append(split_markers_note(self.chat.split_markers, self.tokenizer.path))
+        return notes
 
     def _pending(self) -> list[Task]:
         return [t for t in self.mine if not self.fallback.stands(self.folder.done(t, self.itemsize))]
@@ -240,6 +264,8 @@ class JobRun:
             return ran, len(self.mine)
         if on_start is not None:
             on_start()
+        for note in self.start_notes():
+            print_note(note)
         backend = self.fallback.first_backend(choice)
         config = self.worker_config()
         while batch:
@@ -320,10 +346,6 @@ def _task_errors(opts: TokenizeOptions, folder: OutputFolder) -> Iterator[None]:
             f"tokenize` writing to this folder (with --overwrite, or the same --task-index)? Run one such job at "
             f"a time; rerunning resumes"
         ) from None
-
-
-def _note(message: str) -> None:
-    print(f"note: {message}", file=sys.stderr, flush=True)
 
 
 def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: list[TaskResult], resumed: int,
