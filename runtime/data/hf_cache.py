@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from nanoset.cache import file_stamp
 from nanoset.errors import MissingColumnError, NanosetError, WaitTimeout
-from nanoset.format.cache import file_stamp
 from nanoset.format.spec import MANIFEST_NAME
 from nanoset.tokenize.chat import MASK_RULE
 from nanoset.tokenize.chat_template import load_chat_template, special_token_strings
@@ -66,7 +66,7 @@ def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset")
                   MASK_RULE]  # which tokens a mask trains: another rule is another dataset
     key = json.dumps(parts)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(config.general.cache_dir) / f"{src.name}-{digest}"
+    return config.general.cache_path / f"{src.name}-{digest}"
 
 
 def _tokenizer_file(config: Config, where: str) -> Path:
