@@ -35,7 +35,7 @@ from nanoset.tokenize.chat import MASK_RULE, ChatColumns
 from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template, special_token_strings
 from nanoset.tokenize.inputs import discover
 from nanoset.tokenize.taskpool import TaskPool, WorkerDied
-from nanoset.tokenize.tasks import OutputFolder, Plan, Task, TaskResult, describe_task, make_plan
+from nanoset.tokenize.tasks import OutputFolder, Task, TaskResult, TokenizePlan, describe_task, make_plan
 from nanoset.tokenize.tokenizer import ResolvedTokenizer, load_tokenizer, registered_tokens, resolve_tokenizer
 from nanoset.tokenize.worker import ChatSetup, WorkerConfig, appends_eos, init_worker, run_task
 
@@ -146,7 +146,7 @@ def chat_setup(opts: TokenizeOptions, tokenizer: ResolvedTokenizer) -> ChatSetup
                      str(Path(opts.chat_template).resolve()) if opts.chat_template else None)
 
 
-def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: ChatSetup | None = None) -> Plan:
+def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: ChatSetup | None = None) -> TokenizePlan:
     info = tokenizer.info
     options = {
         "tokenizer_sha256": info.sha256,
@@ -207,7 +207,7 @@ class JobRun:
     opts: TokenizeOptions
     tokenizer: ResolvedTokenizer
     chat: ChatSetup | None
-    plan: Plan
+    plan: TokenizePlan
     folder: OutputFolder
     reference: TokenizersEncoder
     t0: float
@@ -326,7 +326,7 @@ def _note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr, flush=True)
 
 
-def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: list[TaskResult], resumed: int,
+def _summary(opts: TokenizeOptions, plan: TokenizePlan, manifest: Manifest, ran: list[TaskResult], resumed: int,
              complete: bool, t0: float) -> TokenizeSummary:
     return TokenizeSummary(
         output=opts.output, complete=complete, num_tasks=len(plan.tasks), tasks_run=len(ran), tasks_resumed=resumed,
@@ -357,7 +357,7 @@ class ProgressLog:
               f"{tokens / max(elapsed, 1e-9):,.0f} tokens/s, {elapsed:.0f}s", file=sys.stderr, flush=True)
 
 
-def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: ResolvedTokenizer,
+def _run_tasks(todo: list[Task], plan: TokenizePlan, folder: OutputFolder, tokenizer: ResolvedTokenizer,
                config: WorkerConfig, opts: TokenizeOptions, fallback: FastokensFallback, backend: str,
                reference: TokenizersEncoder) -> tuple[str, dict[int, TaskResult]]:
     """Run tasks in a process pool (or inline for one worker), with a progress bar on a terminal (else a line
