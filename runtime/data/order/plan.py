@@ -450,7 +450,7 @@ def _nanoset_folders(stage: DatasetStageArgs, i: int) -> list[str]:
     ds = stage.data.dataset
     if not isinstance(ds, NanosetDatasetsArgs):
         raise ConfigError(f"data_stages[{i}] ({stage.name}) uses a Hugging Face dataset; prepare it first with "
-                          f"runtime.data.hf_cache.resolve_stage_folders(config)")
+                          f"runtime.data.hf_datasets.resolve_stage_folders(config)")
     return ds.folders
 
 
