@@ -1,8 +1,9 @@
 """Hugging Face datasets (not models: those are ``runtime.hf``) as Nanoset folders. A stage that names one
-(a local path or a ``save_to_disk`` folder) is tokenized once into a Nanoset folder in the cache, keyed by
-a fingerprint of the data, the splits, the text column and the tokenizer (for an ``sft`` stage of
-conversations also the chat template and the conversation columns: it is tokenized as ``nanoset tokenize
---chat``, with loss masks); later runs (and every other rank) read it.
+(a local path or a ``save_to_disk`` folder) is tokenized once, by the tokenize job, into a Nanoset folder
+in the cache, keyed by the inputs (their paths and stamps, the splits) and the job's own key of its options
+(``nanoset.tokenize.plan_key``: the tokenizer, EOS, the text column, or for an ``sft`` stage of
+conversations the chat template, its special tokens, the mask rule and the columns — it is tokenized as
+``nanoset tokenize --chat``, with loss masks); later runs (and every other rank) read it.
 
 Every process of a run may find the cache missing, on one node or on many sharing the cache
 folder. An exclusive lock file next to the cache (``fcntl`` record locks: across processes and,
@@ -25,15 +26,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nanoset.cache import file_stamp
-from nanoset.errors import MissingColumnError, NanosetError, WaitTimeout
+from nanoset.errors import BadRowError, MissingColumnError, NanosetError, OptionError, WaitTimeout
 from nanoset.format.spec import MANIFEST_NAME
-from nanoset.tokenize.chat import MASK_RULE
-from nanoset.tokenize.chat_template import load_chat_template, special_token_strings
-from nanoset.tokenize.rows import SKIP_HINT
-from nanoset.tokenize.tokenizer import find_tokenizer_file, registered_tokens
 from runtime.config import Config, ConfigError, HFDatasetArgs
+
+if TYPE_CHECKING:
+    from nanoset.tokenize import TokenizeOptions
 
 HEARTBEAT_SECONDS = 30  # the lock holder touches the lock file this often while it tokenizes
 STALE_SECONDS = 900  # a holder silent for this long (hung, e.g. on a dead NFS mount) is given up on
@@ -47,43 +48,36 @@ def _files_fingerprint(path: Path) -> list:
     return out
 
 
+def tokenize_options(config: Config, ds: HFDatasetArgs, output: Path) -> TokenizeOptions:
+    """The options of the tokenize job that makes the stage's dataset ``ds`` into ``output``."""
+    from nanoset.tokenize import TokenizeOptions
+
+    return TokenizeOptions(inputs=[ds.hf_dataset_or_datasets], output=output,
+                           tokenizer=config.tokenizer.tokenizer_name_or_path, eos_token=config.tokenizer.eos_token,
+                           text_column=ds.text_column_name, splits=_splits(ds), progress=True, chat=ds.sft,
+                           chat_template=ds.chat_template, messages_column=ds.messages_column_name,
+                           prompt_column=ds.prompt_column_name, completion_column=ds.completion_column_name)
+
+
 def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset") -> Path:
-    """Where the tokenized copy of ``ds`` lives; the name changes when anything that matters does."""
+    """Where the tokenized copy of ``ds`` lives: named by the inputs and the job's key of its options, so it
+    changes when anything that changes the bytes does."""
+    from nanoset.tokenize import plan_key
+
     src = Path(ds.hf_dataset_or_datasets)
     if not src.exists():
         raise ConfigError(f"{where}.hf_dataset_or_datasets: {str(src)!r}: no such local file or folder (nothing is "
                           f"downloaded at run time; save the dataset locally first)")
-    tok = config.tokenizer
-    tok_file = _tokenizer_file(config, where)
-    parts = [str(src.resolve()), _files_fingerprint(src), ds.hf_dataset_splits, ds.text_column_name,
-             hashlib.sha256(tok_file.read_bytes()).hexdigest(), tok.eos_token]
-    registered = registered_tokens(tok_file)  # declared beside tokenizer.json, encoded as transformers does
-    if registered:  # only then: the caches of other tokenizers keep their folders
-        parts.append(registered)
-    if ds.sft:  # only conversation stages add these: plain stages keep their cache folders
-        parts += ["sft", _chat_template_sha256(tok_file, ds, where), ds.messages_column_name, ds.prompt_column_name,
-                  ds.completion_column_name, special_token_strings(tok_file, tok.eos_token),  # the template's globals
-                  MASK_RULE]  # which tokens a mask trains: another rule is another dataset
-    key = json.dumps(parts)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return config.general.cache_path / f"{src.name}-{digest}"
-
-
-def _tokenizer_file(config: Config, where: str) -> Path:
-    """The tokenizer.json a Hugging Face stage is tokenized with; a path that holds none names the config key."""
+    root = config.general.cache_path
     try:
-        return find_tokenizer_file(config.tokenizer.tokenizer_name_or_path)
-    except NanosetError as e:
-        raise ConfigError(f"tokenizer.tokenizer_name_or_path (the tokenizer of {where}): {_in_config_terms(str(e))}"
-                          ) from None
-
-
-def _chat_template_sha256(tok_file: Path, ds: HFDatasetArgs, where: str) -> str:
-    """The template a conversation stage renders with (its own file, else the tokenizer's), by content."""
-    try:
-        return load_chat_template(tok_file, ds.chat_template).sha256
-    except NanosetError as e:
-        raise ConfigError(f"{where}.chat_template: {e}") from None
+        options = plan_key(tokenize_options(config, ds, root))  # the output does not change the key
+    except OptionError as e:  # named by its config key, not the command's flag
+        if e.option == "tokenizer":
+            raise ConfigError(f"tokenizer.tokenizer_name_or_path (the tokenizer of {where}): "
+                              f"{_in_config_terms(str(e))}") from None
+        raise ConfigError(f"{where}.{e.option}: {e}") from None
+    key = json.dumps([str(src.resolve()), _files_fingerprint(src), ds.hf_dataset_splits, options])
+    return root / f"{src.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def _splits(ds: HFDatasetArgs) -> list[str] | None:
@@ -170,19 +164,14 @@ def prepare_hf_dataset(config: Config, ds: HFDatasetArgs, where: str = "data.dat
     with _exclusive(out.parent / f".{out.name}.lock", out):
         if (out / MANIFEST_NAME).is_file():  # another process finished it while this one waited
             return out
-        from nanoset.tokenize.job import TokenizeOptions, tokenize
+        from nanoset.tokenize import tokenize
 
         def announce() -> None:  # once the tokenizer, the template and the inputs are checked: work starts
             print(f"{where}: the Hugging Face dataset {ds.hf_dataset_or_datasets} is tokenized into {out}, once "
                   f"(other processes and later runs read it)", flush=True)
 
         try:
-            tokenize(TokenizeOptions(inputs=[ds.hf_dataset_or_datasets], output=out,
-                                     tokenizer=config.tokenizer.tokenizer_name_or_path,
-                                     eos_token=config.tokenizer.eos_token, text_column=ds.text_column_name,
-                                     splits=_splits(ds), progress=True, chat=ds.sft, chat_template=ds.chat_template,
-                                     messages_column=ds.messages_column_name, prompt_column=ds.prompt_column_name,
-                                     completion_column=ds.completion_column_name), on_start=announce)
+            tokenize(tokenize_options(config, ds, out), on_start=announce)
         except MissingColumnError as e:
             keys = ("messages_column_name (or prompt_column_name and completion_column_name)" if ds.sft
                     else "text_column_name")
@@ -202,6 +191,10 @@ def resolve_stage_folders(config: Config) -> list[list[str]]:
                 out.append([str(prepare_hf_dataset(config, ds, where))])
             except ConfigError:
                 raise
+            except BadRowError as e:  # a stage has no --skip-bad-lines: say what to do instead
+                raise ConfigError(f"{where}: {_in_config_terms(e.problem)}; fix or remove that row, or tokenize the "
+                                  f"data with `nanoset tokenize --skip-bad-lines` (and --chat for conversations) and "
+                                  f"list that folder as dataset_folder instead") from None
             except NanosetError as e:
                 raise ConfigError(f"{where}: {_in_config_terms(str(e))}") from None
         else:
@@ -211,14 +204,10 @@ def resolve_stage_folders(config: Config) -> list[list[str]]:
 
 def _in_config_terms(message: str) -> str:
     """A tokenize error says what to do in the config, not with a flag the config lacks (--eos-token is the
-    config's tokenizer.eos_token; --skip-bad-lines has no config key: tokenize the data by hand then)."""
+    config's tokenizer.eos_token)."""
     message = message.replace("pass --eos-token TOKEN", "set tokenizer.eos_token: TOKEN in the config")
     message = message.replace("pass a path to a tokenizer.json", "set tokenizer.tokenizer_name_or_path to a "
                               "tokenizer.json (or a folder holding one)")
     message = message.replace("pass the tokenizer.json file itself", "set tokenizer.tokenizer_name_or_path to a "
                               "tokenizer.json (or a folder holding one)")
-    message = message.replace("--eos-token ", "tokenizer.eos_token ")
-    if not message.endswith(SKIP_HINT):
-        return message
-    return (message.removesuffix(SKIP_HINT) + "; fix or remove that row, or tokenize the data with `nanoset tokenize "
-            "--skip-bad-lines` (and --chat for conversations) and list that folder as dataset_folder instead")
+    return message.replace("--eos-token ", "tokenizer.eos_token ")

@@ -269,7 +269,9 @@ def test_the_cache_folder_changes_with_the_registered_tokens_and_the_mask_rule(t
     assert hf_datasets.cache_folder(c, ds) == plain
     ds.sft = True
     sft = hf_datasets.cache_folder(c, ds)
-    monkeypatch.setattr(hf_datasets, "MASK_RULE", hf_datasets.MASK_RULE + 1)
+    from nanoset.tokenize import job
+
+    monkeypatch.setattr(job, "MASK_RULE", job.MASK_RULE + 1)  # the job's plan says which rule
     assert len({plain, registered, sft, hf_datasets.cache_folder(c, ds)}) == 4
 
 
@@ -314,3 +316,39 @@ def test_a_plan_of_an_unprepared_stage_names_the_function_that_prepares_it_under
         DataPlan(hf_config(tmp_path, tmp_path / "texts.jsonl"))
     assert str(e.value) == ("data_stages[0] (sft) uses a Hugging Face dataset; prepare it first with "
                             "runtime.data.hf_datasets.resolve_stage_folders(config)")
+
+
+def test_the_stage_cache_knows_the_tokenize_job_by_its_plan_key_alone():
+    """The cache key hand-listed what the job puts in its plan, through five of its internals; a new option of
+    the job (one more thing that changes the bytes) would have been missed."""
+    import ast
+
+    import runtime.data.hf_datasets as module
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    assert sorted(m for m in imported if m.startswith("nanoset.tokenize")) == ["nanoset.tokenize"]
+    names = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module == "nanoset.tokenize" for a in node.names}
+    assert names == {"TokenizeOptions", "plan_key", "tokenize"}
+
+
+def test_a_checkpoint_of_a_stage_whose_cache_folder_was_renamed_resumes(tmp_path):
+    """A new cache key (a new name for the same tokenized dataset, as the change to the plan key gave every
+    existing folder) is tokenized again once, into another folder of the same content: the checkpoint's record
+    names the old folder, and the stage continues in the new one."""
+    import shutil
+
+    from runtime.data import DataPlan, training_metadata
+
+    source = write_jsonl(tmp_path / "docs.jsonl", TEXTS)
+    c = hf_config(tmp_path, source)
+    [[folder]] = resolve_stage_folders(c)
+    old = tmp_path / "cache" / "docs.jsonl-0123456789abcdef"  # the name an earlier key gave the same dataset
+    shutil.copytree(folder, old)
+    trained = DataPlan(c, [[str(old)]])
+    ckpt = {"training": json.loads(json.dumps(training_metadata(trained, 2).to_json()))}
+    resumed = DataPlan(c, [[folder]]).resumed_from("ckpt", ckpt)
+    assert resumed.stages[0].start_step == 1 and resumed.folders == [folder]
+    assert [resumed.data_hash(t) for t in range(1, 5)] == [trained.data_hash(t) for t in range(1, 5)]
