@@ -269,8 +269,8 @@ class JobRun:
     def _pending(self) -> list[Task]:
         return [t for t in self.mine if not self.fallback.stands(self.folder.done(t, self.itemsize))]
 
-    def pending_tasks(self, choice: BackendChoice, on_start: Callable[[], None] | None) -> tuple[dict[int, TaskResult],
-                                                                                                  int]:
+    def pending_tasks(self, choice: BackendChoice,
+                      on_start: Callable[[], None] | None) -> tuple[dict[int, TaskResult], int]:
         """Run this run's tasks without a standing result; returns the results by task index (a task encoded
         again counts once) and how many were done already. A second pass runs only after fastokens differed
         (here or on another machine meanwhile): it redoes what fastokens encoded."""
