@@ -9,6 +9,8 @@ rows are conversations (``nanoset.tokenize.chat``) and every shard also gets its
 
 from __future__ import annotations
 
+import hashlib
+import json
 import multiprocessing as mp
 import os
 import sys
@@ -21,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.env import env_number
-from nanoset.errors import NanosetError, print_note
+from nanoset.errors import NanosetError, OptionError, print_note
 from nanoset.format.spec import SKIPPED_EXAMPLES, SKIPPED_NAME, Manifest, dtype_for_vocab, dtype_name
 from nanoset.format.writer import write_manifest
 from nanoset.tokenize.backends import (
@@ -35,9 +37,10 @@ from nanoset.tokenize.chat import MASK_RULE, ChatColumns, split_markers, split_m
 from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template, special_token_strings
 from nanoset.tokenize.inputs import discover
 from nanoset.tokenize.taskpool import TaskPool, WorkerDied
-from nanoset.tokenize.tasks import OutputFolder, Plan, Task, TaskResult, describe_task, make_plan
+from nanoset.tokenize.tasks import OutputFolder, Task, TaskResult, TokenizePlan, describe_task, make_plan
 from nanoset.tokenize.tokenizer import (
     ResolvedTokenizer,
+    find_tokenizer_file,
     load_tokenizer,
     registered_tokens,
     resolve_tokenizer,
@@ -140,19 +143,35 @@ def check_options(opts: TokenizeOptions) -> None:
         raise NanosetError("--chat-template needs --chat")
 
 
+def job_tokenizer(opts: TokenizeOptions) -> ResolvedTokenizer:
+    """The tokenizer of ``opts`` with its EOS settled; a path or name that holds none is an ``OptionError`` of
+    ``tokenizer``."""
+    try:
+        find_tokenizer_file(opts.tokenizer)
+    except NanosetError as e:
+        raise OptionError("tokenizer", str(e)) from None
+    return resolve_tokenizer(opts.tokenizer, opts.eos_token)
+
+
 def chat_setup(opts: TokenizeOptions, tokenizer: ResolvedTokenizer) -> ChatSetup | None:
     """What workers need to render conversations (None without ``--chat``); the template is compiled here
-    once, so a syntax error stops the job before any worker starts."""
+    once, so a syntax error stops the job before any worker starts. A template that cannot be read or
+    compiled is an ``OptionError`` of ``chat_template``."""
     if not opts.chat:
         return None
-    template = load_chat_template(tokenizer.path, opts.chat_template)
-    special = special_token_strings(tokenizer.path, tokenizer.info.eos_token)
-    split = split_markers(ChatRenderer(template, special), tokenizer.tokenizer or load_tokenizer(tokenizer.path))
+    try:
+        template = load_chat_template(tokenizer.path, opts.chat_template)
+        special = special_token_strings(tokenizer.path, tokenizer.info.eos_token)  # the template's globals
+        renderer = ChatRenderer(template, special)
+    except NanosetError as e:
+        raise OptionError("chat_template", str(e)) from None
+    split = split_markers(renderer, tokenizer.tokenizer or load_tokenizer(tokenizer.path))
     return ChatSetup(template, special, ChatColumns(opts.messages_column, opts.prompt_column, opts.completion_column),
                      str(Path(opts.chat_template).resolve()) if opts.chat_template else None, split)
 
 
-def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: ChatSetup | None = None) -> Plan:
+def plan_options(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: ChatSetup | None) -> dict:
+    """The options part of the job's plan: everything besides the inputs that decides the bytes written."""
     info = tokenizer.info
     options = {
         "tokenizer_sha256": info.sha256,
@@ -174,13 +193,30 @@ def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: ChatSe
                            "prompt_column": columns.prompt, "completion_column": columns.completion}
         if chat.split_markers:  # for inspect, in the template's order (derived from the tokenizer and template)
             options["chat"]["split_markers"] = [[m, n] for m, n in chat.split_markers.items()]
+    return options
+
+
+def plan_key(opts: TokenizeOptions) -> str:
+    """The key of a job's options: the sha256 of the options part of its plan (``plan_options``: the tokenizer's
+    sha256, its EOS id and registered tokens, the dtype, the shard size and bad-row handling, and the text
+    column, or for conversations the template's sha256, the special-token strings it renders, the mask rule
+    and the columns). Options that do not change the bytes (workers, task index, progress, backend, output)
+    leave it as it is; the inputs are not part of it. Raises as the job would on options it cannot use
+    (``OptionError`` for the tokenizer and the chat template)."""
+    check_options(opts)
+    tokenizer = job_tokenizer(opts)
+    options = plan_options(opts, tokenizer, chat_setup(opts, tokenizer))
+    return hashlib.sha256(json.dumps(options, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: ChatSetup | None = None) -> TokenizePlan:
     sources = discover(opts.inputs, exclude=opts.output)
     if opts.splits is not None:
         sources = [s for s in sources if s.split is None or s.split in opts.splits]
         missing = set(opts.splits) - {s.split for s in sources}
         if missing:
             raise NanosetError(f"{', '.join(opts.inputs)}: no split named {', '.join(sorted(missing))}")
-    return make_plan(sources, options, opts.task_bytes)
+    return make_plan(sources, plan_options(opts, tokenizer, chat), opts.task_bytes)
 
 
 # ---------------------------------------------------------------- the job ----------------------
@@ -191,7 +227,7 @@ def tokenize(opts: TokenizeOptions, on_start: Callable[[], None] | None = None) 
     caller's "tokenizing now" line never comes before an error that stops the job at once."""
     check_options(opts)
     t0 = time.perf_counter()
-    tokenizer = resolve_tokenizer(opts.tokenizer, opts.eos_token)
+    tokenizer = job_tokenizer(opts)
     chat = chat_setup(opts, tokenizer)
     plan = build_plan(opts, tokenizer, chat)
     reference = TokenizersEncoder(tokenizer.tokenizer or load_tokenizer(tokenizer.path))
@@ -221,7 +257,7 @@ class JobRun:
     opts: TokenizeOptions
     tokenizer: ResolvedTokenizer
     chat: ChatSetup | None
-    plan: Plan
+    plan: TokenizePlan
     folder: OutputFolder
     reference: TokenizersEncoder
     t0: float
@@ -253,8 +289,8 @@ class JobRun:
     def _pending(self) -> list[Task]:
         return [t for t in self.mine if not self.fallback.stands(self.folder.done(t, self.itemsize))]
 
-    def pending_tasks(self, choice: BackendChoice, on_start: Callable[[], None] | None) -> tuple[dict[int, TaskResult],
-                                                                                                  int]:
+    def pending_tasks(self, choice: BackendChoice,
+                      on_start: Callable[[], None] | None) -> tuple[dict[int, TaskResult], int]:
         """Run this run's tasks without a standing result; returns the results by task index (a task encoded
         again counts once) and how many were done already. A second pass runs only after fastokens differed
         (here or on another machine meanwhile): it redoes what fastokens encoded."""
@@ -348,7 +384,7 @@ def _task_errors(opts: TokenizeOptions, folder: OutputFolder) -> Iterator[None]:
         ) from None
 
 
-def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: list[TaskResult], resumed: int,
+def _summary(opts: TokenizeOptions, plan: TokenizePlan, manifest: Manifest, ran: list[TaskResult], resumed: int,
              complete: bool, t0: float) -> TokenizeSummary:
     return TokenizeSummary(
         output=opts.output, complete=complete, num_tasks=len(plan.tasks), tasks_run=len(ran), tasks_resumed=resumed,
@@ -379,7 +415,7 @@ class ProgressLog:
               f"{tokens / max(elapsed, 1e-9):,.0f} tokens/s, {elapsed:.0f}s", file=sys.stderr, flush=True)
 
 
-def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: ResolvedTokenizer,
+def _run_tasks(todo: list[Task], plan: TokenizePlan, folder: OutputFolder, tokenizer: ResolvedTokenizer,
                config: WorkerConfig, opts: TokenizeOptions, fallback: FastokensFallback, backend: str,
                reference: TokenizersEncoder) -> tuple[str, dict[int, TaskResult]]:
     """Run tasks in a process pool (or inline for one worker), with a progress bar on a terminal (else a line
