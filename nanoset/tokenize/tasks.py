@@ -176,7 +176,8 @@ class OutputFolder:
         folder's listing, then the saved plan, then the manifest: whatever another machine is doing,
         a folder that is ours is seen as ours. An unfinished job of other options (a run that failed on
         a bad row, a changed flag, a new rule version) is replaced, and ``notes`` says so; a complete
-        dataset of another plan needs ``--overwrite``."""
+        dataset of another plan needs ``--overwrite``. A run that holds the folder's lock (``lock``) empties it
+        only while no other run is on it."""
         state = plan.state_json()
         entries = self._entries()
         saved = _read_text(self.work / WORK_PLAN)
