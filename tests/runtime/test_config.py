@@ -204,3 +204,35 @@ def test_too_few_tokens_for_a_window(tmp_path, shards, monkeypatch):
         write_manifest(tiny, Manifest(tok, "uint16", [info]))
     data_fails(tmp_path, shards, monkeypatch, lambda d: stage(d, 1)["data"]["dataset"].update(dataset_folder="tiny"),
                "tiny has 3 tokens, too few for one window of 65")
+
+
+# The seed documents' config lines as written there (seeds/000: the custom-loader document; seeds/001: the
+# multi-stage one), and our module names for theirs: the rest of each line runs as it is.
+SEED_SNIPPETS = {
+    "path/to/your/config.yaml": ("from nanotron.config import Config\n\n"
+                                 'cfg = Config.from_yaml("path/to/your/config.yaml")\n'),
+    "multistage_config.yaml": ("from nanotron.config.config import Config, get_config_from_yaml\n\n"
+                               'cfg: Config = get_config_from_yaml("multistage_config.yaml")\n'),
+}
+OUR_MODULES = {"nanotron.config.config": "runtime.config", "nanotron.config": "runtime.config"}
+
+
+@pytest.mark.parametrize("path", sorted(SEED_SNIPPETS))
+def test_the_seed_documents_config_lines_run_with_our_module_names(tmp_path, path):
+    """Each snippet in a fresh interpreter (so no earlier import hides a cycle): the Config it loads is
+    load_config's, and loading the config imported neither torch nor the trainer."""
+    import json
+    import subprocess
+    import sys
+
+    snippet = SEED_SNIPPETS[path]
+    for theirs, ours in OUR_MODULES.items():
+        snippet = snippet.replace(f"from {theirs} import", f"from {ours} import")
+    assert "nanotron" not in snippet
+    (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / path).write_text((CONFIGS / "two-stage.yaml").read_text())
+    check = "import json, sys\nprint(json.dumps([cfg.to_dict(), 'torch' in sys.modules]))\n"
+    proc = subprocess.run([sys.executable, "-c", snippet + check], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    loaded, torch_imported = json.loads(proc.stdout)
+    assert loaded == load_config(CONFIGS / "two-stage.yaml").to_dict() and not torch_imported
