@@ -44,24 +44,24 @@ def test_example_loads_and_validates(shards, monkeypatch):
 
 
 def test_unknown_key_names_path_and_closest(tmp_path):
-    fails(tmp_path, lambda d: d["tokens"].update(micro_batch_sise=2), "config.tokens.micro_batch_sise: unknown key",
+    fails(tmp_path, lambda d: d["tokens"].update(micro_batch_sise=2), "tokens.micro_batch_sise: unknown key",
           "did you mean 'micro_batch_size'")
     fails(tmp_path, lambda d: d["data_stages"][0]["data"].update(shufle=True), "data_stages[0].data.shufle")
     fails(tmp_path, lambda d: d["model"].pop("hidden_size"), "model.hidden_size: required key is missing")
-    fails(tmp_path, lambda d: d["tokens"].update(train_steps="many"), "config.tokens.train_steps: expected an integer")
+    fails(tmp_path, lambda d: d["tokens"].update(train_steps="many"), "tokens.train_steps: expected an integer")
     fails(tmp_path, lambda d: d["parallelism"].update(pp_engine="zb"), "'zb' is not one of")
     # inside a union-typed entry (Nanoset folders | Hugging Face dataset): the kind the keys fit best
     fails(tmp_path, lambda d: stage(d, 1)["data"].update(dataset={"dataset_folders": ["shards/sft"]}),
-          "config.data_stages[1].data.dataset.dataset_folders: unknown key; did you mean 'dataset_folder'?")
+          "data_stages[1].data.dataset.dataset_folders: unknown key; did you mean 'dataset_folder'?")
     fails(tmp_path, lambda d: stage(d, 1)["data"].update(dataset={"hf_dataset_or_dataset": "x"}),
-          "config.data_stages[1].data.dataset.hf_dataset_or_dataset: unknown key; did you mean "
+          "data_stages[1].data.dataset.hf_dataset_or_dataset: unknown key; did you mean "
           "'hf_dataset_or_datasets'?")
     fails(tmp_path, lambda d: stage(d, 1)["data"].update(dataset={"text_column_name": "x"}),
-          "config.data_stages[1].data.dataset.hf_dataset_or_datasets: required key is missing")
+          "data_stages[1].data.dataset.hf_dataset_or_datasets: required key is missing")
     # a key of the other kind beside a required one: reported against the kind given (was: "dataset_folder:
     # unknown key" against the Hugging Face kind, which also has one key in common: sft)
     fails(tmp_path, lambda d: stage(d, 1)["data"].update(dataset={"dataset_folder": "shards/sft", "sft": True}),
-          "config.data_stages[1].data.dataset.sft: unknown key; valid keys: dataset_folder, dataset_weights")
+          "data_stages[1].data.dataset.sft: unknown key; valid keys: dataset_folder, dataset_weights")
 
 
 def test_yaml_file_errors(tmp_path):
@@ -70,6 +70,37 @@ def test_yaml_file_errors(tmp_path):
     (tmp_path / "bad.yaml").write_text("a: [1, 2")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("general: {project: a, run: b\nmodel: x\n", "bad.yaml:2:6: not valid YAML: expected ',' or '}', but got ':' "
+                                                 "(while parsing a flow mapping that began at line 1, column 10)"),
+    ("tokens:\n  train_steps: 4\n\tseed: 1\n", "bad.yaml:3:1: not valid YAML: found character '\\t' that cannot "
+                                                "start any token"),
+    ("general: x: y\n", "bad.yaml:1:11: not valid YAML: mapping values are not allowed here"),
+])
+def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(tmp_path, text, message):
+    """PyYAML's message is seven lines (an excerpt and a caret for the start and for the problem): one line,
+    FILE:LINE:COLUMN (1-based) then the problem."""
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "bad.yaml")
+    assert str(e.value) == f"{tmp_path}/{message}"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["model"].update(hidden_size="64"), "model.hidden_size: expected an integer, got '64'"),
+    (lambda d: d["model"].update(hiden_size=64), "model.hiden_size: unknown key; did you mean 'hidden_size'?"),
+    (lambda d: d.pop("tokens"), "tokens: required key is missing"),
+    (lambda d: d.update(toknes={}), "toknes: unknown key; did you mean 'tokens'?"),
+    (lambda d: d["optimizer"].update(learning_rate=-1.0), "optimizer.learning_rate: must be > 0, got -1.0"),
+])
+def test_keys_are_named_one_way_in_every_message(tmp_path, edit, message):
+    """Type and unknown-key errors name a key as the rules' messages and the docs do (``model.hidden_size``,
+    not ``config.model.hidden_size``)."""
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, edit)
+    assert str(e.value).startswith(f"{tmp_path / 'cfg.yaml'}: {message}"), str(e.value)
 
 
 def stage(d, i):
