@@ -51,8 +51,9 @@ def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset")
     """Where the tokenized copy of ``ds`` lives; the name changes when anything that matters does."""
     src = Path(ds.hf_dataset_or_datasets)
     if not src.exists():
-        raise ConfigError(f"{where}.hf_dataset_or_datasets: {str(src)!r}: no such local file or folder (nothing is "
-                          f"downloaded at run time; save the dataset locally first)")
+        cwd = "" if src.is_absolute() else f" in the working directory {Path.cwd()}"
+        raise ConfigError(f"{where}.hf_dataset_or_datasets: {str(src)!r}: no such local file or folder{cwd} (nothing "
+                          f"is downloaded at run time; save the dataset locally first)")
     tok = config.tokenizer
     tok_file = _tokenizer_file(config, where)
     parts = [str(src.resolve()), _files_fingerprint(src), ds.hf_dataset_splits, ds.text_column_name,

@@ -10,8 +10,9 @@ import yaml
 from runtime.compat import get_config_from_yaml
 from runtime.config import ConfigError
 from runtime.config.load import load_config
+from runtime.data.hf_cache import resolve_stage_folders
 from runtime.data.order.plan import DataPlan
-from tests.support import CONFIGS
+from tests.support import CONFIGS, TOKENIZER
 
 BASE = yaml.safe_load((CONFIGS / "two-stage.yaml").read_text())
 
@@ -195,6 +196,30 @@ def test_missing_folder(tmp_path, shards, monkeypatch):
     data_fails(tmp_path, shards, monkeypatch,
                lambda d: stage(d, 1)["data"]["dataset"].update(dataset_folder="shards/nope"),
                "data_stages[1] (anneal).data.dataset.dataset_folder", "shards/nope: no such dataset folder")
+
+
+def test_a_missing_relative_folder_is_said_with_the_working_directory_it_was_read_from(tmp_path, shards,
+                                                                                        monkeypatch):
+    """Relative paths are read from the working directory (as Nanotron reads them), not from the config's
+    folder: the message says which directory that was; an absolute path needs none."""
+    monkeypatch.chdir(shards)
+    c = load(tmp_path, lambda d: stage(d, 1)["data"]["dataset"].update(dataset_folder="shards/dict"))
+    with pytest.raises(ConfigError) as e:
+        DataPlan(c)
+    assert str(e.value) == (
+        f"data_stages[1] (anneal).data.dataset.dataset_folder: shards/dict: no such dataset folder in the working "
+        f"directory {shards} (a relative path is read from there: run from the folder that holds it, give its "
+        f"absolute path, or create it with `nanoset tokenize ... -o shards/dict`)")
+    c = load(tmp_path, lambda d: stage(d, 1)["data"]["dataset"].update(dataset_folder=str(shards / "dict")))
+    with pytest.raises(ConfigError) as e:
+        DataPlan(c)
+    assert str(e.value).endswith(f": {shards / 'dict'}: no such dataset folder (create it with `nanoset tokenize ... "
+                                 f"-o {shards / 'dict'}`)")
+    hf = load(tmp_path, lambda d: (stage(d, 1)["data"].update(dataset={"hf_dataset_or_datasets": "qa"}),
+                                   d.update(tokenizer={"tokenizer_name_or_path": str(TOKENIZER)})))
+    with pytest.raises(ConfigError) as e:
+        DataPlan(hf, resolve_stage_folders(hf))
+    assert f"'qa': no such local file or folder in the working directory {shards} (" in str(e.value)
 
 
 def test_not_a_dataset_folder(tmp_path, shards, monkeypatch):
