@@ -236,6 +236,8 @@ def plan_report(plan: DataPlan) -> list[str]:
         for reads, weight in zip(plan.reads(part), part.weights_shown()):
             w = plan.datasets[reads.dataset]
             repeat = f"; repeats: epoch {reads.end_epoch:.2f} by the stage's end" if reads.repeats else ""
+            padding = f" ({100 * w.padding_share:.1f}% of them padding)" if w.packing == "documents" else ""
             lines.append(f"  {named[w.folder]} (weight {weight}): {reads.samples:,} of its {w.num_samples:,} "
-                         f"samples, {reads.samples * w.sequence_length:,} tokens, {reads.epochs:.2f} epochs{repeat}")
+                         f"samples, {reads.samples * w.sequence_length:,} tokens{padding}, {reads.epochs:.2f} "
+                         f"epochs{repeat}")
     return lines
