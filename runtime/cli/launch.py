@@ -89,6 +89,8 @@ def parse_args(argv: list[str]) -> LaunchArgs:
                     help="worker processes on this node (default: the config's world size / nodes)")
     ap.add_argument("--check", action="store_true", help="check everything and print the plan; train nothing")
     args, rest = ap.parse_known_args(argv)
+    if not rest:  # nothing of torchrun's to check: torch is not imported for it (a finished run answers at once)
+        return LaunchArgs(args.config, args.nproc_per_node, args.check, [], 1)
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
@@ -173,7 +175,23 @@ def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
         print("\n".join([f"start: {describe_start(startup)}", *plan_report(startup.plan),
                          *(f"note: {note}" for note in startup_notes(startup))]))
         return 0
+    finished = finished_run(startup)
+    if finished is not None:  # the workers would start, load the checkpoint and say just this
+        print(finished, flush=True)
+        return 0
     return run_workers(args, nproc, signals)
+
+
+def finished_run(startup) -> str | None:
+    """The line for a run whose checkpoint is already at ``tokens.train_steps`` (a rerun of a finished run), said
+    before any worker starts; None when there is something to train."""
+    from runtime.checkpoint.layout import last_step
+
+    c, start = startup.config, startup.start
+    if start.checkpoint is None or last_step(start.metadata) < c.tokens.train_steps:
+        return None
+    return (f"done: {start.checkpoint} is at step {last_step(start.metadata)} = tokens.train_steps: nothing left to "
+            f"train, no worker started (raise tokens.train_steps to train on)")
 
 
 def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals) -> int:
