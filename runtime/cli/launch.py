@@ -18,6 +18,7 @@ point, one number of nodes — each mistake one ``error:`` line (status 2, as fo
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import re
@@ -94,7 +95,8 @@ def parse_args(argv: list[str]) -> LaunchArgs:
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
-    parser.error = _refuse  # type: ignore[method-assign]
+    parser.error = lambda message: _refuse(_with_closest(message, [*ap._option_string_actions,  # type: ignore
+                                                                   *parser._option_string_actions]))
     known = parser.parse_args([*rest, "--", str(TRAIN_SCRIPT)])
     for option, spelled in ENTRY_POINT_OPTIONS.items():
         if getattr(known, option, False):
@@ -105,6 +107,20 @@ def parse_args(argv: list[str]) -> LaunchArgs:
             _refuse(f"takes no script: it runs runtime/train.py itself; drop {given!r} from the command")
         _refuse(f"takes no positional argument ({given!r}): it runs runtime/train.py with --config")
     return LaunchArgs(args.config, args.nproc_per_node, args.check, rest, _nodes(known.nnodes))
+
+
+def _with_closest(message: str, options: list[str]) -> str:
+    """argparse's "unrecognized arguments: --chek" with the closest option of nanoset train or torchrun (a typo's
+    fix), when one is close."""
+    given = message.removeprefix("unrecognized arguments: ")
+    if given == message:
+        return message
+    for word in given.split():
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.split("=")[0], [o for o in options if o.startswith("--")], n=1)
+            if close:
+                return f"{message}; did you mean {close[0]}?"
+    return message
 
 
 def _positive(option: str):

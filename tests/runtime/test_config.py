@@ -139,6 +139,27 @@ def test_validation_rules(tmp_path, edit, message):
     fails(tmp_path, edit, message)
 
 
+@pytest.mark.parametrize("model, message", [
+    # was "; give model.head_dim": heads of another size than hidden / heads, rarely what was meant
+    ({"hidden_size": 96, "num_attention_heads": 5, "num_key_value_heads": None},
+     "model.hidden_size 96 is not divisible by num_attention_heads 5; use 4 or 6 heads (head size 24 or 16)"),
+    ({"hidden_size": 96, "num_attention_heads": 7, "num_key_value_heads": 2},  # multiples of the 2 kv heads only
+     "model.hidden_size 96 is not divisible by num_attention_heads 7; use 6 or 8 heads (head size 16 or 12)"),
+    ({"hidden_size": 90, "num_attention_heads": 6, "num_key_value_heads": None},
+     "model: head size 15 (hidden_size 90 / num_attention_heads 6) must be even for RoPE; use 5 or 9 heads (head "
+     "size 18 or 10)"),
+    ({"hidden_size": 96, "num_attention_heads": 3, "num_key_value_heads": 2},
+     "model.num_attention_heads 3 is not divisible by num_key_value_heads 2; give num_key_value_heads a divisor of "
+     "it (1, 3)"),
+    ({"hidden_size": 96, "num_attention_heads": 3, "num_key_value_heads": None, "head_dim": 33},
+     "model.head_dim 33 must be even for RoPE (each rotation turns a pair of dimensions); use 32 or 34"),
+])
+def test_a_model_shape_that_does_not_split_names_the_head_counts_that_do(tmp_path, model, message):
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, lambda d: d["model"].update(model))
+    assert str(e.value) == f"{tmp_path / 'cfg.yaml'}: {message}"
+
+
 @pytest.mark.parametrize("section, key, value, line", [
     ("lr_scheduler", "min_lr", -1e-4, "lr_scheduler.min_lr: must be ≥ 0, got -0.0001"),  # gradient ascent
     ("optimizer", "clip_grad", -1.0, "optimizer.clip_grad: must be > 0, got -1.0"),  # silently no clipping
