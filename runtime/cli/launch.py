@@ -24,12 +24,13 @@ import os
 import re
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nanoset.errors import ConfigError, NanosetError, killed_by, print_error, report_user_errors
 from runtime.cli.agent import LauncherSignals
+from runtime.config.overrides import add_set_option
 from runtime.preemption import (
     INTERRUPTED_TWICE,
     LAUNCHER_PID,
@@ -75,6 +76,7 @@ class LaunchArgs:
     check: bool
     torchrun: list[str]  # torchrun's options, checked
     nodes: int
+    overrides: list[str] = field(default_factory=list)  # --set KEY=VALUE, in order: the workers get them too
 
 
 def parse_args(argv: list[str]) -> LaunchArgs:
@@ -89,9 +91,10 @@ def parse_args(argv: list[str]) -> LaunchArgs:
     ap.add_argument("--nproc-per-node", "--nproc_per_node", type=_positive("--nproc-per-node"), default=None,
                     help="worker processes on this node (default: the config's world size / nodes)")
     ap.add_argument("--check", action="store_true", help="check everything and print the plan; train nothing")
+    add_set_option(ap)
     args, rest = ap.parse_known_args(argv)
     if not rest:  # nothing of torchrun's to check: torch is not imported for it (a finished run answers at once)
-        return LaunchArgs(args.config, args.nproc_per_node, args.check, [], 1)
+        return LaunchArgs(args.config, args.nproc_per_node, args.check, [], 1, args.overrides)
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
@@ -106,7 +109,7 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         if Path(given).name == TRAIN_SCRIPT.name:
             _refuse(f"takes no script: it runs runtime/train.py itself; drop {given!r} from the command")
         _refuse(f"takes no positional argument ({given!r}): it runs runtime/train.py with --config")
-    return LaunchArgs(args.config, args.nproc_per_node, args.check, rest, _nodes(known.nnodes))
+    return LaunchArgs(args.config, args.nproc_per_node, args.check, rest, _nodes(known.nnodes), args.overrides)
 
 
 def _with_closest(message: str, options: list[str]) -> str:
@@ -181,14 +184,15 @@ def workers_per_node(config, config_path: str, nproc: int | None, nodes: int) ->
 
 
 def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
-    from runtime.config.load import load_config
+    from runtime.config.load import read_config
     from runtime.startup import describe_start, start_up, startup_notes
 
-    config = load_config(args.config)
+    config, changes = read_config(args.config, args.overrides)
     nproc = workers_per_node(config, args.config, args.nproc, args.nodes)
     startup = start_up(config, world=nproc * args.nodes, lock=False)
     if args.check:
-        print("\n".join([f"start: {describe_start(startup)}", *plan_report(startup.plan),
+        print("\n".join([*(f"--set {change}" for change in changes), f"start: {describe_start(startup)}",
+                         *plan_report(startup.plan),
                          *(f"note: {note}" for note in startup_notes(startup))]))
         return 0
     finished = finished_run(startup)
@@ -218,8 +222,9 @@ def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals) -> int:
 
     from runtime.cli.agent import agent_of_launch
 
+    overrides = [word for text in args.overrides for word in ("--set", text)]  # the workers build the same config
     torchrun = get_args_parser().parse_args([*args.torchrun, f"--nproc-per-node={nproc}", "--", str(TRAIN_SCRIPT),
-                                             "--config", args.config])
+                                             "--config", args.config, *overrides])
     if hasattr(torchrun, "signals_to_handle"):  # torch ≥ 2.8: leave the stop signals to the launcher's handlers
         ours = {s.name for s in STOP_SIGNALS}
         torchrun.signals_to_handle = ",".join(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, Union
 import yaml
 
 from nanoset.errors import ConfigError
+from runtime.config.overrides import apply_override, parse_override
 from runtime.config.rules import validate_config
 from runtime.config.schema import Config
 from runtime.hf.config_map import apply_hf_config
@@ -141,19 +143,47 @@ def yaml_problem(path: Path, error: yaml.YAMLError) -> str:
     return f"{where}: not valid YAML: {problem}"
 
 
-def load_config(path: str | Path) -> Config:
-    """The config at ``path``, built strictly and checked by every rule that needs no data."""
+class ConfigLoader(yaml.SafeLoader):
+    """YAML as a config is written: PyYAML's safe types, and numbers in exponent form without a dot (``3e-4``,
+    ``1e5``) read as numbers (YAML 1.2 does; PyYAML's 1.1 rules made them strings)."""
+
+
+EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789"))
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The config at ``path`` with the ``--set KEY=VALUE`` ``overrides`` applied, built strictly and checked by
+    every rule that needs no data."""
+    return read_config(path, overrides)[0]
+
+
+def read_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Config, list[str]]:
+    """``load_config``, and what each override changed (``KEY: BEFORE → AFTER``, for ``--check``). A mistake in
+    the config is said with the file and, where there are overrides, them: ``cfg.yaml with --set K=V: ...``."""
     path = Path(path)
+    parsed = [parse_override(text) for text in overrides]  # a malformed --set costs no file read
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=ConfigLoader)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except yaml.YAMLError as e:
         raise ConfigError(yaml_problem(path, e)) from None
+    changes = []
+    for override in parsed:
+        if not isinstance(data, dict):
+            break  # the document itself is wrong: said below
+        try:
+            value = yaml.load(override.value_text, Loader=ConfigLoader)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {override.text}: the value is not valid YAML "
+                              f"({getattr(e, 'problem', None) or str(e).splitlines()[0]})") from None
+        changes.append(apply_override(data, override, value))
     try:
-        return config_from_data(data)
+        return config_from_data(data), changes
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+        where = f"{path} with --set {' '.join(o.text for o in parsed)}" if parsed else str(path)
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def config_from_data(data: Any) -> Config:
