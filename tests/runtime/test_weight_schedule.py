@@ -369,6 +369,8 @@ def test_a_schedule_is_a_form_of_dataset_weights():
     # an infinite weight is not a large one: said as such, not as an overflowing sum
     ([float("inf"), 1], 1, "dataset_weights: weights must be positive and finite, got [inf, 1.0]"),
     ([float("nan"), 1], 1, "dataset_weights: weights must be positive and finite, got [nan, 1.0]"),
+    # constant weights have no 0: the periodic blend gives every dataset a slot (leave the folder out instead)
+    ([1, 0], 1, "dataset_weights: weights must be positive and finite, got [1.0, 0.0]"),
     ([{"step": 1, "weights": [float("inf"), 1]}], 1,
      "dataset_weights[0].weights: weights must be ≥ 0 and finite, got [inf, 1.0]"),
 ])
