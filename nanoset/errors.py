@@ -74,6 +74,34 @@ class MissingColumnError(NanosetError):
                 f"{', '.join(map(str, self.columns)) or 'none'} (choose one with {self.option})")
 
 
+class OptionError(NanosetError):
+    """A job option whose value cannot be used: ``option`` names it as ``TokenizeOptions`` does (``tokenizer``,
+    ``chat_template``), so a caller with other names for its options (the runtime's config) can name its own."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(option, message)
+        self.option, self.message = option, message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+SKIP_HINT = " (pass --skip-bad-lines to skip and count such lines)"  # how the command goes past a bad row
+
+
+class BadRowError(NanosetError):
+    """A malformed input row: ``problem`` names it (file, line, what is wrong); the message adds the command's
+    way past it (``SKIP_HINT``), which a caller without that flag (a config) replaces with its own advice.
+    Pickles across worker processes."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+    def __str__(self) -> str:
+        return self.problem + SKIP_HINT
+
+
 # OSErrors that come from the machine, not from a bug: said in one line (they name the path)
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EMFILE,
                       errno.ENFILE, errno.ENAMETOOLONG, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,

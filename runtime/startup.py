@@ -37,7 +37,7 @@ from runtime.checkpoint.run_folder import (
 from runtime.config import Config
 from runtime.config.load import load_config
 from runtime.data.heldout import HeldOutSet, open_heldout, training_readers
-from runtime.data.hf_cache import resolve_stage_folders
+from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.packing import shorter_sequence_length
 from runtime.data.order.plan import DataPlan
 from runtime.hf.preflight import check_init_from_hf

@@ -9,15 +9,16 @@ is the ``.bin`` file itself, mapped with its dtype: nothing is copied.
 Our readers need each document's cumulative token end. Megatron stores sequence boundaries, so
 the ends are derived once from the pointers (in bounded chunks, checking every pointer and index
 on the way) and kept in a small file in the user's cache, keyed by the ``.idx`` file's path, size,
-modification and status-change times and inode (``cache.file_stamp``); dataset folders are often
-read-only. Documents without tokens are dropped
-from the ends: they add nothing to the stream. The tokenizer is unknown, as for datatrove folders,
-and Megatron data need not end its documents with EOS, so nothing checks for one.
+modification and status-change times and inode (``nanoset.cache.file_stamp``); dataset folders are
+often read-only. Unlike other derived data it must be written (it is mapped, not held in memory: 8
+bytes a document, in every process): a cache that cannot be written is an error naming
+``$NANOSET_CACHE_DIR``. Documents without tokens are dropped from the ends: they add nothing to the
+stream. The tokenizer is unknown, as for datatrove folders, and Megatron data need not end its documents
+with EOS, so nothing checks for one.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from collections.abc import Iterator
@@ -28,8 +29,8 @@ from typing import IO
 import numpy as np
 
 from nanoset.atomic import atomic_write
+from nanoset.cache import DerivedCache, file_stamp, key_digest
 from nanoset.errors import NanosetError
-from nanoset.format.cache import cache_dir, file_stamp
 from nanoset.format.reader import NanosetReader, ShardReader
 from nanoset.format.spec import INDEX_DTYPE, MANIFEST_NAME, TOKENS_SUFFIX
 
@@ -172,7 +173,7 @@ def iter_document_ends(index: MegatronIndex, bin_size: int) -> Iterator[np.ndarr
 
 def _cache_file(index_path: Path) -> Path:
     key = "|".join(map(str, [index_path.resolve(), *file_stamp(index_path)]))
-    return cache_dir() / "megatron-ends" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".ends")
+    return DerivedCache("megatron-ends").folder / (key_digest(key) + ".ends")
 
 
 def document_ends_file(index: MegatronIndex, bin_size: int) -> Path:

@@ -18,9 +18,10 @@ tokenizers encode chats with tokenizers.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from nanoset.errors import NanosetError
 from nanoset.tokenize.byte_offsets import ByteLevelOffsets
 from nanoset.tokenize.special_tokens import declared_tokens
 from nanoset.tokenize.tokenizer import PROBE_TEXTS, load_tokenizer
+
+if TYPE_CHECKING:
+    from nanoset.tokenize.tasks import TaskResult
 
 BACKENDS = ("auto", "fastokens", "tokenizers")
 GUARD_CHARS = 4096  # characters of each task's first texts that both backends encode and compare
@@ -232,6 +236,62 @@ def choose_backend(path: Path, requested: str, chat: bool,
                 raise fastokens_refused(reason)
             return BackendChoice("tokenizers", f"encoding with tokenizers: {reason}")
     return BackendChoice("fastokens")
+
+
+class FastokensFallback:
+    """A job's fallback from fastokens to tokenizers, as every run of the job sees it.
+
+    Once fastokens differed from tokenizers (or failed) anywhere in the job, the reason is recorded in the
+    work folder (``record``; ``recorded`` reads it back), so reruns and the job's other machines encode with
+    tokenizers too, and from then on only tokenizers' task results stand: what fastokens encoded is encoded
+    again. Each switch is said once, in a note (``--backend fastokens``: an error instead)."""
+
+    def __init__(self, requested: str, recorded: Callable[[], str | None], record: Callable[[str], None],
+                 note: Callable[[str], None]) -> None:
+        self.requested = requested
+        self._recorded, self._record, self._note = recorded, record, note
+        self.reason = recorded()  # why the job gave fastokens up; None: it has not
+
+    def refresh(self) -> bool:
+        """Read the job's record again (another machine may have written it meanwhile); whether it fell back."""
+        self.reason = self._recorded()
+        return self.reason is not None
+
+    def stands(self, result: TaskResult | None) -> bool:
+        """A task result that stands: after fastokens differed anywhere in the job, only tokenizers' do."""
+        return result is not None and not (self.reason is not None and result.by_fastokens)
+
+    def overturned(self, results: Iterable[TaskResult | None]) -> int:
+        """How many of ``results`` were finished by fastokens before the job gave it up."""
+        return sum(r is not None and not self.stands(r) for r in results)
+
+    def first_backend(self, choice: BackendChoice) -> str:
+        """The backend a run starts with: ``--backend`` as ``choose_backend`` settled it (its note said), and
+        tokenizers where an earlier run of this job gave fastokens up."""
+        if choice.note:
+            self._note(choice.note)
+        if self.reason is not None and choice.backend == "fastokens":
+            return self.switch(self.reason, "an earlier run of this job")
+        return choice.backend
+
+    def switch(self, reason: str, who: str | None = None, redo: bool = False) -> str:
+        """Tokenizers from now on, because ``who`` (another run; None: this one) saw fastokens differ or fail
+        (``reason``), said once; ``--backend fastokens``: an error. ``redo``: what fastokens encoded is encoded
+        again."""
+        if self.requested == "fastokens":
+            raise fastokens_refused(f"{who} saw {reason}" if who else reason)
+        redone = " (what fastokens encoded is encoded again)" if redo else ""
+        self._note(f"encoding with tokenizers{redone}, as {who} did: {reason}" if who else
+                   f"encoding with tokenizers{redone}: {reason}")
+        return "tokenizers"
+
+    def differed(self, reason: str, redo: bool) -> str:
+        """This run saw fastokens differ or fail: switch, and record why for the job's other runs (before the
+        task's marker: a run killed in between must not keep a differing task's shards)."""
+        backend = self.switch(reason, redo=redo)
+        self._record(reason)
+        self.reason = reason
+        return backend
 
 
 @dataclass

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from nanoset.errors import MissingColumnError, NanosetError
+from nanoset.errors import BadRowError, MissingColumnError, NanosetError
 from nanoset.tokenize.inputs import Piece, first_byte, load_hf, one_line, parquet_file
 
 try:  # a faster JSON decoder; rows it refuses or reads differently go through json (below)
@@ -19,7 +19,6 @@ try:  # a faster JSON decoder; rows it refuses or reads differently go through j
 except ImportError:  # pragma: no cover - a platform without its wheel: json alone gives the same rows
     orjson = None
 
-SKIP_HINT = " (pass --skip-bad-lines to skip and count such lines)"  # what a bad row's error ends with
 BATCH_CHARS = 1 << 20  # texts are yielded in batches of about this many characters
 READ_BLOCK = 4 << 20
 ZSTD_FEED = 4 << 10  # compressed bytes per decompress call: zstd can expand 4 bytes into 128 KiB, so this
@@ -130,7 +129,7 @@ class TextReader:
     def _bad(self, message: Callable[[], str]) -> None:
         """Raise the error ``message()`` names, or count it (and hand the message to ``on_skip``)."""
         if not self.skip_bad:
-            raise NanosetError(message() + SKIP_HINT)
+            raise BadRowError(message())
         self.skipped += 1
         if self.on_skip is not None:
             self.on_skip(message())

@@ -59,7 +59,10 @@ class Task:
 
 
 @dataclass
-class Plan:
+class TokenizePlan:
+    """A tokenize job's work: what decides the bytes written (``build``), the inputs, and the tasks they are cut
+    into (not the runtime's ``DataPlan``, which orders samples for training)."""
+
     build: dict  # everything that determines the output bytes; recorded in the manifest
     sources: list[Source]
     tasks: list[Task]
@@ -78,7 +81,7 @@ class Plan:
                            "num_tasks": len(self.tasks)}, sort_keys=True)
 
 
-def make_plan(sources: list[Source], options: dict, task_bytes: int | None = None) -> Plan:
+def make_plan(sources: list[Source], options: dict, task_bytes: int | None = None) -> TokenizePlan:
     """Cut the corpus, in order, into tasks of ``task_bytes`` of input (by default ``auto_task_bytes`` of
     its size): splittable sources are cut where a task is full, so each task but the last holds at least
     ``task_bytes`` and no more than that plus one unsplittable file (or parquet row group)."""
@@ -97,7 +100,7 @@ def make_plan(sources: list[Source], options: dict, task_bytes: int | None = Non
     if current:
         tasks.append(Task(len(tasks), current))
     build = dict(options, task_bytes=task_bytes, inputs=[s.describe() for s in sources])
-    return Plan(build=build, sources=sources, tasks=tasks)
+    return TokenizePlan(build=build, sources=sources, tasks=tasks)
 
 
 class OutputFolder:
@@ -135,7 +138,7 @@ class OutputFolder:
     def completed_manifest(self) -> Manifest | None:
         return Manifest.load(self.path) if (self.path / MANIFEST_NAME).is_file() else None
 
-    def prepare(self, plan: Plan, overwrite: bool) -> bool:
+    def prepare(self, plan: TokenizePlan, overwrite: bool) -> bool:
         """Make the folder ready for ``plan``; True when the dataset is already complete.
 
         Several machines may start, run and finish at the same time. Each creates the work folder with
@@ -172,7 +175,7 @@ class OutputFolder:
             self._create_work(state)
         return False
 
-    def _replaced_job(self, plan: Plan, saved: str | None) -> str:
+    def _replaced_job(self, plan: TokenizePlan, saved: str | None) -> str:
         """The note for an unfinished job of another plan that this one replaces: what differed, how far it got."""
         try:
             old = json.loads(saved) if saved else {}
@@ -289,7 +292,7 @@ def _resized_input(old: dict, new: dict, changed: list[str]) -> str | None:
     return next((y["path"] for x, y in zip(a, b) if x != y), None)
 
 
-def _modified_input(plan: Plan, saved: str | None) -> str | None:
+def _modified_input(plan: TokenizePlan, saved: str | None) -> str | None:
     """The first input whose modification time differs from the saved plan's when all else is the same:
     'holds a different dataset' would send the user looking for a change they did not make."""
     try:

@@ -27,7 +27,7 @@ from runtime.checkpoint.layout import CHECKPOINT_OPTION, find_checkpoint, read_m
 from runtime.config import ConfigError
 from runtime.config.load import load_config
 from runtime.config.overrides import add_set_option
-from runtime.data.hf_cache import resolve_stage_folders
+from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import document_steps, parse_document
 from runtime.data.order.windows import label_mask

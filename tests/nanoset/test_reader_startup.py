@@ -123,13 +123,13 @@ def test_the_largest_id_is_rescanned_when_a_file_is_rewritten_keeping_size_and_m
 
 def test_a_full_cache_disk_leaves_the_largest_id_unrecorded_not_the_folder_unreadable(tmp_path, monkeypatch):
     """The scan record is a cache: a full disk there (atomic_write's one-line WriteFailed) stopped reading."""
+    from nanoset import cache
     from nanoset.errors import WriteFailed
-    from nanoset.format import maxid
 
     def full_disk(path, _text):
         raise WriteFailed(path, "No space left on device")
 
-    monkeypatch.setattr(maxid, "atomic_write_text", full_disk)
+    monkeypatch.setattr(cache, "atomic_write_text", full_disk)  # the one writer of cache records
     folder = tmp_path / "dt"
     write_datatrove(folder, [[[5, 6, 0]], [[7, 0]]])
     assert open_dataset(folder).max_token_id == 7

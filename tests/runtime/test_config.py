@@ -10,7 +10,7 @@ import yaml
 from runtime.compat import get_config_from_yaml
 from runtime.config import ConfigError
 from runtime.config.load import load_config
-from runtime.data.hf_cache import resolve_stage_folders
+from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.plan import DataPlan
 from tests.support import CONFIGS, TOKENIZER
 

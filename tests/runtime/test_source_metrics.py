@@ -134,7 +134,7 @@ def test_tensorboard_gets_loss_and_mix_per_source(tmp_path):
 
 def test_a_hugging_face_stage_is_keyed_like_explain_and_named_by_its_source(shards, tmp_path, monkeypatch):
     datasets = pytest.importorskip("datasets")
-    from runtime.data.hf_cache import resolve_stage_folders
+    from runtime.data.hf_datasets import resolve_stage_folders
     from tests.support import TOKENIZER
 
     monkeypatch.chdir(shards)

@@ -20,6 +20,7 @@ from runtime.data.order.scheduled_blend import (
     positions_in_step,
     step_orders,
 )
+from tests.support import assert_one_cache_note
 from tests.support.configs import TWO_STAGE, build, merged
 
 
@@ -266,6 +267,27 @@ def test_long_parts_are_cached_atomically_and_a_damaged_cache_is_recomputed(tmp_
     np.testing.assert_array_equal(redone.cumulative, first.cumulative)
     assert ScheduledBlend(s, 1, 100, 8, cache_dir=tmp_path / "short").cumulative.shape == (101, 2)
     assert not (tmp_path / "short").exists()  # short parts take milliseconds: no file
+
+
+def test_an_unwritable_schedule_cache_is_one_note_and_counting_again_at_the_next_start(tmp_path, capsys, monkeypatch):
+    """The write failed silently: nothing said why every start-up of a long scheduled stage took seconds."""
+    s = WeightSchedule.from_entries([{"step": 1, "weights": [0.9, 0.1]}, {"step": 3000, "weights": [0.2, 0.8]}])
+    expected = ScheduledBlend(s, 1, 5000, 8).cumulative  # not cached (no cache_dir)
+    root = tmp_path / "file"
+    root.write_text("not a folder")
+    real, calls = scheduled_blend.allocate, []
+    monkeypatch.setattr(scheduled_blend, "allocate", lambda *a: calls.append(1) or real(*a))
+    for run in range(2):  # the run goes on; the next start counts again, and the note is said once a process
+        np.testing.assert_array_equal(ScheduledBlend(s, 1, 5000, 8, cache_dir=root).cumulative, expected)
+        assert len(calls) == run + 1
+        if run == 0:
+            assert_one_cache_note(capsys.readouterr().err, root, "blend", r"[0-9a-f]{32}\.npy")
+    assert capsys.readouterr().err == ""
+    root.unlink()  # writable again: counted, written, then read back
+    ScheduledBlend(s, 1, 5000, 8, cache_dir=root)
+    assert len(list((root / "blend").iterdir())) == 1
+    np.testing.assert_array_equal(ScheduledBlend(s, 1, 5000, 8, cache_dir=root).cumulative, expected)
+    assert len(calls) == 3 and capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("k", [2, 3])

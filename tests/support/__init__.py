@@ -53,3 +53,15 @@ def read_texts_in_corpus_order() -> list[str]:
     return texts
 
 CONFIGS = FIXTURES / "configs"
+
+
+def assert_one_cache_note(stderr: str, root: Path, kind: str, name: str, reason: str = "Not a directory") -> None:
+    """``stderr`` is exactly the one note of a cache (``nanoset.cache``) that could not write an entry of ``kind``
+    under ``root``; ``name``: a regular expression of the entry's file name."""
+    import re
+
+    file = re.escape(str(root / kind)) + "/" + name
+    note = (rf"note: cannot write the cache file {file} \({re.escape(reason)}\): what the cache {re.escape(str(root))}"
+            rf" holds is computed again at every start until it can be written; make it writable, or set "
+            rf"general\.cache_dir \(or \$NANOSET_CACHE_DIR\) to a writable folder\n")
+    assert re.fullmatch(note, stderr), stderr

@@ -10,7 +10,7 @@ A packed sample is one contiguous token range ``[start, stop)`` of the stream (t
 a sample are consecutive; a dropped document ends the sample before it), so ``PackedDocuments``
 has the interface of ``TokenWindows`` and the sample permutation, blending, stages, DP sharding,
 resume and ``explain`` work on it unchanged. The packing is computed once per (dataset
-fingerprint, L, mode) with numpy and cached under ``general.cache_dir``.
+fingerprint, L, mode) with numpy and cached (``nanoset.cache``, under ``general.cache_dir``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoset import NanosetReader, open_dataset
-from nanoset.atomic import atomic_write_array
-from nanoset.format.cache import file_stamp
-from runtime.config import ConfigError
+from nanoset.cache import DerivedCache, file_stamp
 from runtime.data.order.windows import checked_indices, position_ids_at
 
 CACHE_VERSION = 1
@@ -216,7 +214,7 @@ def packing_table(reader: NanosetReader, capacity: int, drop_long_documents: boo
 
 def _content_key(reader: NanosetReader) -> str:
     """The dataset fingerprint; for a folder without a manifest (whose fingerprint holds only names and
-    sizes) also the stamps of its files (``nanoset.format.cache.file_stamp``), so a rewritten index never meets
+    sizes) also the stamps of its files (``nanoset.cache.file_stamp``), so a rewritten index never meets
     a stale packing."""
     if reader.manifest is not None:
         return reader.fingerprint
@@ -229,22 +227,13 @@ def _content_key(reader: NanosetReader) -> str:
 
 
 def _cached_packing(reader: NanosetReader, capacity: int, drop: bool, cache_dir: str | Path | None) -> np.ndarray:
-    """The packing table, read from ``cache_dir/packing/`` when there, else computed and written atomically."""
+    """The packing table, from the cache ``cache_dir/packing/`` (None: computed, not cached)."""
     if cache_dir is None:
         return packing_table(reader, capacity, drop)
-    mode = "drop" if drop else "truncate"
-    path = Path(cache_dir) / "packing" / f"v{CACHE_VERSION}-{_content_key(reader)}-{capacity}-{mode}.npy"
-    try:
-        table = np.load(path, mmap_mode="r", allow_pickle=False)
-        if table.ndim == 2 and table.shape[1] == 2 and int(table[0, 1]) == reader.num_documents:
-            return table
-    except (OSError, ValueError):
-        pass
-    table = packing_table(reader, capacity, drop)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_array(path, table)
-    except OSError as e:
-        raise ConfigError(f"general.cache_dir: cannot write the document packing of {reader.folder} to {path.parent} "
-                          f"({e.strerror or e}); make it writable or set general.cache_dir elsewhere") from None
-    return table
+
+    def valid(table: np.ndarray) -> bool:
+        return (table.ndim == 2 and table.shape[1] == 2 and len(table) >= 1 and table.dtype == np.int64
+                and int(table[0, 1]) == reader.num_documents)
+
+    name = f"v{CACHE_VERSION}-{_content_key(reader)}-{capacity}-{'drop' if drop else 'truncate'}"
+    return DerivedCache("packing", cache_dir).array(name, lambda: packing_table(reader, capacity, drop), valid)

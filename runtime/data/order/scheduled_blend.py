@@ -38,21 +38,18 @@ index), so a sample's position and its (dataset, draw) map both ways in O(k).
 
 The per-step counts are computed once per part (for two datasets the rounding of one cumulative
 sum, under a second per million steps; for more a sequential pass, seconds per million steps) and,
-for long parts, cached under ``general.cache_dir/blend/``.
+for long parts, cached (``nanoset.cache``, under ``general.cache_dir/blend/``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import heapq
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from nanoset.atomic import atomic_write_array
-from nanoset.errors import NanosetError
+from nanoset.cache import DerivedCache
 
 CACHE_VERSION = 2  # 2: a share of 0 draws nothing (tables of schedules with zeros from 1 are wrong)
 CACHE_MIN_STEPS = 4096  # shorter parts are computed in milliseconds: no file
@@ -342,20 +339,23 @@ class ScheduledBlend:
 
 
 def _cached_allocation(blend: ScheduledBlend, cache_dir: str | Path | None) -> tuple[np.ndarray, np.ndarray]:
-    """The part's cumulative counts ``[n + 1, k]`` and final deviation: from ``cache_dir/blend/`` when there, else
-    computed (and, for long parts, written atomically). File: int64 ``[n + 2, k]``, row 0 the deviation's bits."""
+    """The part's cumulative counts ``[n + 1, k]`` and final deviation: for long parts from the cache
+    ``cache_dir/blend/`` (None: computed, not cached). Cached: int64 ``[n + 2, k]``, row 0 the deviation's bits."""
     n, k = blend.num_steps, blend.num_datasets
-    path = None
     if cache_dir is not None and n >= CACHE_MIN_STEPS:
-        key = json.dumps([CACHE_VERSION, blend.schedule.to_json(), blend.start_step, n, blend.global_batch,
-                          [float(x).hex() for x in blend.initial_deviation]])
-        path = Path(cache_dir) / "blend" / f"v{CACHE_VERSION}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.npy"
-        try:
-            table = np.load(path, mmap_mode="r", allow_pickle=False)
-            if table.shape == (n + 2, k) and table.dtype == np.int64:
-                return table[1:], np.array(table[0]).view(np.float64)
-        except (OSError, ValueError):
-            pass
+        key = [CACHE_VERSION, blend.schedule.to_json(), blend.start_step, n, blend.global_batch,
+               [float(x).hex() for x in blend.initial_deviation]]
+        table = DerivedCache("blend", cache_dir).array(key, lambda: _allocation_table(blend),
+                                                       lambda t: t.shape == (n + 2, k) and t.dtype == np.int64)
+    else:
+        table = _allocation_table(blend)
+    return table[1:], np.array(table[0]).view(np.float64)
+
+
+def _allocation_table(blend: ScheduledBlend) -> np.ndarray:
+    """The part's counts as the cache keeps them: int64 ``[n + 2, k]``, row 0 the final deviation's bits, then
+    the cumulative counts after each of the part's steps (row 1: zeros, before the first)."""
+    n, k = blend.num_steps, blend.num_datasets
     table = np.zeros((n + 2, k), dtype=np.int64)
     deviation, running = blend.initial_deviation, None
     for lo in range(0, n, ALLOCATION_BLOCK) if n else [0]:  # block by block: memory O(block · k) beyond the table
@@ -366,16 +366,5 @@ def _cached_allocation(blend: ScheduledBlend, cache_dir: str | Path | None) -> t
         np.cumsum(counts, axis=0, out=table[2 + lo : 2 + hi])
         table[2 + lo : 2 + hi] += table[1 + lo]
     table[0] = deviation.view(np.int64)
-    if path is not None:
-        _write_atomically(path, table)
-    return table[1:], deviation
-
-
-def _write_atomically(path: Path, table: np.ndarray) -> None:
-    """A failed write costs only the next start-up's recomputation: the plan is complete either way."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_array(path, table)
-    except (OSError, NanosetError):
-        pass
+    return table
 
