@@ -150,7 +150,7 @@ def startup_notes(startup: Startup) -> list[str]:
     """What a user would want to know before the run goes on, said once at start-up: a resume in another layout
     or with another batch, a learning-rate schedule recomputed for another length, a stage that repeats samples
     (more than one epoch of a dataset), packing that drops or truncates a share of a dataset's tokens or whose
-    samples are mostly padding."""
+    samples are more than a quarter padding."""
     c, plan, metadata = startup.config, startup.plan, startup.start.metadata
     notes = []
     if metadata is not None:

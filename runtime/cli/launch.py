@@ -42,6 +42,7 @@ from runtime.preemption import (
 
 if TYPE_CHECKING:
     from runtime.data.order.plan import DataPlan
+    from runtime.startup import Startup
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "train.py"
 # torchrun kills workers this long after forwarding a signal it handles itself (its default: 30 s); the launcher
@@ -202,7 +203,7 @@ def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
     return run_workers(args, nproc, signals)
 
 
-def finished_run(startup) -> str | None:
+def finished_run(startup: Startup) -> str | None:
     """The line for a run whose checkpoint is already at ``tokens.train_steps`` (a rerun of a finished run), said
     before any worker starts; None when there is something to train."""
     from runtime.checkpoint.layout import last_step

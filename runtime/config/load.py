@@ -182,7 +182,7 @@ def read_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     try:
         return config_from_data(data), changes
     except ConfigError as e:
-        where = f"{path} with --set {' '.join(o.text for o in parsed)}" if parsed else str(path)
+        where = f"{path} with {' '.join(f'--set {o.text}' for o in parsed)}" if parsed else str(path)
         raise ConfigError(f"{where}: {e}") from None
 
 
