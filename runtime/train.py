@@ -61,12 +61,14 @@ def report_per_node(message: str) -> None:
     report_once(message, reporter=int(os.environ.get("LOCAL_RANK", "0")) == 0)
 
 
-def train(config_path: str) -> int:
+def train(config_path: str, overrides: list[str] | None = None) -> int:
     """Start up (a mistake there is said by every node's local rank 0: each node has its own log), then train
-    (a mistake found by then, e.g. data changed since the checkpoint, is said by global rank 0)."""
+    (a mistake found by then, e.g. data changed since the checkpoint, is said by global rank 0). ``overrides``:
+    ``--set KEY=VALUE``, applied to the file as ``nanoset train`` applied them."""
+    from runtime.config.load import load_config
     from runtime.startup import start_up
 
-    startup = start_up(config_path)
+    startup = start_up(load_config(config_path, overrides) if overrides else config_path)
     from runtime.trainer import Trainer
 
     trainer = Trainer(startup.config, startup=startup)
@@ -88,10 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopOnSignal(PARENT_AT_START)
     try:
         stop.install()  # inside: a stop forwarded the moment the handlers are in place is a StopRequested here
+        from runtime.config.overrides import add_set_option
+
         ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
         ap.add_argument("--config", required=True, help="YAML config (see docs/config.md)")
+        add_set_option(ap)
         args = ap.parse_args(argv)
-        return report_user_errors(lambda: train(args.config), report=report_per_node)
+        return report_user_errors(lambda: train(args.config, args.overrides), report=report_per_node)
     except StopRequested as e:
         return stopped_before_training(e.signum)
     except Exception as e:

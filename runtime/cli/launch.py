@@ -18,17 +18,19 @@ point, one number of nodes — each mistake one ``error:`` line (status 2, as fo
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import re
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nanoset.errors import ConfigError, NanosetError, killed_by, print_error, report_user_errors
 from runtime.cli.agent import LauncherSignals
+from runtime.config.overrides import add_set_option
 from runtime.preemption import (
     INTERRUPTED_TWICE,
     LAUNCHER_PID,
@@ -40,6 +42,7 @@ from runtime.preemption import (
 
 if TYPE_CHECKING:
     from runtime.data.order.plan import DataPlan
+    from runtime.startup import Startup
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "train.py"
 # torchrun kills workers this long after forwarding a signal it handles itself (its default: 30 s); the launcher
@@ -74,6 +77,7 @@ class LaunchArgs:
     check: bool
     torchrun: list[str]  # torchrun's options, checked
     nodes: int
+    overrides: list[str] = field(default_factory=list)  # --set KEY=VALUE, in order: the workers get them too
 
 
 def parse_args(argv: list[str]) -> LaunchArgs:
@@ -88,11 +92,15 @@ def parse_args(argv: list[str]) -> LaunchArgs:
     ap.add_argument("--nproc-per-node", "--nproc_per_node", type=_positive("--nproc-per-node"), default=None,
                     help="worker processes on this node (default: the config's world size / nodes)")
     ap.add_argument("--check", action="store_true", help="check everything and print the plan; train nothing")
+    add_set_option(ap)
     args, rest = ap.parse_known_args(argv)
+    if not rest:  # nothing of torchrun's to check: torch is not imported for it (a finished run answers at once)
+        return LaunchArgs(args.config, args.nproc_per_node, args.check, [], 1, args.overrides)
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
-    parser.error = _refuse  # type: ignore[method-assign]
+    parser.error = lambda message: _refuse(_with_closest(message, [*ap._option_string_actions,  # type: ignore
+                                                                   *parser._option_string_actions]))
     known = parser.parse_args([*rest, "--", str(TRAIN_SCRIPT)])
     for option, spelled in ENTRY_POINT_OPTIONS.items():
         if getattr(known, option, False):
@@ -102,7 +110,21 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         if Path(given).name == TRAIN_SCRIPT.name:
             _refuse(f"takes no script: it runs runtime/train.py itself; drop {given!r} from the command")
         _refuse(f"takes no positional argument ({given!r}): it runs runtime/train.py with --config")
-    return LaunchArgs(args.config, args.nproc_per_node, args.check, rest, _nodes(known.nnodes))
+    return LaunchArgs(args.config, args.nproc_per_node, args.check, rest, _nodes(known.nnodes), args.overrides)
+
+
+def _with_closest(message: str, options: list[str]) -> str:
+    """argparse's "unrecognized arguments: --chek" with the closest option of nanoset train or torchrun (a typo's
+    fix), when one is close."""
+    given = message.removeprefix("unrecognized arguments: ")
+    if given == message:
+        return message
+    for word in given.split():
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.split("=")[0], [o for o in options if o.startswith("--")], n=1)
+            if close:
+                return f"{message}; did you mean {close[0]}?"
+    return message
 
 
 def _positive(option: str):
@@ -163,17 +185,34 @@ def workers_per_node(config, config_path: str, nproc: int | None, nodes: int) ->
 
 
 def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
-    from runtime.config.load import load_config
+    from runtime.config.load import read_config
     from runtime.startup import describe_start, start_up, startup_notes
 
-    config = load_config(args.config)
+    config, changes = read_config(args.config, args.overrides)
     nproc = workers_per_node(config, args.config, args.nproc, args.nodes)
     startup = start_up(config, world=nproc * args.nodes, lock=False)
     if args.check:
-        print("\n".join([f"start: {describe_start(startup)}", *plan_report(startup.plan),
+        print("\n".join([*(f"--set {change}" for change in changes), f"start: {describe_start(startup)}",
+                         *plan_report(startup.plan),
                          *(f"note: {note}" for note in startup_notes(startup))]))
         return 0
+    finished = finished_run(startup)
+    if finished is not None:  # the workers would start, load the checkpoint and say just this
+        print(finished, flush=True)
+        return 0
     return run_workers(args, nproc, signals)
+
+
+def finished_run(startup: Startup) -> str | None:
+    """The line for a run whose checkpoint is already at ``tokens.train_steps`` (a rerun of a finished run), said
+    before any worker starts; None when there is something to train."""
+    from runtime.checkpoint.layout import last_step
+
+    c, start = startup.config, startup.start
+    if start.checkpoint is None or last_step(start.metadata) < c.tokens.train_steps:
+        return None
+    return (f"done: {start.checkpoint} is at step {last_step(start.metadata)} = tokens.train_steps: nothing left to "
+            f"train, no worker started (raise tokens.train_steps to train on)")
 
 
 def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals) -> int:
@@ -184,8 +223,9 @@ def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals) -> int:
 
     from runtime.cli.agent import agent_of_launch
 
+    overrides = [word for text in args.overrides for word in ("--set", text)]  # the workers build the same config
     torchrun = get_args_parser().parse_args([*args.torchrun, f"--nproc-per-node={nproc}", "--", str(TRAIN_SCRIPT),
-                                             "--config", args.config])
+                                             "--config", args.config, *overrides])
     if hasattr(torchrun, "signals_to_handle"):  # torch ≥ 2.8: leave the stop signals to the launcher's handlers
         ours = {s.name for s in STOP_SIGNALS}
         torchrun.signals_to_handle = ",".join(
@@ -236,6 +276,8 @@ def plan_report(plan: DataPlan) -> list[str]:
         for reads, weight in zip(plan.reads(part), part.weights_shown()):
             w = plan.datasets[reads.dataset]
             repeat = f"; repeats: epoch {reads.end_epoch:.2f} by the stage's end" if reads.repeats else ""
+            padding = f" ({100 * w.padding_share:.1f}% of them padding)" if w.packing == "documents" else ""
             lines.append(f"  {named[w.folder]} (weight {weight}): {reads.samples:,} of its {w.num_samples:,} "
-                         f"samples, {reads.samples * w.sequence_length:,} tokens, {reads.epochs:.2f} epochs{repeat}")
+                         f"samples, {reads.samples * w.sequence_length:,} tokens{padding}, {reads.epochs:.2f} "
+                         f"epochs{repeat}")
     return lines

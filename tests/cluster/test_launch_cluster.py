@@ -623,3 +623,26 @@ def test_a_stop_signal_after_the_last_step_lets_the_run_finish_and_says_so(shard
     assert ("note: SIGTERM after the last step: the run finishes what follows it (the final checkpoint, the Hugging "
             "Face export) and ends") in proc.stdout.splitlines()
     assert (run / "hf" / "config.json").is_file() and (run / "checkpoints" / "latest").read_text() == "step-000004\n"
+
+
+def test_rerunning_a_finished_run_says_so_before_any_worker_starts(reference, shards, tmp_path):
+    """The workers took 16 s to start, load the checkpoint and report nothing to train: the launcher says it
+    from the checkpoint's record, exit status 0, and no worker process starts (a sitecustomize on the path
+    marks every Python process whose script is runtime/train.py)."""
+    run, ref_rows = reference
+    marks = tmp_path / "workers"
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if sys.argv and sys.argv[0].endswith('train.py'):\n"
+        f"    open({str(marks)!r}, 'a').write(str(os.getpid()) + chr(10))\n")
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(ROOT)])}
+    cfg = small_config(tmp_path, run)
+    started = time.monotonic()
+    proc = nanoset_train("--config", cfg, cwd=shards, env=env)
+    out, err = proc.communicate(timeout=120)
+    print(f"a finished run's rerun answered in {time.monotonic() - started:.1f} s")
+    assert (proc.returncode, err) == (0, "")
+    assert out == (f"done: {run / 'checkpoints' / 'step-000012'} is at step 12 = tokens.train_steps: nothing left to "
+                   f"train, no worker started (raise tokens.train_steps to train on)\n")
+    assert not marks.exists() and metrics(run) == ref_rows
