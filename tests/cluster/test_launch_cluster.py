@@ -477,24 +477,23 @@ def step_lines(stdout: str) -> list[str]:
     return [line.split(" |")[0] if line.startswith("step ") else line for line in stdout.splitlines()]
 
 
-def broken_collective_traceback(run: Path, rank: int, step: int) -> str:
-    """The traceback file a survivor wrote, checked: the line that says what happened, then gloo's error."""
+def check_broken_collective_traceback(run: Path, rank: int, step: int) -> None:
+    """The traceback file a survivor wrote: the line that says what happened, then the traceback of gloo's error."""
     text = (run / "tracebacks" / f"rank-{rank}.txt").read_text()
     first, blank, *rest = text.splitlines()
     assert re.fullmatch(rf"rank {rank} \(pid \d+\) after step {step}: a collective operation failed, most likely "
                         rf"because another rank ended first \(the launcher's line, or torchrun's report, names it\)",
                         first) and blank == "", text
     assert rest[0] == "Traceback (most recent call last):" and "gloo/transport/" in rest[-1], text
-    return text
 
 
 @pytest.mark.parametrize("killed", [1, 0])
 def test_a_worker_killed_mid_run_is_one_line_from_the_launcher_and_the_rerun_resumes_exactly(reference, shards,
                                                                                                tmp_path, killed):
     """SIGKILL (the out-of-memory killer) of one of two workers at step 5: the other's collective breaks. Was: 65
-    lines of its gloo traceback before the launcher's line, and rank 0 surviving said "note: SIGTERM after the last
-    step: the run finishes ... (the final checkpoint, the Hugging Face export)" at step 5 of 12. Now one line naming
-    the killed rank, the signal and the survivor's traceback file; the rerun resumes from step 3, bit-identically."""
+    lines of its gloo traceback before the launcher's line, and rank 0, surviving, could say "note: SIGTERM after the
+    last step: the run finishes ... (the final checkpoint, the Hugging Face export)" mid-run. Now one line naming the
+    killed rank, the signal and the survivor's traceback file; the rerun resumes from step 3, bit-identically."""
     _, ref_rows = reference
     run = tmp_path / "run"
     cfg = small_config(tmp_path, run)
@@ -509,7 +508,7 @@ def test_a_worker_killed_mid_run_is_one_line_from_the_launcher_and_the_rerun_res
         f"rerun the same command to resume from the latest checkpoint\n")
     lines = step_lines(out)
     assert lines[0].startswith("stage 'pretrain' at step 1 ") and lines[1:] == [f"step {i:6d}" for i in range(1, 5)]
-    broken_collective_traceback(run, survivor, 4)
+    check_broken_collective_traceback(run, survivor, 4)
     rerun = nanoset_train("--config", cfg, cwd=shards)
     out, err = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, err
@@ -531,7 +530,7 @@ def test_a_worker_killed_under_plain_torchrun_leaves_no_traceback_and_no_false_n
     assert ("traceback : rank 0: a collective operation failed after step 4, most likely because another rank ended "
             "(RuntimeError: ") in proc.stderr
     assert f"its traceback: {run / 'tracebacks' / 'rank-0.txt'}\n" in proc.stderr
-    broken_collective_traceback(run, 0, 4)
+    check_broken_collective_traceback(run, 0, 4)
 
 
 SIGNAL_AFTER_A_FAILED_STEP = f'''
@@ -557,7 +556,7 @@ sys.exit(main())
 
 
 def test_a_stop_signal_while_a_failed_run_unwinds_says_nothing_false(shards, tmp_path):
-    """python -m runtime.train (one process): a step that raised, then a SIGTERM while the run unwinds — the loop's
+    """runtime.train's main in one process: a step that raised, then a SIGTERM while the run unwinds — the loop's
     end was marked in a ``finally`` as after the last step, and the run said it would finish its final checkpoint
     and export. Now: the bug's traceback and its status 1, nothing else."""
     script = tmp_path / "signal_after_a_failure.py"
