@@ -5,8 +5,9 @@ launching process, before any worker exists: a mistake is one ``error:`` line, n
 buried under torchrun's failure report. Then torchrun's elastic agent runs in this process
 (``torch.distributed.run``, with the launcher's signal handling: ``runtime/cli/agent.py``) with
 ``runtime/train.py`` as the workers' entry point; a worker that fails has said why in its own line, and
-the launcher adds only what the worker could not say (killed by a signal), then exits with the worker's
-status. ``--check`` prints the plan instead of training: where the run starts (a resume, a rewind, a
+the launcher adds only what the worker could not say (killed by a signal; the workers whose collective broke
+with it left their tracebacks in the run folder: ``runtime/broken_collective.py``), then exits with the
+worker's status. ``--check`` prints the plan instead of training: where the run starts (a resume, a rewind, a
 fresh start), per stage its steps and datasets, the samples, tokens and epochs each dataset gives it, and
 what repeats.
 
@@ -24,6 +25,7 @@ import os
 import re
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -200,7 +202,7 @@ def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
     if finished is not None:  # the workers would start, load the checkpoint and say just this
         print(finished, flush=True)
         return 0
-    return run_workers(args, nproc, signals)
+    return run_workers(args, nproc, signals, config.general.run_path)
 
 
 def finished_run(startup: Startup) -> str | None:
@@ -215,13 +217,14 @@ def finished_run(startup: Startup) -> str | None:
             f"train, no worker started (raise tokens.train_steps to train on)")
 
 
-def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals) -> int:
+def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals, run_dir: Path) -> int:
     """torchrun's elastic agent, in this process, with runtime/train.py on ``nproc`` workers; their status."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
-    from runtime.cli.agent import agent_of_launch
+    from runtime.broken_collective import tracebacks_since
+    from runtime.cli.agent import agent_of_launch, failure_message, is_broken_collective, root_failure
 
     overrides = [word for text in args.overrides for word in ("--set", text)]  # the workers build the same config
     torchrun = get_args_parser().parse_args([*args.torchrun, f"--nproc-per-node={nproc}", "--", str(TRAIN_SCRIPT),
@@ -235,6 +238,7 @@ def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals) -> int:
     if nproc > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets, without its five-line banner
     quiet_torchrun()
+    started = time.time()
     try:
         with agent_of_launch(signals):
             run(torchrun)
@@ -242,17 +246,32 @@ def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals) -> int:
         if signals.killed:
             print_error(INTERRUPTED_TWICE)
             return stop_status(signal.SIGINT)
-        rank, failure = e.get_first_failure()
+        rank, failure = root_failure(e.failures)
         if failure.exitcode < 0:  # the worker could not say it: a signal (the out-of-memory killer's SIGKILL)
-            print_error(f"worker rank {rank} (pid {failure.pid}) was {killed_by(-failure.exitcode)}; rerun the same "
-                        f"command to resume from the latest checkpoint")
+            print_error(f"worker rank {rank} (pid {failure.pid}) was {killed_by(-failure.exitcode)}"
+                        f"{ended_with_it(tracebacks_since(run_dir, started))}; rerun the same command to resume from "
+                        f"the latest checkpoint")
             return 128 - failure.exitcode
+        if is_broken_collective(failure.error_file_data):  # only broken collectives: a peer hung, a network broke
+            print_error(f"worker {failure_message(failure.error_file_data)}")
         return failure.exitcode
     except RendezvousError as e:  # the nodes never met: an endpoint, a node not started, a firewall
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__  # a timeout says nothing more
         raise NanosetError(f"the rendezvous of the nodes failed ({why}); check --rdzv-endpoint "
                            f"{torchrun.rdzv_endpoint or '(none)'} and that every node runs the same command") from None
     return 0
+
+
+def ended_with_it(tracebacks: dict[int, Path]) -> str:
+    """The ranks whose collective broke when a worker was killed, and where their tracebacks are."""
+    if not tracebacks:
+        return ""
+    if len(tracebacks) == 1:
+        ((rank, path),) = tracebacks.items()
+        return f"; rank {rank} ended with it (its broken collective's traceback: {path})"
+    folder = next(iter(tracebacks.values())).parent
+    return (f"; ranks {', '.join(map(str, tracebacks))} ended with it (their broken collectives' tracebacks: "
+            f"{folder})")
 
 
 def quiet_torchrun() -> None:
