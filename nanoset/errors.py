@@ -142,13 +142,13 @@ ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, err
 
 
 def killed_by(signum: int) -> str:
-    """How a process that a signal ended died, for a message: ``killed by SIGKILL (out of memory?)``, or
-    ``killed by signal 34`` for a signal without a name (a real-time one)."""
+    """How a process that a signal ended died, for a message: ``killed by SIGKILL (often the out-of-memory
+    killer)``, or ``killed by signal 34`` for a signal without a name (a real-time one)."""
     try:
         name = signal.Signals(signum).name
     except ValueError:
         return f"killed by signal {signum}"
-    return f"killed by {name}" + (" (out of memory?)" if signum == signal.SIGKILL else "")
+    return f"killed by {name}" + (" (often the out-of-memory killer)" if signum == signal.SIGKILL else "")
 
 
 def user_message(error: BaseException) -> str | None:

@@ -29,7 +29,12 @@ def open_dataset(path: str | Path) -> NanosetReader:
     if prefixes is not None:
         return open_megatron(folder, prefixes)
     if not folder.is_dir():
-        raise NanosetError(f"{folder}: no such dataset folder (create it with `nanoset tokenize ... -o {folder}`)")
+        create = f"create it with `nanoset tokenize ... -o {folder}`"
+        if folder.is_absolute():
+            raise NanosetError(f"{folder}: no such dataset folder ({create})")
+        raise NanosetError(f"{folder}: no such dataset folder in the working directory {Path.cwd()} (a relative path "
+                           f"is read from there: run from the folder that holds it, give its absolute path, or "
+                           f"{create})")
     _refuse_unfinished(folder)
     readers, tokenizer = open_datatrove(folder)
     if not readers:

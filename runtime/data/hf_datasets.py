@@ -67,8 +67,9 @@ def cache_folder(config: Config, ds: HFDatasetArgs, where: str = "data.dataset")
 
     src = Path(ds.hf_dataset_or_datasets)
     if not src.exists():
-        raise ConfigError(f"{where}.hf_dataset_or_datasets: {str(src)!r}: no such local file or folder (nothing is "
-                          f"downloaded at run time; save the dataset locally first)")
+        cwd = "" if src.is_absolute() else f" in the working directory {Path.cwd()}"
+        raise ConfigError(f"{where}.hf_dataset_or_datasets: {str(src)!r}: no such local file or folder{cwd} (nothing "
+                          f"is downloaded at run time; save the dataset locally first)")
     root = config.general.cache_path
     try:
         options = plan_key(tokenize_options(config, ds, root))  # the output does not change the key

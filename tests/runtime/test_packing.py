@@ -263,7 +263,7 @@ def test_packing_options_are_checked(tmp_path):
     with pytest.raises(ConfigError, match=r"data_stages\[0\] \(sft\)\.data\.drop_long_documents: only applies with "
                                           r"packing: documents \(packing is 'window'\)"):
         chat_config(tmp_path, packing="window", drop_long_documents=True)
-    with pytest.raises(ConfigError, match=r"config\.data_stages\[0\]\.data\.packing: 'docs' is not one of "
+    with pytest.raises(ConfigError, match=r"data_stages\[0\]\.data\.packing: 'docs' is not one of "
                                           r"\['window', 'documents'\]"):
         chat_config(tmp_path, packing="docs")
 
@@ -324,7 +324,9 @@ def test_sft_stage_trains_on_exactly_the_explained_loss_tokens(tmp_path):
     d["checkpoints"]["save_final"] = False
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(d))
     proc = train_one(tmp_path / "cfg.yaml", tmp_path)
-    assert "packed samples of whole documents (≤ 8 tokens); 0 longer documents truncated" in proc.stdout
+    # the stage's line says the padding: 20 tokens of documents in 3 samples of 8 (4 of the 24 are padding)
+    assert (f"{tmp_path / 'chat'}: 3 packed samples of whole documents (≤ 8 tokens, 16.7% of them padding); 0 longer "
+            f"documents truncated") in proc.stdout
     rows = metrics(tmp_path / "run")
     plan = DataPlan(config)
     expected = [sum(r["loss_tokens"] for r in explain_step(plan, step)) for step in (1, 2, 3, 4)]

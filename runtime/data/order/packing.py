@@ -90,11 +90,18 @@ class PackedDocuments:
         """Tokens of the dataset in some packed sample (not in a dropped document or a truncated tail)."""
         return int((self.stops - self.starts).sum())
 
+    @property
+    def padding_share(self) -> float:
+        """The share of the samples' ``L + 1`` tokens that is padding: what packing costs in compute."""
+        return padding_share(self.kept_tokens, self.num_samples, self.sequence_length)
+
     def describe(self) -> str:
-        """One line for the log: how many samples, and what happened to documents that were too long."""
+        """One line for the log: how many samples, how much of them is padding, and what happened to documents
+        that were too long."""
         fate = "dropped" if self.drop_long_documents else "truncated"
         return (f"{self.folder}: {self.num_samples} packed samples of whole documents (≤ {self.sequence_length + 1} "
-                f"tokens); {self.num_long_documents} longer documents {fate}")
+                f"tokens, {100 * self.padding_share:.1f}% of them padding); {self.num_long_documents} longer "
+                f"documents {fate}")
 
     def _check(self, indices: np.ndarray | int) -> np.ndarray:
         return checked_indices(indices, self.num_samples, "packed sample", self.folder)
@@ -155,6 +162,28 @@ class PackedDocuments:
                 n = stop - start
                 target[row, : n - 1] &= self.reader.loss_mask(start + 1, stop).astype(bool)
         return target.reshape(np.shape(indices) + (width - 1,))
+
+
+def padding_share(kept_tokens: int, num_samples: int, sequence_length: int) -> float:
+    """Padding's share of ``num_samples`` packed samples of ``sequence_length + 1`` tokens holding ``kept_tokens``."""
+    return 1.0 - kept_tokens / (num_samples * (sequence_length + 1)) if num_samples else 0.0
+
+
+def shorter_sequence_length(reader: NanosetReader, sequence_length: int, drop_long_documents: bool,
+                            padding_at_most: float, lost_at_most: float) -> tuple[int, float] | None:
+    """The longest power of two below ``sequence_length`` at which the packing of ``reader`` pads at most
+    ``padding_at_most`` of its samples' tokens while it loses (truncates or drops) at most ``lost_at_most`` of the
+    dataset's tokens, with its padding share; None when no length down to 16 does. One packing per length
+    tried, longest first: said only where the padding is worth a note."""
+    length = 1 << max(sequence_length - 1, 1).bit_length() - 1
+    while length >= 16:
+        table = packing_table(reader, length + 1, drop_long_documents)
+        kept = int((table[1:, 1] - table[1:, 0]).sum())
+        share = padding_share(kept, len(table) - 1, length)
+        if share <= padding_at_most and 1 - kept / reader.num_tokens <= lost_at_most:
+            return length, share
+        length //= 2
+    return None
 
 
 def _pad_id(reader: NanosetReader) -> int:
