@@ -28,7 +28,7 @@ from typing import IO
 
 import numpy as np
 
-from nanoset.atomic import atomic_write
+from nanoset.atomic import atomic_write, writable_folder
 from nanoset.cache import DerivedCache, file_stamp, key_digest
 from nanoset.errors import NanosetError
 from nanoset.format.reader import NanosetReader, ShardReader
@@ -186,15 +186,9 @@ def document_ends_file(index: MegatronIndex, bin_size: int) -> Path:
         for chunk in iter_document_ends(index, bin_size):
             f.write(chunk.tobytes())
 
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, write)
-    except (OSError, NanosetError) as e:
-        cause = e if isinstance(e, OSError) else e.__context__
-        if not isinstance(cause, OSError):
-            raise  # the index itself is corrupt: its own message, not the cache's
-        raise NanosetError(f"{index.path}: cannot write its document index to the cache {path.parent} ({cause}); "
-                           f"set NANOSET_CACHE_DIR to a writable folder") from None
+    writable_folder(path.parent, f"set NANOSET_CACHE_DIR to a writable folder (the cache keeps the document index "
+                                 f"of {index.path})")
+    atomic_write(path, write)  # a full disk is a WriteFailed naming the file
     return path
 
 

@@ -30,6 +30,7 @@ INDEX_SUFFIX = ".ds.index"
 METADATA_SUFFIX = ".ds.metadata"
 WORK_DIR = ".nanoset-work"  # an unfinished tokenize output: its plan and the markers of finished tasks
 WORK_PLAN = "plan.json"
+JOB_LOCK = WORK_DIR + ".lock"  # beside the work folder: the runs writing the folder lock it (tokenize.joblock)
 SKIPPED_NAME = "nanoset-skipped.txt"  # every row --skip-bad-lines skipped, one "file:line: why" a line
 SKIPPED_EXAMPLES = 5  # the first skipped rows the manifest keeps (inspect and tokenize show them)
 TASK_MARKER_GLOB = "task-*.json"
@@ -428,7 +429,7 @@ def is_dataset_entry(path: Path) -> bool:
     dataset, or the work folder of an unfinished job): what ``--overwrite`` may replace."""
     if path.is_dir() and not path.is_symlink():
         return path.name == WORK_DIR or path.name.startswith(WORK_DIR + ".tmp-")
-    return is_dataset_file(path.name)
+    return is_dataset_file(path.name) or path.name == JOB_LOCK
 
 
 def is_dataset_file(name: str) -> bool:

@@ -28,7 +28,7 @@ import numpy as np
 from nanoset.errors import NanosetError
 from nanoset.tokenize.byte_offsets import ByteLevelOffsets
 from nanoset.tokenize.special_tokens import declared_tokens
-from nanoset.tokenize.tokenizer import PROBE_TEXTS, load_tokenizer
+from nanoset.tokenize.tokenizer import PROBE_TEXTS, file_sampling_settings, load_tokenizer
 
 if TYPE_CHECKING:
     from nanoset.tokenize.tasks import TaskResult
@@ -145,10 +145,11 @@ def _load_fastokens(path: Path, spec: str | None = None):
     return tok
 
 
-def _registers_tokens(path: Path, added: set[str]) -> bool:
-    """Whether tokenizers registers tokens declared beside ``path`` (``load_tokenizer``) that its file's added
-    tokens (``added``: their contents) lack: the file alone is then not the tokenizer that encodes."""
-    return bool(declared_tokens(Path(path).parent, added).to_register)
+def _file_is_not_the_encoder(path: Path, added: set[str]) -> bool:
+    """Whether the file at ``path`` alone is not the tokenizer that encodes (``load_tokenizer``): tokenizers
+    registers tokens declared beside it that its added tokens (``added``: their contents) lack, or sets off a
+    setting of it that samples the encoding (BPE dropout, which fastokens applies too)."""
+    return bool(declared_tokens(Path(path).parent, added).to_register) or bool(file_sampling_settings(path))
 
 
 def _reference_loader(path: Path) -> Callable[[], TokenizersEncoder]:
@@ -165,9 +166,10 @@ def _reference_loader(path: Path) -> Callable[[], TokenizersEncoder]:
 
 def encoding_config(path: Path, reference: Callable[[], TokenizersEncoder]) -> dict:
     """The parsed ``tokenizer.json`` of the tokenizer that encodes: the file's, or, where tokens declared beside
-    it are registered, tokenizers' own serialization with them (their ids included)."""
+    it are registered (or a sampling setting is set off), tokenizers' own serialization of it (their ids
+    included)."""
     config = json.loads(Path(path).read_text(encoding="utf-8"))
-    if _registers_tokens(path, {t.get("content") for t in config.get("added_tokens") or []}):
+    if _file_is_not_the_encoder(path, {t.get("content") for t in config.get("added_tokens") or []}):
         return json.loads(reference().tok.to_str())
     return config
 
@@ -179,14 +181,14 @@ def load_encoder(path: Path, backend: str, chat: bool = False,
     whose offsets its token bytes do not give). FastokensUnusable when fastokens cannot load it.
 
     fastokens encodes with the tokenizer tokenizers encodes with: where tokens declared beside the file are
-    registered, it loads tokenizers' serialization of the tokenizer holding them (its own ``add_tokens``
-    numbers new tokens differently)."""
+    registered (or a sampling setting is set off), it loads tokenizers' serialization of that tokenizer (its
+    own ``add_tokens`` numbers new tokens differently)."""
     reference = reference or _reference_loader(path)
     if backend == "tokenizers":
         return reference()
     tok = _load_fastokens(path)
     spec = None
-    if _registers_tokens(path, {t["content"] for t in tok.added_tokens()}):
+    if _file_is_not_the_encoder(path, {t["content"] for t in tok.added_tokens()}):
         spec = reference().tok.to_str()
         tok = _load_fastokens(path, spec)
     offsets = None

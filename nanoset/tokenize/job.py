@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.env import env_number
-from nanoset.errors import NanosetError, OptionError
+from nanoset.errors import NanosetError, OptionError, print_note
 from nanoset.format.spec import SKIPPED_EXAMPLES, SKIPPED_NAME, Manifest, dtype_for_vocab, dtype_name
 from nanoset.format.writer import write_manifest
 from nanoset.tokenize.backends import (
@@ -33,7 +33,7 @@ from nanoset.tokenize.backends import (
     choose_backend,
     first_difference,
 )
-from nanoset.tokenize.chat import MASK_RULE, ChatColumns
+from nanoset.tokenize.chat import MASK_RULE, ChatColumns, split_markers, split_markers_note
 from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template, special_token_strings
 from nanoset.tokenize.inputs import discover
 from nanoset.tokenize.taskpool import TaskPool, WorkerDied
@@ -44,6 +44,7 @@ from nanoset.tokenize.tokenizer import (
     load_tokenizer,
     registered_tokens,
     resolve_tokenizer,
+    sampling_note,
 )
 from nanoset.tokenize.worker import ChatSetup, WorkerConfig, appends_eos, init_worker, run_task
 
@@ -161,11 +162,12 @@ def chat_setup(opts: TokenizeOptions, tokenizer: ResolvedTokenizer) -> ChatSetup
     try:
         template = load_chat_template(tokenizer.path, opts.chat_template)
         special = special_token_strings(tokenizer.path, tokenizer.info.eos_token)  # the template's globals
-        ChatRenderer(template, special)
+        renderer = ChatRenderer(template, special)
     except NanosetError as e:
         raise OptionError("chat_template", str(e)) from None
+    split = split_markers(renderer, tokenizer.tokenizer or load_tokenizer(tokenizer.path))
     return ChatSetup(template, special, ChatColumns(opts.messages_column, opts.prompt_column, opts.completion_column),
-                     str(Path(opts.chat_template).resolve()) if opts.chat_template else None)
+                     str(Path(opts.chat_template).resolve()) if opts.chat_template else None, split)
 
 
 def plan_options(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: ChatSetup | None) -> dict:
@@ -181,12 +183,16 @@ def plan_options(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: Chat
     }
     if registered := registered_tokens(tokenizer.path):  # they change the ids; none: plain plans keep their bytes
         options["registered_tokens"] = registered
+    if tokenizer.sampling_off:  # the file's encoding would be random: the dataset is of its settings set off
+        options["sampling_off"] = tokenizer.sampling_off
     if chat is not None:  # only chat plans carry the key: plain plans (and manifests) keep their bytes
         del options["text_column"]
         columns = chat.columns
         options["chat"] = {"template_sha256": chat.template.sha256, "special_tokens": chat.special_tokens,
                            "mask_rule": MASK_RULE, "messages_column": columns.messages,
                            "prompt_column": columns.prompt, "completion_column": columns.completion}
+        if chat.split_markers:  # for inspect, in the template's order (derived from the tokenizer and template)
+            options["chat"]["split_markers"] = [[m, n] for m, n in chat.split_markers.items()]
     return options
 
 
@@ -228,15 +234,19 @@ def tokenize(opts: TokenizeOptions, on_start: Callable[[], None] | None = None) 
     # before the output folder is touched (--overwrite empties it): a --backend that cannot run is refused first
     choice = choose_backend(tokenizer.path, opts.backend, opts.chat, lambda: reference)
     folder = OutputFolder(opts.output)
-    complete = folder.prepare(plan, opts.overwrite)
-    for note in folder.notes:
-        _note(note)
-    if complete:
-        return _summary(opts, plan, folder.completed_manifest(), [], len(plan.tasks), True, t0)
-    run = JobRun(opts, tokenizer, chat, plan, folder, reference, t0)
-    with _task_errors(opts, folder):
-        ran, resumed = run.pending_tasks(choice, on_start)
-    return run.publish(ran, resumed)
+    folder.lock([t.index for t in plan.share(opts.num_tasks, opts.task_index)], opts.num_tasks, opts.task_index)
+    try:
+        complete = folder.prepare(plan, opts.overwrite)
+        for note in folder.notes:
+            print_note(note)
+        if complete:
+            return _summary(opts, plan, folder.completed_manifest(), [], len(plan.tasks), True, t0)
+        run = JobRun(opts, tokenizer, chat, plan, folder, reference, t0)
+        with _task_errors(opts, folder):
+            ran, resumed = run.pending_tasks(choice, on_start)
+        return run.publish(ran, resumed)
+    finally:
+        folder.release()
 
 
 @dataclass
@@ -254,9 +264,9 @@ class JobRun:
 
     def __post_init__(self) -> None:
         self.itemsize = np.dtype(self.plan.build["dtype"]).itemsize
-        self.mine = [t for t in self.plan.tasks if t.index % self.opts.num_tasks == self.opts.task_index]
+        self.mine = self.plan.share(self.opts.num_tasks, self.opts.task_index)
         self.fallback = FastokensFallback(self.opts.backend, self.folder.encoder_fallback,
-                                          self.folder.record_encoder_fallback, _note)
+                                          self.folder.record_encoder_fallback, print_note)
 
     def worker_config(self) -> WorkerConfig:
         info = self.tokenizer.info
@@ -265,6 +275,16 @@ class JobRun:
                             append_eos=appends_eos(self.reference.tok, info.eos_id),
                             max_tokens_per_shard=self.opts.max_tokens_per_shard, chat=self.chat,
                             strict_backend=self.opts.backend == "fastokens")
+
+    def start_notes(self) -> list[str]:
+        """What the user hears of as the work starts: what was decided for them about the tokenizer (an EOS taken
+        by its name, a sampling setting set off) and chat markers it encodes as text."""
+        notes = list(self.tokenizer.notes)
+        if self.tokenizer.sampling_off:
+            notes.append(sampling_note(self.tokenizer.path, self.tokenizer.sampling_off))
+        if self.chat is not None and self.chat.split_markers:
+            notes.append(split_markers_note(self.chat.split_markers, self.tokenizer.path))
+        return notes
 
     def _pending(self) -> list[Task]:
         return [t for t in self.mine if not self.fallback.stands(self.folder.done(t, self.itemsize))]
@@ -280,6 +300,8 @@ class JobRun:
             return ran, len(self.mine)
         if on_start is not None:
             on_start()
+        for note in self.start_notes():
+            print_note(note)
         backend = self.fallback.first_backend(choice)
         config = self.worker_config()
         while batch:
@@ -360,10 +382,6 @@ def _task_errors(opts: TokenizeOptions, folder: OutputFolder) -> Iterator[None]:
             f"tokenize` writing to this folder (with --overwrite, or the same --task-index)? Run one such job at "
             f"a time; rerunning resumes"
         ) from None
-
-
-def _note(message: str) -> None:
-    print(f"note: {message}", file=sys.stderr, flush=True)
 
 
 def _summary(opts: TokenizeOptions, plan: TokenizePlan, manifest: Manifest, ran: list[TaskResult], resumed: int,

@@ -95,6 +95,15 @@ def iter_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
         yield b"".join(pending)
 
 
+def holds_conversations(columns: list[str]) -> bool:
+    """Whether a table of ``columns`` looks like conversations (``--chat``'s default columns: messages, or
+    prompt and completion)."""
+    from nanoset.tokenize.chat import ChatColumns  # which reads rows through this module
+
+    chat = ChatColumns()
+    return chat.messages in columns or {chat.prompt, chat.completion} <= set(columns)
+
+
 class TextReader:
     """Yields the texts of one piece in batches, raising (or counting, with ``skip_bad``) bad rows.
 
@@ -152,7 +161,7 @@ class TextReader:
             yield batch
 
     def _missing_column(self, where: str, columns: list[str]) -> NanosetError:
-        return MissingColumnError(where, self.column, columns)
+        return MissingColumnError(where, self.column, columns, conversations=holds_conversations(columns))
 
     def _surrogate(self, text: str) -> str | None:
         """The first lone UTF-16 surrogate in ``text`` as an escape (``\\ud83d``), if any."""

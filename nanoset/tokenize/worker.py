@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ class ChatSetup:
     special_tokens: dict[str, str]
     columns: ChatColumns
     template_file: str | None = None
+    split_markers: dict[str, int] = field(default_factory=dict)  # markers the tokenizer splits (chat.split_markers)
 
 
 @dataclass(frozen=True)

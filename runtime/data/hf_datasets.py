@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nanoset.atomic import writable_folder
 from nanoset.cache import file_stamp
 from nanoset.errors import BadRowError, MissingColumnError, NanosetError, OptionError, WaitTimeout
 from nanoset.format.spec import MANIFEST_NAME
@@ -161,7 +162,7 @@ def prepare_hf_dataset(config: Config, ds: HFDatasetArgs, where: str = "data.dat
     if (out / MANIFEST_NAME).is_file():
         return out
     _check_splits(ds, where)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    writable_folder(out.parent, "set general.cache_dir to a writable folder")
     with _exclusive(out.parent / f".{out.name}.lock", out):
         if (out / MANIFEST_NAME).is_file():  # another process finished it while this one waited
             return out
@@ -176,8 +177,9 @@ def prepare_hf_dataset(config: Config, ds: HFDatasetArgs, where: str = "data.dat
         except MissingColumnError as e:
             keys = ("messages_column_name (or prompt_column_name and completion_column_name)" if ds.sft
                     else "text_column_name")
+            chat = f", which hold conversations: set {where}.sft: true" if e.conversations and not ds.sft else ""
             raise ConfigError(f"{where}.{keys}: {e.column!r} is not a column of {e.where}; the columns "
-                              f"there are: {', '.join(map(str, e.columns)) or 'none'}") from None
+                              f"there are: {', '.join(map(str, e.columns)) or 'none'}{chat}") from None
     return out
 
 

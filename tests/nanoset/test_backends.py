@@ -534,3 +534,34 @@ def test_a_fallback_after_another_machine_finished_says_which_runs_to_rerun(monk
         "those task indices to encode it again")
     assert tokenize(TokenizeOptions(**options, task_index=1)).complete
     assert shard_files(tmp_path / "out") == shard_files(tmp_path / "reference")
+
+
+# ---------------------------------------------------------------- sampling tokenizers ---------
+
+
+def test_a_tokenizer_with_bpe_dropout_is_encoded_without_it(corpus, tmp_path):
+    """``model.dropout: 0.3`` made two runs write other tokens (52,126 then 52,018), auto blamed fastokens ("a
+    fastokens bug") and verify --retokenize advised the same random path: it is set off, said in one note, and
+    the shards are those of the tokenizer without it, with each backend, on every run."""
+    folder = tmp_path / "dropout" / "tokenizer"  # named as the fixture's: the shards' metadata names it
+    folder.mkdir(parents=True)
+    spec = json.loads((TOKENIZER / "tokenizer.json").read_text())
+    spec["model"]["dropout"] = 0.3
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    (folder / "tokenizer_config.json").write_text((TOKENIZER / "tokenizer_config.json").read_text())
+    run(corpus, TOKENIZER, tmp_path / "plain", "tokenizers")
+    plain = shard_files(tmp_path / "plain")
+    note = (f"note: tokenizer {folder / 'tokenizer.json'} sets model.dropout 0.3, which makes its encoding random; it "
+            f"is set off (the output is then a function of the input, the same on every run)")
+    for backend in ("tokenizers", "tokenizers", "auto", "fastokens"):
+        out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
+        proc = run_cli("tokenize", corpus, "-o", out, "--tokenizer", folder, "--backend", backend, "--quiet",
+                       "--task-bytes", 40_000)
+        assert proc.stderr.splitlines() == [note]  # nothing about fastokens differing
+        assert shard_files(out) == plain
+        assert json.loads((out / "nanoset.json").read_text())["build"]["sampling_off"] == {"model.dropout": 0.3}
+    n = open_dataset(out).num_documents
+    assert run_cli("verify", out, "--retokenize", n).stdout.splitlines()[1] == (
+        f"OK: {out}: {n} sampled documents re-encoded from their inputs with {TOKENIZERS}: ids identical to the "
+        f"shards (the tokenizer's model.dropout 0.3 set off, as tokenize does)")
+

@@ -99,8 +99,7 @@ def test_convert_refuses_bad_requests_in_one_line(tmp_path, fixture_dataset):
                   f"pass the tokenizer the data was made with"))
     (tmp_path / "file").write_text("")  # an output under a file: was a bare "[Errno 17] File exists" line
     cases.append((("convert", prefix, "-o", tmp_path / "file" / "o"),
-                  f"{tmp_path}/file/o: cannot create the output folder there (File exists); choose another output "
-                  f"folder"))
+                  f"{tmp_path}/file/o: {tmp_path}/file is a file, not a folder; choose another output folder"))
     for args, message in cases:
         proc = run_cli(*args, check=False)
         assert (proc.returncode, proc.stderr) == (1, f"error: {message}\n"), args

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from nanoset import open_dataset
+from nanoset.errors import NanosetError
 from runtime.config import ConfigError
 from runtime.data.hf_datasets import resolve_stage_folders
 from tests.support import ROOT, TOKENIZER
@@ -105,6 +106,20 @@ def test_hf_stage_errors_name_the_config_keys(tmp_path):
         resolve_stage_folders(hf_config(tmp_path, source, splits="train"))
     with pytest.raises(ConfigError, match=r"^data_stages\[0\] \(sft\).data.dataset.hf_dataset_or_datasets: "):
         resolve_stage_folders(hf_config(tmp_path, tmp_path / "nope"))
+    chats = tmp_path / "chats.jsonl"  # conversations in a stage without sft: true
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(ConfigError) as e:
+        resolve_stage_folders(hf_config(tmp_path, chats))
+    assert str(e.value) == (f"data_stages[0] (sft).data.dataset.text_column_name: 'text' is not a column of {chats}:1; "
+                            f"the columns there are: messages, which hold conversations: set data_stages[0] (sft)"
+                            f".data.dataset.sft: true")
+    (tmp_path / "afile").write_text("")
+    c = hf_config(tmp_path, source)
+    c.general.cache_dir = str(tmp_path / "afile" / "cache")
+    with pytest.raises(NanosetError) as e:
+        resolve_stage_folders(c)
+    assert str(e.value) == (f"data_stages[0] (sft).data.dataset: {tmp_path}/afile/cache: {tmp_path}/afile is a file, "
+                            f"not a folder; set general.cache_dir to a writable folder")
 
 
 HOLD = '''
@@ -193,8 +208,8 @@ def test_a_stage_says_which_dataset_it_tokenizes_and_names_the_config_key_for_eo
     with pytest.raises(ConfigError) as e:
         resolve_stage_folders(c)
     assert str(e.value) == (f"data_stages[0] (sft).data.dataset: tokenizer {tmp_path / 'plain' / 'tokenizer.json'} "
-                            f"declares no EOS token; set tokenizer.eos_token: TOKEN in the config (its special tokens "
-                            f"are: none)")
+                            f"declares no EOS token; set tokenizer.eos_token: TOKEN in the config (it has no special "
+                            f"tokens)")
 
 
 def test_a_tokenizer_mistake_comes_before_any_tokenizing_line_and_names_the_config_key(tmp_path, capsys):
@@ -206,12 +221,16 @@ def test_a_tokenizer_mistake_comes_before_any_tokenizing_line_and_names_the_conf
     c.tokenizer.tokenizer_name_or_path = str(tmp_path / "nope")
     with pytest.raises(ConfigError) as e:
         resolve_stage_folders(c)
-    assert str(e.value).startswith(
-        f"tokenizer.tokenizer_name_or_path (the tokenizer of {where}): tokenizer {str(tmp_path / 'nope')!r}: not a "
-        f"file or folder, and not in the local Hugging Face cache (")
+    assert str(e.value) == (  # a path, not a hub name: no `huggingface-cli download /abs/path` to suggest
+        f"tokenizer.tokenizer_name_or_path (the tokenizer of {where}): tokenizer {str(tmp_path / 'nope')!r}: no such "
+        f"file or folder ({tmp_path} holds no tokenizer); set tokenizer.tokenizer_name_or_path to a tokenizer.json "
+        f"(or a folder holding one)")
+    c.tokenizer.tokenizer_name_or_path = "some-org/not-cached"
+    with pytest.raises(ConfigError) as e:
+        resolve_stage_folders(c)
     assert str(e.value).endswith(
-        f"); nothing is downloaded: set tokenizer.tokenizer_name_or_path to a tokenizer.json (or a folder holding "
-        f"one), or fetch it first with `huggingface-cli download {tmp_path / 'nope'} tokenizer.json`")
+        "); nothing is downloaded: set tokenizer.tokenizer_name_or_path to a tokenizer.json (or a folder holding "
+        "one), or fetch it first with `huggingface-cli download some-org/not-cached tokenizer.json`")
     (tmp_path / "empty").mkdir()
     c.tokenizer.tokenizer_name_or_path = str(tmp_path / "empty")
     with pytest.raises(ConfigError) as e:

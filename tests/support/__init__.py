@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -24,6 +26,28 @@ def run_cli(*args: str | Path, check: bool = True, cwd: Path | None = None, env:
     if check and proc.returncode != 0:
         raise AssertionError(f"nanoset {args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+@contextmanager
+def unwritable(folder: Path) -> Iterator[Path]:
+    """``folder`` (made if missing), where nothing can be created while the block runs, for root too: immutable
+    (``chattr +i``) under root, who passes every permission check; read-only (mode 0o555) otherwise."""
+    import pytest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield folder
+        finally:
+            folder.chmod(0o755)
+        return
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip(f"root, and no immutable folders on this filesystem ({folder}): nowhere root cannot write")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
 
 
 def one_line_error(proc, *fragments: str) -> str:
