@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from nanoset import open_dataset
+from nanoset.format.spec import MANIFEST_NAME, SHARD_TABLE_NAME
 from nanoset.tokenize import backends
 from nanoset.tokenize.backends import choose_backend, load_encoder
 from nanoset.tokenize.byte_offsets import ByteLevelOffsets
@@ -50,7 +51,8 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def shard_files(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != "nanoset.json"}
+    """The shard files: the manifest and its shard table name the encoders, which differ by backend."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name not in (MANIFEST_NAME, SHARD_TABLE_NAME)}
 
 
 def run(corpus: Path, tokenizer: Path, out: Path, backend: str, **options) -> dict:
