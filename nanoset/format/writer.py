@@ -9,6 +9,7 @@ final name, so a crash never leaves a partial shard that looks complete. A write
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Sequence
@@ -211,6 +212,8 @@ def write_manifest(folder: str | Path, manifest: Manifest) -> Path:
         for f in shard_files(shard.name, loss=manifest.loss_masks).values():
             if not (folder / f).is_file():
                 raise NanosetError(f"{folder / f}: missing; finalize every shard before writing the manifest")
+    # the records as they are now: the table of a loaded manifest predates any edit made to its records since
+    manifest = dataclasses.replace(manifest, shards=list(manifest.shards))
     path = folder / MANIFEST_NAME
     text = manifest.to_json().encode("utf-8")
     atomic_write(path, lambda f: f.write(text))

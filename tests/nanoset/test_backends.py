@@ -511,14 +511,14 @@ def test_a_backend_that_cannot_run_is_refused_before_the_output_folder_is_touche
     out = tmp_path / "out"
     options = dict(inputs=[str(FIXTURES / "chat")], output=out, tokenizer=str(folder), chat=True, progress=False)
     tokenize(TokenizeOptions(**options, backend="tokenizers"))
-    before = shard_files(out) | {"nanoset.json": (out / "nanoset.json").read_bytes()}
+    before = shard_files(out) | {name: (out / name).read_bytes() for name in (MANIFEST_NAME, SHARD_TABLE_NAME)}
     with pytest.raises(ValueError, match="--backend fastokens: --chat needs character offsets"):
         tokenize(TokenizeOptions(**options, backend="fastokens", overwrite=True))
     with pytest.raises(ValueError) as e:
         tokenize(TokenizeOptions(**options, backend="fast"))
     assert str(e.value) == "--backend 'fast': choose one of auto, fastokens, tokenizers"
     assert sorted(p.name for p in out.iterdir()) == sorted(before)
-    assert shard_files(out) | {"nanoset.json": (out / "nanoset.json").read_bytes()} == before
+    assert shard_files(out) | {name: (out / name).read_bytes() for name in (MANIFEST_NAME, SHARD_TABLE_NAME)} == before
 
 
 def test_a_fallback_after_another_machine_finished_says_which_runs_to_rerun(monkeypatch, corpus, tmp_path):

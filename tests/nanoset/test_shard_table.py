@@ -181,6 +181,19 @@ def test_a_stale_table_is_detected_and_rebuilt(tmp_path, parses, monkeypatch, ho
     assert table_rows(decoded(folder / SHARD_TABLE_NAME, folder)) == manifest_rows(folder)  # rebuilt in place
 
 
+def test_a_loaded_manifest_edited_and_written_again_gets_the_table_of_its_edited_records(tmp_path):
+    """A loaded manifest's columns were read before its records were edited: written again, its table (and the
+    totals of its JSON) were the old ones."""
+    folder = tmp_path / "d"
+    many_shards(folder, 30)
+    manifest = Manifest.load(folder)
+    manifest.shards[7].max_token_id = 600
+    write_manifest(folder, manifest)
+    assert manifest_rows(folder)[7][3] == json.loads((folder / MANIFEST_NAME).read_text())["max_token_id"] == 600
+    assert table_rows(decoded(folder / SHARD_TABLE_NAME, folder)) == manifest_rows(folder)
+    assert open_dataset(folder).max_token_id == 600
+
+
 def reseal(data: bytes, at: int, value: bytes) -> bytes:
     """``data`` with ``value`` written at ``at`` and its closing sha256 made right again."""
     body = bytearray(data[: -shardtable.DIGEST])
