@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import IO, Any
 
 BLOCK = 1 << 20  # characters read at a time
@@ -103,16 +102,10 @@ class _Reader:
                 return
 
 
-def read_object(path: Path, array_key: str, on_batch: Callable[[list[Any]], None]) -> dict[str, Any]:
-    """The JSON object in ``path``, less ``array_key``: the elements of that array are passed to ``on_batch``
-    in order instead, a list of up to ``BATCH`` at a time. ValueError when the file is not a JSON object,
-    ``array_key`` is missing, repeated or not an array, or anything follows the object."""
-    with open(path, encoding="utf-8") as f:
-        return read_object_from(f, array_key, on_batch)
-
-
-def read_object_from(f: IO[str], array_key: str, on_batch: Callable[[list[Any]], None]) -> dict[str, Any]:
-    """``read_object`` of a text file already open (at its start)."""
+def read_object(f: IO[str], array_key: str, on_batch: Callable[[list[Any]], None]) -> dict[str, Any]:
+    """The JSON object in the text file ``f`` (open at its start), less ``array_key``: the elements of that array
+    are passed to ``on_batch`` in order instead, a list of up to ``BATCH`` at a time. ValueError when the file is
+    not a JSON object, ``array_key`` is missing, repeated or not an array, or anything follows the object."""
     out: dict[str, Any] = {}
     seen = False
     r = _Reader(f)

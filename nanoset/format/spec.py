@@ -23,7 +23,7 @@ from typing import IO, Any
 import numpy as np
 
 from nanoset.errors import NanosetError
-from nanoset.format.jsonstream import read_object_from
+from nanoset.format.jsonstream import read_object
 
 FORMAT_NAME = "nanoset"
 FORMAT_VERSION = 1
@@ -385,7 +385,7 @@ def _load_streamed(path: Path, text: IO[str]) -> Manifest:
             raise ValueError("not a shard record")
         builder.add(rows)
 
-    d = read_object_from(text, "shards", shards)
+    d = read_object(text, "shards", shards)
     if d.get("format") != FORMAT_NAME or d.get("version") != FORMAT_VERSION:
         raise ValueError("another format or version")
     return manifest_from_json(d, ManifestShards(path, builder.table()))
