@@ -127,6 +127,7 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
     if samples < 0:
         raise NanosetError(f"--samples must be ≥ 0, got {samples}")
     ds = open_dataset(path)
+    ds.check_sizes()
     lengths = _document_lengths(ds)
     max_id = ds.max_token_id
     tok_info = ds.tokenizer

@@ -212,6 +212,7 @@ class MegatronShardReader(ShardReader):
         self.tokens_path = data
         self.index_path = ends_path
         self.metadata_path = self.megatron_index.path
+        self._bytes[1] = None  # the cached ends file: its size is where the document count came from
 
     def check_sizes(self) -> None:
         expected = self.num_tokens * self.dtype.itemsize

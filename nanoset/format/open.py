@@ -23,8 +23,7 @@ def open_dataset(path: str | Path) -> NanosetReader:
         shards = ShardList(folder, manifest.table, dtype_from_name(manifest.dtype), manifest.loss_masks)
         if not len(shards):
             raise NanosetError(f"{folder}: the dataset has no shards")
-        shards.check_sizes()
-        return NanosetReader(folder, shards, manifest.tokenizer, manifest)
+        return NanosetReader(folder, shards, manifest.tokenizer, manifest)  # sizes: checked as each file is mapped
     prefixes = megatron_prefixes(folder)
     if prefixes is not None:
         return open_megatron(folder, prefixes)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from nanoset import open_dataset
+from nanoset.format.spec import MANIFEST_NAME, SHARD_TABLE_NAME
 from nanoset.tokenize import backends
 from nanoset.tokenize.backends import choose_backend, load_encoder
 from nanoset.tokenize.byte_offsets import ByteLevelOffsets
@@ -50,7 +51,8 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def shard_files(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != "nanoset.json"}
+    """The shard files: the manifest and its shard table name the encoders, which differ by backend."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name not in (MANIFEST_NAME, SHARD_TABLE_NAME)}
 
 
 def run(corpus: Path, tokenizer: Path, out: Path, backend: str, **options) -> dict:
@@ -509,14 +511,14 @@ def test_a_backend_that_cannot_run_is_refused_before_the_output_folder_is_touche
     out = tmp_path / "out"
     options = dict(inputs=[str(FIXTURES / "chat")], output=out, tokenizer=str(folder), chat=True, progress=False)
     tokenize(TokenizeOptions(**options, backend="tokenizers"))
-    before = shard_files(out) | {"nanoset.json": (out / "nanoset.json").read_bytes()}
+    before = shard_files(out) | {name: (out / name).read_bytes() for name in (MANIFEST_NAME, SHARD_TABLE_NAME)}
     with pytest.raises(ValueError, match="--backend fastokens: --chat needs character offsets"):
         tokenize(TokenizeOptions(**options, backend="fastokens", overwrite=True))
     with pytest.raises(ValueError) as e:
         tokenize(TokenizeOptions(**options, backend="fast"))
     assert str(e.value) == "--backend 'fast': choose one of auto, fastokens, tokenizers"
     assert sorted(p.name for p in out.iterdir()) == sorted(before)
-    assert shard_files(out) | {"nanoset.json": (out / "nanoset.json").read_bytes()} == before
+    assert shard_files(out) | {name: (out / name).read_bytes() for name in (MANIFEST_NAME, SHARD_TABLE_NAME)} == before
 
 
 def test_a_fallback_after_another_machine_finished_says_which_runs_to_rerun(monkeypatch, corpus, tmp_path):

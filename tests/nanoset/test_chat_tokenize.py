@@ -260,7 +260,8 @@ def test_inspect_and_verify_chat_folder(chat_dataset, tokenizer, eos_id, tmp_pat
     text = run_cli("inspect", chat_dataset, "--samples", 1).stdout
     assert f"loss masks: {trained:,} of {st['num_tokens']:,} tokens trained on" in text
     assert "[[The word library backwards is yrarbil.<|im_end|>" in text
-    assert run_cli("verify", chat_dataset).stdout.endswith("(checksums, index, token ids, EOS and loss masks)\n")
+    assert run_cli("verify", chat_dataset).stdout.endswith(
+        "(checksums, shard table, index, token ids, EOS and loss masks)\n")
 
     bad = tmp_path / "bad"
     shutil.copytree(chat_dataset, bad)

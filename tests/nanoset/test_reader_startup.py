@@ -158,11 +158,12 @@ def test_streamed_object_equals_json_loads_at_any_block_size(tmp_path, monkeypat
         path = tmp_path / "m.json"
         path.write_text(text)
         got = []
-        rest = jsonstream.read_object(path, "shards", got.extend)
+        with open(path, encoding="utf-8") as f:
+            rest = jsonstream.read_object(f, "shards", got.extend)
         expected = json.loads(text)
         assert got == expected.pop("shards") and rest == expected
     for bad in ('{"shards": [1,]}', '{"shards": [1] "x": 2}', '[1]', '{"shards": 1}', '{"a": 1}', '{"shards": []} x',
                 '{"shards": [], "shards": []}'):
         path.write_text(bad)
-        with pytest.raises(ValueError):
-            jsonstream.read_object(path, "shards", got.extend)
+        with open(path, encoding="utf-8") as f, pytest.raises(ValueError):
+            jsonstream.read_object(f, "shards", got.extend)
