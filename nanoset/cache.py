@@ -96,7 +96,7 @@ class DerivedCache:
         except (OSError, ValueError, EOFError):  # missing, or not an .npy file as this cache writes them
             pass
         value = compute()
-        self._store(path, lambda: atomic_write_array(path, value))
+        self.store(path, lambda: atomic_write_array(path, value))
         return value
 
     def record(self, key: dict[str, Any], compute: Callable[[], dict[str, Any]], slot: str | None = None,
@@ -114,17 +114,20 @@ class DerivedCache:
         except (OSError, ValueError):  # missing, unreadable, not JSON (a damaged file)
             pass
         stored = {**expected, **compute()}
-        self._store(path, lambda: atomic_write_text(path, json.dumps(stored)))
+        self.store(path, lambda: atomic_write_text(path, json.dumps(stored)))
         return stored
 
-    def _store(self, path: Path, write: Callable[[], None]) -> None:
-        """``write()`` into the cache; where it cannot, one note per process and root (the caller goes on)."""
+    def store(self, path: Path, write: Callable[[], None]) -> bool:
+        """``write()`` a file of this cache (``path`` under ``folder``; ``write`` atomic); where it cannot, one note
+        per process and root, and False (the caller goes on with what it computed)."""
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write()
+            return True
         except (OSError, WriteFailed) as e:
             reason = e.reason if isinstance(e, WriteFailed) else (e.strerror or str(e))
             _note_unwritable(self.root, path, reason)
+            return False
 
 
 def _note_unwritable(root: Path, path: Path, reason: str) -> None:

@@ -21,8 +21,8 @@ from typing import IO
 import numpy as np
 
 from nanoset.atomic import atomic_write
+from nanoset.cache import DerivedCache
 from nanoset.errors import NanosetError
-from nanoset.format.cache import cache_dir
 from nanoset.format.spec import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -117,7 +117,7 @@ def load_manifest(path: Path) -> Manifest:
 
 def cached_table_path(sha256: bytes) -> Path:
     """Where the user cache keeps the table of the manifest with this sha256 (a folder that cannot be written)."""
-    return cache_dir() / CACHE_FOLDER / (sha256.hex() + ".bin")
+    return DerivedCache(CACHE_FOLDER).folder / (sha256.hex() + ".bin")
 
 
 def store_table(beside: Path, cached: Path, data: bytes) -> Path | None:
@@ -131,13 +131,10 @@ def store_table(beside: Path, cached: Path, data: bytes) -> Path | None:
 
 
 def store_in_cache(path: Path, data: bytes) -> Path | None:
-    """The user-cache write of a table: a cache, so a failure only means the work is done again next time."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda f: f.write(data))
-        return path
-    except (OSError, NanosetError):
-        return None
+    """The user-cache write of a table: a cache, so a failure only means the work is done again next time (with the
+    cache's one note)."""
+    written = DerivedCache(CACHE_FOLDER).store(path, lambda: atomic_write(path, lambda f: f.write(data)))
+    return path if written else None
 
 
 def _read(path: Path) -> bytes | None:
