@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,9 @@ from typing import IO
 
 import numpy as np
 
-from nanoset.errors import WRITE_ERRNOS, NanosetError, WriteFailed
+from nanoset.errors import WRITE_ERRNOS, WriteFailed, unwritable_folder
+
+PROBE_PREFIX = ".nanoset-probe-"  # what writable_folder creates and removes at once, to see that it can
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
@@ -68,15 +71,25 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def writable_folder(folder: Path, advice: str, named: Path | None = None) -> Path:
+    """``folder``, created with its parents where missing, and checked to take new entries; where either fails,
+    one line naming it (or ``named``, what is made in it) and ``advice`` (``unwritable_folder``), not a bare errno
+    from deep inside a job. It tries (a probe folder made and removed) rather than asks ``os.access``: root
+    passes every permission check, yet can create nothing in /sys, on a read-only filesystem or in an immutable
+    folder."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=PROBE_PREFIX, dir=folder))
+    except OSError as e:
+        raise unwritable_folder(named or folder, e, advice) from None
+    return folder
+
+
 def fresh_folder_beside(out: Path, tmp_name: str) -> Path:
     """An empty folder ``tmp_name`` beside ``out`` (its parents made), where an output is built before its
-    rename into place; a place where it cannot be made is one line naming ``out``, not a bare errno."""
-    tmp = out.with_name(tmp_name)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    except OSError as e:
-        raise NanosetError(f"{out}: cannot create the output folder there ({e.strerror}); choose another "
-                           f"output folder") from None
+    rename into place; a place where it cannot be made is one line (``writable_folder``), not a bare errno."""
+    tmp = writable_folder(out.parent, "choose another output folder", named=out) / tmp_name
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     return tmp

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.atomic import fresh_folder_beside
-from nanoset.errors import NanosetError
+from nanoset.errors import NanosetError, print_note
 from nanoset.format.maxid import check_token_ids
 from nanoset.format.open import open_dataset
 from nanoset.format.reader import NanosetReader, ShardReader, loss_mask_problem
@@ -55,7 +55,10 @@ def _tokenizer_info(ds: NanosetReader, spec: str | None, eos_token: str | None, 
         return TokenizerInfo(name=ds.tokenizer.name if ds.tokenizer else "unknown", vocab_size=None)
     from nanoset.tokenize.tokenizer import resolve_tokenizer
 
-    info = resolve_tokenizer(spec, eos_token).info
+    resolved = resolve_tokenizer(spec, eos_token)
+    for note in resolved.notes:  # an EOS taken by its name: recorded, so said
+        print_note(note)
+    info = resolved.info
     if top >= info.vocab_size:
         raise NanosetError(f"{src}: holds token id {top}, ≥ the vocab size {info.vocab_size} of tokenizer {spec!r}; "
                            f"pass the tokenizer the data was made with")

@@ -13,6 +13,7 @@ import errno
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 
 class NanosetError(ValueError):
@@ -49,6 +50,32 @@ class WriteFailed(NanosetError):
                 f"same command" + (": finished work is kept" if self.resumable else ""))
 
 
+class FolderNotWritable(NanosetError):
+    """A folder that cannot be created, or written in, here (a read-only place, another user's folder, /sys):
+    ``unwritable_folder`` words it."""
+
+
+def unwritable_folder(folder: Path, error: OSError, advice: str) -> FolderNotWritable:
+    """The one line for ``error``, met creating ``folder`` (or a folder beside it, or an entry in it): the
+    folder, where creating failed and why in the system's words (not an errno line naming a temporary file),
+    then ``advice``: what to do, in the caller's terms ("choose another -o folder"), to which the way out of a
+    permission error is added."""
+    folder = Path(folder)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    where = Path(error.filename).parent if error.filename else existing
+    if not existing.is_dir():
+        reason = "is a file, not a folder" if existing == folder else f"{existing} is a file, not a folder"
+    elif where == folder:
+        reason = f"cannot write in it ({error.strerror})"
+    else:
+        reason = f"cannot create it in {where} ({error.strerror})"
+    if error.errno in (errno.EACCES, errno.EPERM) and existing.is_dir():
+        advice += f", or make {'it' if where == folder else where} writable"
+    return FolderNotWritable(f"{folder}: {reason}; {advice}")
+
+
 class MissingPath(NanosetError, FileNotFoundError):
     """A file or folder the user named (or a run needs) does not exist."""
 
@@ -63,15 +90,49 @@ class WaitTimeout(NanosetError, TimeoutError):
 
 class MissingColumnError(NanosetError):
     """An input lacks the text column. Carries the facts, so a caller (the CLI, or the runtime's
-    Hugging Face stages) can name its own option for the column; pickles across worker processes."""
+    Hugging Face stages) can name its own option for the column; pickles across worker processes.
+    ``conversations``: the columns there are those of conversations (read as text without ``--chat``)."""
 
-    def __init__(self, where: str, column: str, columns: list[str], option: str = "--text-column") -> None:
-        super().__init__(where, column, columns, option)
+    def __init__(self, where: str, column: str, columns: list[str], option: str = "--text-column",
+                 conversations: bool = False) -> None:
+        super().__init__(where, column, columns, option, conversations)
         self.where, self.column, self.columns, self.option = where, column, list(columns), option
+        self.conversations = conversations
 
     def __str__(self) -> str:
-        return (f"{self.where}: no column {self.column!r}; the columns there are: "
-                f"{', '.join(map(str, self.columns)) or 'none'} (choose one with {self.option})")
+        there = (f"{self.where}: no column {self.column!r}; the columns there are: "
+                 f"{', '.join(map(str, self.columns)) or 'none'}")
+        if self.conversations:
+            return f"{there}, which hold conversations: add --chat (or choose a text column with {self.option})"
+        return f"{there} (choose one with {self.option})"
+
+
+class OptionError(NanosetError):
+    """A job option whose value cannot be used: ``option`` names it as ``TokenizeOptions`` does (``tokenizer``,
+    ``chat_template``), so a caller with other names for its options (the runtime's config) can name its own."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(option, message)
+        self.option, self.message = option, message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+SKIP_HINT = " (pass --skip-bad-lines to skip and count such lines)"  # how the command goes past a bad row
+
+
+class BadRowError(NanosetError):
+    """A malformed input row: ``problem`` names it (file, line, what is wrong); the message adds the command's
+    way past it (``SKIP_HINT``), which a caller without that flag (a config) replaces with its own advice.
+    Pickles across worker processes."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+    def __str__(self) -> str:
+        return self.problem + SKIP_HINT
 
 
 # OSErrors that come from the machine, not from a bug: said in one line (they name the path)
@@ -81,13 +142,13 @@ ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, err
 
 
 def killed_by(signum: int) -> str:
-    """How a process that a signal ended died, for a message: ``killed by SIGKILL (out of memory?)``, or
-    ``killed by signal 34`` for a signal without a name (a real-time one)."""
+    """How a process that a signal ended died, for a message: ``killed by SIGKILL (often the out-of-memory
+    killer)``, or ``killed by signal 34`` for a signal without a name (a real-time one)."""
     try:
         name = signal.Signals(signum).name
     except ValueError:
         return f"killed by signal {signum}"
-    return f"killed by {name}" + (" (out of memory?)" if signum == signal.SIGKILL else "")
+    return f"killed by {name}" + (" (often the out-of-memory killer)" if signum == signal.SIGKILL else "")
 
 
 def user_message(error: BaseException) -> str | None:
@@ -101,6 +162,11 @@ def user_message(error: BaseException) -> str | None:
 
 def print_error(message: str) -> None:
     print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def print_note(message: str) -> None:
+    """What a command decided for the user, or wants them to know, without stopping: one ``note:`` line."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
 
 
 def report_user_errors(main: Callable[[], int | None], report: Callable[[str], None] = print_error) -> int:

@@ -127,6 +127,7 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
     if samples < 0:
         raise NanosetError(f"--samples must be ≥ 0, got {samples}")
     ds = open_dataset(path)
+    ds.check_sizes()
     lengths = _document_lengths(ds)
     max_id = ds.max_token_id
     tok_info = ds.tokenizer
@@ -166,6 +167,8 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
         "loss_tokens": loss_tokens,
         "loss_share": round(loss_tokens / ds.num_tokens, 4) if loss_tokens is not None and ds.num_tokens else None,
         "loss_mask_rule": ds.manifest.loss_mask_rule if ds.manifest is not None and ds.has_loss_masks else None,
+        # chat markers of the template that the tokenizer encodes in several pieces (tokenize --chat recorded them)
+        "split_markers": ((ds.manifest.build.get("chat") or {}).get("split_markers") or []) if ds.manifest else [],
         "skipped_examples": list(ds.manifest.skipped_examples) if ds.manifest else [],
         "decoder_warning": decoder_warning,
         "document_length": _length_stats(lengths) if len(lengths) else None,
@@ -202,6 +205,9 @@ def render_text(st: dict[str, Any]) -> str:
         rule = st.get("loss_mask_rule")
         out.append(f"  loss-mask rule {rule}: {LOSS_MASK_RULES.get(rule, 'unknown to this nanoset')}" if rule
                    else "  loss-mask rule: not recorded (masks not made by nanoset tokenize --chat)")
+    if st.get("split_markers"):
+        out.append("  chat markers that are not tokens, encoded as text: "
+                   + ", ".join(f"{m!r} in {n} tokens" for m, n in st["split_markers"]))
     if st["document_length"]:
         dl = st["document_length"]
         out.append("  document length (tokens): " + "  ".join(f"{k} {dl[k]:,}" for k in

@@ -12,6 +12,7 @@ from nanoset.format.maxid import check_token_ids
 from nanoset.format.megatron import MegatronShardReader, verify_megatron_shard
 from nanoset.format.open import open_dataset
 from nanoset.format.reader import NanosetReader, ShardReader, index_problem, loss_mask_problem, missing_file
+from nanoset.format.shardtable import check_shard_table
 from nanoset.format.spec import ShardInfo
 
 CHUNK_TOKENS = 1 << 24
@@ -103,7 +104,7 @@ def _checked(ds: NanosetReader) -> str:
     """What was verified, in words."""
     if ds.format == "megatron":
         return "sizes and offsets; Megatron data: no checksums, and its documents need not end with EOS"
-    parts = ["checksums", "index", "token ids"] if ds.format == "nanoset" else ["sizes", "index"]
+    parts = ["checksums", "shard table", "index", "token ids"] if ds.format == "nanoset" else ["sizes", "index"]
     parts += ["EOS"] * _checks_eos(ds) + ["loss masks"] * ds.has_loss_masks
     words = ", ".join(parts[:-1]) + " and " + parts[-1]
     if ds.format == "datatrove":
@@ -122,6 +123,8 @@ def check_retokenize_count(count: int) -> None:
 def verify_dataset(path: Path) -> str:
     """Verify every shard of the dataset at ``path``; returns a one-line report, raises on a problem."""
     ds = open_dataset(path)
+    if ds.manifest is not None:
+        check_shard_table(ds.manifest)
     largest = max(verify_shard(ds, shard, ds.manifest.shards[i] if ds.manifest else None)
                   for i, shard in enumerate(ds.shards))
     return (f"OK: {path}: {len(ds.shards)} shards, {ds.num_documents:,} documents, {ds.num_tokens:,} tokens, "

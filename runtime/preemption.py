@@ -126,7 +126,7 @@ class StopOnSignal:
         self.signum: int | None = None  # the first stop signal this process received
         self.launcher_lost = False
         self.agreed_code = 0  # the world's MAX: a signal number, LAUNCHER_LOST, or 0
-        self.phase = "start-up"  # then "training", then "done"
+        self.phase = "start-up"  # then "training"; then how the loop ended: "done", "stopped" or "failed"
         self._holding = 0
         self._previous: dict = {}
         self._watcher: threading.Thread | None = None
@@ -212,12 +212,18 @@ class StopOnSignal:
 
     @contextmanager
     def training(self) -> Iterator[StopOnSignal]:
-        """From here a signal only sets the flag; the loop stops after the step the ranks agree on."""
+        """From here a signal only sets the flag; the loop stops after the step the ranks agree on. How the loop
+        ends decides what a later signal means: after its last step ("done") the run finishes what follows (the
+        final checkpoint, the export) and says so; after the agreed stop ("stopped") it is the same stop again;
+        after an error ("failed": a bug, or a collective broken by a rank that died) nothing follows but the
+        process's end, which torchrun's agent hastens with SIGTERM: no note either."""
         self.phase = "training"
         try:
             yield self
-        finally:
-            self.phase = "done"
+        except BaseException:
+            self.phase = "failed"
+            raise
+        self.phase = "stopped" if self.agreed_code else "done"
 
     def agreed(self, device) -> bool:
         """True on every rank as soon as any rank has received a stop signal (or lost its launcher)."""

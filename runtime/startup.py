@@ -36,7 +36,8 @@ from runtime.checkpoint.run_folder import (
 )
 from runtime.config import Config
 from runtime.config.load import load_config
-from runtime.data.hf_cache import resolve_stage_folders
+from runtime.data.hf_datasets import resolve_stage_folders
+from runtime.data.order.packing import shorter_sequence_length
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.validation_sets import ValidationSet, open_validation_sets, training_readers
 from runtime.hf.preflight import check_init_from_hf
@@ -139,12 +140,17 @@ def describe_start(startup: Startup) -> str:
 
 
 LOST_TOKENS_NOTE = 0.02  # packing that loses more than this share of a dataset's tokens is worth a note
+# packed samples more than this share padding are worth a note suggesting a shorter length. Next-fit packing keeps
+# any two consecutive samples over one sample's worth of tokens, so it passes 1/2 only for a dataset under one
+# sample (or one that drops documents); a quarter of the compute spent on padding is already worth a line
+PADDING_NOTE = 0.25
 
 
 def startup_notes(startup: Startup) -> list[str]:
     """What a user would want to know before the run goes on, said once at start-up: a resume in another layout
     or with another batch, a learning-rate schedule recomputed for another length, a stage that repeats samples
-    (more than one epoch of a dataset), packing that drops or truncates a share of a dataset's tokens."""
+    (more than one epoch of a dataset), packing that drops or truncates a share of a dataset's tokens or whose
+    samples are more than a quarter padding."""
     c, plan, metadata = startup.config, startup.plan, startup.start.metadata
     notes = []
     if metadata is not None:
@@ -185,4 +191,15 @@ def startup_notes(startup: Startup) -> list[str]:
                 notes.append(f"packing {named[w.folder]} at sequence length {w.sequence_length}: {100 * lost:.1f}% of "
                              f"its tokens {fate.format(w.sequence_length + 1)}; raise the stage's sequence_length "
                              f"to train on them")
+            if w.padding_share > PADDING_NOTE:
+                target = PADDING_NOTE / 2
+                shorter = shorter_sequence_length(w.reader, w.sequence_length, w.drop_long_documents, target,
+                                                  max(lost, LOST_TOKENS_NOTE))
+                fix = (f"a stage sequence_length of {shorter[0]} would pad {100 * shorter[1]:.1f}%" if shorter else
+                       f"no shorter power of two (down to 16) pads it under {100 * target:g}% without cutting more "
+                       f"of its tokens")
+                notes.append(f"packing {named[w.folder]} at sequence length {w.sequence_length}: "
+                             f"{100 * w.padding_share:.1f}% of its samples' tokens are padding, computed but never "
+                             f"learned from ({w.num_samples:,} samples of {w.sequence_length + 1:,} tokens hold its "
+                             f"{w.kept_tokens:,}); {fix}")
     return notes

@@ -61,18 +61,26 @@ def report_per_node(message: str) -> None:
     report_once(message, reporter=int(os.environ.get("LOCAL_RANK", "0")) == 0)
 
 
-def train(config_path: str) -> int:
+def train(config_path: str, overrides: list[str] | None = None) -> int:
     """Start up (a mistake there is said by every node's local rank 0: each node has its own log), then train
-    (a mistake found by then, e.g. data changed since the checkpoint, is said by global rank 0)."""
+    (a mistake found by then, e.g. data changed since the checkpoint, is said by global rank 0; a collective that
+    another rank's end broke leaves its traceback in the run folder, said by the launcher). ``overrides``:
+    ``--set KEY=VALUE``, applied to the file as ``nanoset train`` applied them."""
+    from runtime.config.load import load_config
     from runtime.startup import start_up
 
-    startup = start_up(config_path)
+    startup = start_up(load_config(config_path, overrides) if overrides else config_path)
+    from runtime.broken_collective import BROKEN_COLLECTIVE_STATUS, leave_quietly
     from runtime.trainer import Trainer
 
     trainer = Trainer(startup.config, startup=startup)
     try:
         return report_user_errors(lambda: trainer.train().exit_status, report=lambda message: report_once(
             message, reporter=trainer.is_main, reporters_node=os.environ.get("GROUP_RANK", "0") == "0"))
+    except Exception as e:
+        if not leave_quietly(e, trainer.run_dir, trainer.parallel_context.world_rank, trainer.last_step):
+            raise
+        return BROKEN_COLLECTIVE_STATUS
     finally:
         trainer.close()
 
@@ -88,10 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopOnSignal(PARENT_AT_START)
     try:
         stop.install()  # inside: a stop forwarded the moment the handlers are in place is a StopRequested here
+        from runtime.config.overrides import add_set_option
+
         ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
         ap.add_argument("--config", required=True, help="YAML config (see docs/config.md)")
+        add_set_option(ap)
         args = ap.parse_args(argv)
-        return report_user_errors(lambda: train(args.config), report=report_per_node)
+        return report_user_errors(lambda: train(args.config, args.overrides), report=report_per_node)
     except StopRequested as e:
         return stopped_before_training(e.signum)
     except Exception as e:

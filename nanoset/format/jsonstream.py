@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 BLOCK = 1 << 20  # characters read at a time
 BATCH = 1024  # array elements handed over at a time
@@ -103,33 +102,32 @@ class _Reader:
                 return
 
 
-def read_object(path: Path, array_key: str, on_batch: Callable[[list[Any]], None]) -> dict[str, Any]:
-    """The JSON object in ``path``, less ``array_key``: the elements of that array are passed to ``on_batch``
-    in order instead, a list of up to ``BATCH`` at a time. ValueError when the file is not a JSON object,
-    ``array_key`` is missing, repeated or not an array, or anything follows the object."""
+def read_object(f: IO[str], array_key: str, on_batch: Callable[[list[Any]], None]) -> dict[str, Any]:
+    """The JSON object in the text file ``f`` (open at its start), less ``array_key``: the elements of that array
+    are passed to ``on_batch`` in order instead, a list of up to ``BATCH`` at a time. ValueError when the file is
+    not a JSON object, ``array_key`` is missing, repeated or not an array, or anything follows the object."""
     out: dict[str, Any] = {}
     seen = False
-    with open(path, encoding="utf-8") as f:
-        r = _Reader(f)
-        r.expect("{")
-        first = True
-        while r.peek() != "}":
-            if not first:
-                r.expect(",")
-            first = False
-            key = r.value()
-            if not isinstance(key, str) or key in out or (key == array_key and seen):
-                raise ValueError(f"key {key!r}: not a string, or repeated")
-            r.expect(":")
-            if key != array_key:
-                out[key] = r.value()
-                continue
-            seen = True
-            r.expect("[")
-            r.elements(on_batch)
-        r.expect("}")
-        if r.peek() != "":
-            raise ValueError("text after the object")
+    r = _Reader(f)
+    r.expect("{")
+    first = True
+    while r.peek() != "}":
+        if not first:
+            r.expect(",")
+        first = False
+        key = r.value()
+        if not isinstance(key, str) or key in out or (key == array_key and seen):
+            raise ValueError(f"key {key!r}: not a string, or repeated")
+        r.expect(":")
+        if key != array_key:
+            out[key] = r.value()
+            continue
+        seen = True
+        r.expect("[")
+        r.elements(on_batch)
+    r.expect("}")
+    if r.peek() != "":
+        raise ValueError("text after the object")
     if not seen:
         raise ValueError(f"no {array_key!r} array")
     return out

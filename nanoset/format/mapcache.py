@@ -40,11 +40,15 @@ def new_key() -> int:
     return next(_keys)
 
 
-def map_file(path: Path, dtype: np.dtype) -> np.ndarray:
-    """A read-only ndarray over the whole file; the descriptor used to map it is closed at once."""
+def map_file(path: Path, dtype: np.dtype, expected_bytes: int | None = None) -> np.ndarray:
+    """A read-only ndarray over the whole file; the descriptor used to map it is closed at once. With
+    ``expected_bytes``, a file of another size is refused (the size a shard's counts imply: checked here,
+    at no cost, rather than by a ``stat`` of every file at open)."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
+            if expected_bytes is not None and size != expected_bytes:
+                raise wrong_size(path, size, expected_bytes, path.parent)
             if size == 0:
                 return np.empty(0, dtype=dtype)
             if size % dtype.itemsize:
@@ -52,7 +56,7 @@ def map_file(path: Path, dtype: np.dtype) -> np.ndarray:
                                    f"while in use (run `nanoset verify {path.parent}`)")
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ, **_MMAP_KWARGS)
     except FileNotFoundError:  # still a FileNotFoundError: a cache file (Megatron's ends) is rebuilt then
-        raise MissingPath(f"{path}: missing: the file was removed or moved after the dataset was opened; restore "
+        raise MissingPath(f"{path}: missing: the file was removed or moved since the dataset was written; restore "
                            f"it (run `nanoset verify {path.parent}`) and rerun") from None
     except OSError as e:
         if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
@@ -60,6 +64,12 @@ def map_file(path: Path, dtype: np.dtype) -> np.ndarray:
         raise NanosetError(f"{path}: cannot map it ({e.strerror}): set ${ENV_MAX_OPEN_SHARDS} lower (shards kept "
                            f"mapped, now {_cache.capacity // 2}) or raise `ulimit -n`") from None
     return np.frombuffer(mm, dtype=dtype)
+
+
+def wrong_size(path: str | Path, size: int, expected: int, folder: Path) -> NanosetError:
+    """The error for a shard file whose size is not the one its counts imply."""
+    return NanosetError(f"{path}: {size} bytes, expected {expected}; the file is truncated or replaced "
+                        f"(run `nanoset verify {folder}`)")
 
 
 def default_max_open_shards() -> int:
@@ -84,7 +94,7 @@ class MapCache:
         self._maps: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[int, str], path: Path, dtype: np.dtype) -> np.ndarray:
+    def get(self, key: tuple[int, str], path: Path, dtype: np.dtype, expected_bytes: int | None = None) -> np.ndarray:
         arr = self._maps.get(key)  # the hot path takes no lock: each dict operation is atomic
         if arr is not None:
             try:
@@ -92,7 +102,7 @@ class MapCache:
             except KeyError:  # evicted by another thread meanwhile: the array stays valid all the same
                 pass
             return arr
-        arr = map_file(path, dtype)
+        arr = map_file(path, dtype, expected_bytes)
         with self._lock:
             self._maps[key] = arr
             self._evict()

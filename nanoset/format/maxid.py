@@ -1,25 +1,20 @@
 """The largest token id of a dataset folder, known before training starts.
 
 Nanoset manifests record it per shard. A datatrove folder (or a manifest older than that field)
-does not: its shards are scanned once and the result recorded in a small JSON file keyed by the
-token files' names and stamps (``nanoset.format.cache.file_stamp``), so an unchanged folder is never
-rescanned and a changed one always is. The record lives in the user's cache (``nanoset.format.cache``)
-because dataset folders are often read-only; when that is not writable either, the scan is simply not
-recorded.
+does not: its shards are scanned once and the result recorded, one record per folder, keyed by the
+token files' names and stamps, in the user's cache (``nanoset.cache``: an unchanged folder is never
+rescanned and a changed one always is; a cache that cannot be written costs a rescan at the next start).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from nanoset.atomic import atomic_write_text
+from nanoset.cache import DerivedCache, file_stamp, key_digest
 from nanoset.errors import NanosetError
-from nanoset.format.cache import cache_dir, file_stamp
 from nanoset.format.spec import UNRECORDED
 
 SCAN_CHUNK = 1 << 24  # tokens per max() call: bounded memory whatever the shard size
@@ -44,17 +39,6 @@ def scan_max(tokens: np.ndarray, path: Path) -> int:
     return top
 
 
-def _record_path(folder: Path) -> Path:
-    return cache_dir() / "max-token-id" / (hashlib.sha256(str(folder).encode()).hexdigest()[:32] + ".json")
-
-
-def _load(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def dataset_max_token_id(reader: Any) -> int:
     """The largest id of a ``NanosetReader``'s data: from the manifest, else a recorded or new scan."""
     shards = reader.shards
@@ -68,15 +52,14 @@ def dataset_max_token_id(reader: Any) -> int:
         return max(known, default=-1)
     folder = Path(reader.folder).resolve()
     files = [[shards[i].name, *file_stamp(shards[i].tokens_path)] for i in unknown]
-    path = _record_path(folder)
-    saved = _load(path)
-    if saved and saved.get("folder") == str(folder) and saved.get("files") == files:
-        found = saved["max_token_ids"]
-    else:
-        found = [scan_max(shards[i].tokens, shards[i].tokens_path) for i in unknown]
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(path, json.dumps({"folder": str(folder), "files": files, "max_token_ids": found}))
-        except (OSError, NanosetError):  # nowhere writable, or a full disk (WriteFailed)
-            pass  # correct all the same, only rescanned next time
-    return max(known + found, default=-1)
+
+    def scan() -> dict[str, Any]:
+        return {"max_token_ids": [scan_max(shards[i].tokens, shards[i].tokens_path) for i in unknown]}
+
+    def valid(record: dict[str, Any]) -> bool:
+        ids = record.get("max_token_ids")
+        return isinstance(ids, list) and len(ids) == len(unknown) and all(type(i) is int for i in ids)
+
+    key = {"folder": str(folder), "files": files}
+    record = DerivedCache("max-token-id").record(key, scan, key_digest(str(folder)), valid)
+    return max(known + record["max_token_ids"], default=-1)

@@ -9,15 +9,16 @@ is the ``.bin`` file itself, mapped with its dtype: nothing is copied.
 Our readers need each document's cumulative token end. Megatron stores sequence boundaries, so
 the ends are derived once from the pointers (in bounded chunks, checking every pointer and index
 on the way) and kept in a small file in the user's cache, keyed by the ``.idx`` file's path, size,
-modification and status-change times and inode (``cache.file_stamp``); dataset folders are often
-read-only. Documents without tokens are dropped
-from the ends: they add nothing to the stream. The tokenizer is unknown, as for datatrove folders,
-and Megatron data need not end its documents with EOS, so nothing checks for one.
+modification and status-change times and inode (``nanoset.cache.file_stamp``); dataset folders are
+often read-only. Unlike other derived data it must be written (it is mapped, not held in memory: 8
+bytes a document, in every process): a cache that cannot be written is an error naming
+``$NANOSET_CACHE_DIR``. Documents without tokens are dropped from the ends: they add nothing to the
+stream. The tokenizer is unknown, as for datatrove folders, and Megatron data need not end its documents
+with EOS, so nothing checks for one.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from collections.abc import Iterator
@@ -27,9 +28,9 @@ from typing import IO
 
 import numpy as np
 
-from nanoset.atomic import atomic_write
+from nanoset.atomic import atomic_write, writable_folder
+from nanoset.cache import DerivedCache, file_stamp, key_digest
 from nanoset.errors import NanosetError
-from nanoset.format.cache import cache_dir, file_stamp
 from nanoset.format.reader import NanosetReader, ShardReader
 from nanoset.format.spec import INDEX_DTYPE, MANIFEST_NAME, TOKENS_SUFFIX
 
@@ -172,7 +173,7 @@ def iter_document_ends(index: MegatronIndex, bin_size: int) -> Iterator[np.ndarr
 
 def _cache_file(index_path: Path) -> Path:
     key = "|".join(map(str, [index_path.resolve(), *file_stamp(index_path)]))
-    return cache_dir() / "megatron-ends" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".ends")
+    return DerivedCache("megatron-ends").folder / (key_digest(key) + ".ends")
 
 
 def document_ends_file(index: MegatronIndex, bin_size: int) -> Path:
@@ -185,15 +186,9 @@ def document_ends_file(index: MegatronIndex, bin_size: int) -> Path:
         for chunk in iter_document_ends(index, bin_size):
             f.write(chunk.tobytes())
 
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, write)
-    except (OSError, NanosetError) as e:
-        cause = e if isinstance(e, OSError) else e.__context__
-        if not isinstance(cause, OSError):
-            raise  # the index itself is corrupt: its own message, not the cache's
-        raise NanosetError(f"{index.path}: cannot write its document index to the cache {path.parent} ({cause}); "
-                           f"set NANOSET_CACHE_DIR to a writable folder") from None
+    writable_folder(path.parent, f"set NANOSET_CACHE_DIR to a writable folder (the cache keeps the document index "
+                                 f"of {index.path})")
+    atomic_write(path, write)  # a full disk is a WriteFailed naming the file
     return path
 
 
@@ -217,6 +212,7 @@ class MegatronShardReader(ShardReader):
         self.tokens_path = data
         self.index_path = ends_path
         self.metadata_path = self.megatron_index.path
+        self._bytes[1] = None  # the cached ends file: its size is where the document count came from
 
     def check_sizes(self) -> None:
         expected = self.num_tokens * self.dtype.itemsize

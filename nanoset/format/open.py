@@ -23,13 +23,17 @@ def open_dataset(path: str | Path) -> NanosetReader:
         shards = ShardList(folder, manifest.table, dtype_from_name(manifest.dtype), manifest.loss_masks)
         if not len(shards):
             raise NanosetError(f"{folder}: the dataset has no shards")
-        shards.check_sizes()
-        return NanosetReader(folder, shards, manifest.tokenizer, manifest)
+        return NanosetReader(folder, shards, manifest.tokenizer, manifest)  # sizes: checked as each file is mapped
     prefixes = megatron_prefixes(folder)
     if prefixes is not None:
         return open_megatron(folder, prefixes)
     if not folder.is_dir():
-        raise NanosetError(f"{folder}: no such dataset folder (create it with `nanoset tokenize ... -o {folder}`)")
+        create = f"create it with `nanoset tokenize ... -o {folder}`"
+        if folder.is_absolute():
+            raise NanosetError(f"{folder}: no such dataset folder ({create})")
+        raise NanosetError(f"{folder}: no such dataset folder in the working directory {Path.cwd()} (a relative path "
+                           f"is read from there: run from the folder that holds it, give its absolute path, or "
+                           f"{create})")
     _refuse_unfinished(folder)
     readers, tokenizer = open_datatrove(folder)
     if not readers:

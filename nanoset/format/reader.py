@@ -1,11 +1,14 @@
 """Memory-mapped readers: one shard, and a dataset folder seen as one token stream, whatever the
 format it is stored in (``nanoset.format.open`` finds the shards; this module reads them).
 
-Opening is cheap and constant in the data size: file sizes are checked against the manifest
-(or the datatrove metadata) with ``stat``; shards are memory-mapped lazily on first touch, so a
+Opening is cheap and constant in the data size: shards are memory-mapped lazily on first touch, so a
 folder of thousands of shards opens in milliseconds and RSS does not grow with the token count.
-A folder with a manifest keeps its shards as columns (``ShardTable``) and makes a ``ShardReader``
-only for a shard that is read: 100,000 shards cost a few MB and well under a second to open.
+A folder with a manifest keeps its shards as columns (``ShardTable``, read from the shard table file)
+and makes a ``ShardReader`` only for a shard that is read: 100,000 shards cost a few MB and a tenth of a
+second to open. Each file's size is checked against the counts when it is mapped (the ``fstat`` a map
+makes anyway), so opening makes no ``stat`` per shard; a datatrove folder, whose counts come from its
+metadata files, is checked at open, and ``NanosetReader.check_sizes`` checks every shard at once
+(``inspect``, ``verify``).
 Maps live in a bounded, process-wide LRU (``nanoset.format.mapcache``): any number of shards is read
 with a bounded number of open files and maps. Checksums are only read by ``nanoset verify``.
 A folder of chat data also has a loss mask per shard (``NAME.ds.loss``, one 0/1 byte per token),
@@ -24,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.errors import NanosetError
-from nanoset.format.mapcache import new_key, shared_cache
+from nanoset.format.mapcache import new_key, shared_cache, wrong_size
 from nanoset.format.maxid import dataset_max_token_id
 from nanoset.format.spec import (
     INDEX_DTYPE,
@@ -70,9 +73,12 @@ class ShardReader:
         self.metadata_path = folder / files["metadata"]
         self.loss_path = folder / (name + LOSS_SUFFIX)
         self._map_keys = _map_keys()
+        # the bytes each mapped file must have (tokens, index, loss mask; None: not checked)
+        self._bytes: list[int | None] = [num_tokens * self.dtype.itemsize, num_documents * INDEX_DTYPE.itemsize,
+                                         num_tokens * LOSS_DTYPE.itemsize]
 
     def check_sizes(self) -> None:
-        """Cheap open-time check: the data files have exactly the sizes the counts imply."""
+        """The data files have exactly the sizes the counts imply (a datatrove folder's open, inspect, verify)."""
         for suffix, per_token, per_document in file_sizes(self.dtype.itemsize, self.has_loss):
             check_size(str(self.folder / (self.name + suffix)),
                        self.num_tokens * per_token + self.num_documents * per_document, self.folder)
@@ -84,18 +90,18 @@ class ShardReader:
 
     @property
     def tokens(self) -> np.ndarray:
-        return _MAPS.get(self._map_keys[0], self.tokens_path, self.dtype)
+        return _MAPS.get(self._map_keys[0], self.tokens_path, self.dtype, self._bytes[0])
 
     @property
     def ends(self) -> np.ndarray:
-        return _MAPS.get(self._map_keys[1], self.index_path, INDEX_DTYPE)
+        return _MAPS.get(self._map_keys[1], self.index_path, INDEX_DTYPE, self._bytes[1])
 
     @property
     def loss(self) -> np.ndarray:
         """The loss mask, one uint8 (1 = trained on) per token; only for a shard with ``has_loss``."""
         if not self.has_loss:
             raise NanosetError(f"{self.tokens_path}: this shard has no loss mask ({self.loss_path.name})")
-        return _MAPS.get(self._map_keys[2], self.loss_path, LOSS_DTYPE)
+        return _MAPS.get(self._map_keys[2], self.loss_path, LOSS_DTYPE, self._bytes[2])
 
 
 def file_sizes(itemsize: int, has_loss: bool) -> list[tuple[str, int, int]]:
@@ -120,9 +126,7 @@ def check_size(path: str, expected: int, folder: Path, dir_fd: int | None = None
     except (FileNotFoundError, NotADirectoryError):
         raise missing_file(os.path.join(folder, path) if dir_fd is not None else path) from None
     if size != expected:
-        where = os.path.join(folder, path) if dir_fd is not None else path
-        raise NanosetError(f"{where}: {size} bytes, expected {expected}; the file is truncated or replaced "
-                           f"(run `nanoset verify {folder}`)")
+        raise wrong_size(os.path.join(folder, path) if dir_fd is not None else path, size, expected, folder)
 
 
 def index_problem(lengths: np.ndarray) -> str | None:
@@ -170,7 +174,7 @@ class ShardList(Sequence[ShardReader]):
 
     def check_sizes(self) -> None:
         """Every shard's files have the sizes the manifest implies: one ``stat`` per file, made relative to
-        the open folder, and nothing else (0.3 s for 100,000 shards)."""
+        the open folder, and nothing else (0.3 s for 100,000 shards, which is why opening leaves it to the maps)."""
         t, folder, sizes = self.table, self.folder, file_sizes(self.dtype.itemsize, self.has_loss)
         relative = os.stat in os.supports_dir_fd
         fd = os.open(self.folder, os.O_RDONLY) if relative else None
@@ -206,6 +210,14 @@ class NanosetReader:
     @property
     def num_tokens(self) -> int:
         return int(self.token_offsets[-1])
+
+    def check_sizes(self) -> None:
+        """Every shard's files have the sizes their counts imply, checked now rather than as each is mapped."""
+        if isinstance(self.shards, ShardList):
+            self.shards.check_sizes()
+        else:
+            for shard in self.shards:
+                shard.check_sizes()
 
     @property
     def num_documents(self) -> int:

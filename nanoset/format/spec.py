@@ -3,19 +3,22 @@
 A dataset is a folder. Each shard ``NAME`` is three files in the layout datatrove writes and Nanotron
 reads (``NAME.ds``, ``NAME.ds.index``, ``NAME.ds.metadata``; the metadata's third line is our own
 short count, not datatrove's, and no reader uses it); the folder also
-holds ``nanoset.json``, written last, which makes it a complete Nanoset dataset.
+holds ``nanoset.json``, written last, which makes it a complete Nanoset dataset, and beside it
+``nanoset-shards.bin``, its shards as a binary table (``nanoset.format.shardtable``), a file of ours
+that only speeds up opening.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 from array import array
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -25,11 +28,13 @@ from nanoset.format.jsonstream import read_object
 FORMAT_NAME = "nanoset"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "nanoset.json"
+SHARD_TABLE_NAME = "nanoset-shards.bin"  # the manifest's shards as columns, read instead of the manifest's JSON
 TOKENS_SUFFIX = ".ds"
 INDEX_SUFFIX = ".ds.index"
 METADATA_SUFFIX = ".ds.metadata"
 WORK_DIR = ".nanoset-work"  # an unfinished tokenize output: its plan and the markers of finished tasks
 WORK_PLAN = "plan.json"
+JOB_LOCK = WORK_DIR + ".lock"  # beside the work folder: the runs writing the folder lock it (tokenize.joblock)
 SKIPPED_NAME = "nanoset-skipped.txt"  # every row --skip-bad-lines skipped, one "file:line: why" a line
 SKIPPED_EXAMPLES = 5  # the first skipped rows the manifest keeps (inspect and tokenize show them)
 TASK_MARKER_GLOB = "task-*.json"
@@ -237,23 +242,33 @@ _SHARD_KEYS = frozenset(f.name for f in fields(ShardInfo))
 
 class ManifestShards(Sequence[ShardInfo]):
     """The shard records of a loaded manifest: its ShardTable at once; the full records (checksums,
-    sources: ``verify`` and ``convert`` need them) are read from the file on first use."""
+    sources: ``verify`` and ``convert`` need them) are read from the file on first use. ``table_file``: the
+    shard table file the columns were read from (None: read from the manifest itself)."""
 
-    def __init__(self, path: Path, table: ShardTable, records: list[ShardInfo] | None = None) -> None:
+    def __init__(self, path: Path, table: ShardTable, records: list[ShardInfo] | None = None,
+                 table_file: Path | None = None) -> None:
         self.path = path
         self.table = table
         self._records = records
+        self.table_file = table_file
+        self._whole: Manifest | None = None
 
     def __len__(self) -> int:
         return len(self.table)
 
     def __getitem__(self, i):  # type: ignore[override]
         if self._records is None:
-            records = list(_load_whole(self.path).shards)
+            records = list(self.whole().shards)
             if [s.name for s in records] != self.table.names:
                 raise NanosetError(f"{self.path}: changed while in use; rerun")
             self._records = records
         return self._records[i]
+
+    def whole(self) -> Manifest:
+        """The manifest read again the plain way (one ``json.loads``, every record), once."""
+        if self._whole is None:
+            self._whole = read_whole_manifest(self.path)
+        return self._whole
 
 
 @dataclass
@@ -301,6 +316,11 @@ class Manifest:
         return None if (ids == UNRECORDED).any() else int(ids.max(initial=-1))
 
     def to_json(self) -> str:
+        d = {**self.head(), "shards": [s.to_json() for s in self.shards]}
+        return json.dumps(d, indent=1, sort_keys=True) + "\n"
+
+    def head(self) -> dict[str, Any]:
+        """The manifest's JSON object less its shard records (what the shard table keeps of it)."""
         d = {
             "format": self.format,
             "version": self.version,
@@ -311,7 +331,6 @@ class Manifest:
             "tokenizer": asdict(self.tokenizer),
             "build": self.build,
             "skipped_lines": self.skipped_lines,
-            "shards": [s.to_json() for s in self.shards],
         }
         if self.skipped_examples:  # only where rows were skipped: other manifests keep their bytes
             d["skipped_examples"] = list(self.skipped_examples)
@@ -324,21 +343,33 @@ class Manifest:
                 d["chat_template_file"] = self.chat_template_file
         if self.encoders is not None:
             d["encoders"] = self.encoders
-        return json.dumps(d, indent=1, sort_keys=True) + "\n"
+        return d
 
     @staticmethod
     def load(folder: Path) -> Manifest:
         """The manifest of ``folder``, its shards read as a ShardTable (the records stay on disk until
-        needed). A file that is not a well-formed manifest is read again the plain way, whose checks name
-        the problem."""
-        path = Path(folder) / MANIFEST_NAME
-        try:
-            return _load_streamed(path)
-        except (OSError, ValueError, KeyError, TypeError):
-            return _load_whole(path)
+        needed): from the shard table beside it, else from the manifest itself (see ``nanoset.format.shardtable``,
+        which builds on this module)."""
+        from nanoset.format.shardtable import load_manifest
+
+        return load_manifest(Path(folder) / MANIFEST_NAME)
 
 
-def _load_streamed(path: Path) -> Manifest:
+def read_manifest(path: Path, f: IO[bytes]) -> Manifest:
+    """The manifest ``path``, read from ``f`` (the file open on it, at its start): streamed, or where it is not a
+    well-formed manifest, read again the plain way, whose checks name the problem."""
+    text = io.TextIOWrapper(f, encoding="utf-8")
+    try:
+        return _load_streamed(path, text)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    finally:
+        text.detach()  # ``f`` stays open: the caller's
+    f.seek(0)
+    return read_whole_manifest(path, f)
+
+
+def _load_streamed(path: Path, text: IO[str]) -> Manifest:
     """The manifest with its shard records turned into columns as they are read (bounded memory);
     ValueError/KeyError/TypeError for anything unusual (the plain read then says what)."""
     builder = _TableBuilder()
@@ -347,20 +378,21 @@ def _load_streamed(path: Path) -> Manifest:
         rows = [(d["name"], d["num_tokens"], d["num_documents"], d.get("max_token_id"), d.get("loss_tokens"),
                  d.get("sha256", {})) for d in batch]
         if not (all(type(d) is dict and d.keys() <= _SHARD_KEYS for d in batch)
-                and all(type(r[0]) is str and type(r[1]) is int and type(r[2]) is int and r[1] >= 0 and r[2] >= 0
+                and all(type(r[0]) is str and "\0" not in r[0]
+                        and type(r[1]) is int and type(r[2]) is int and r[1] >= 0 and r[2] >= 0
                         and (r[3] is None or type(r[3]) is int and r[3] >= -1)
                         and (r[4] is None or type(r[4]) is int and r[4] >= 0) and type(r[5]) is dict
                         for r in rows)):
             raise ValueError("not a shard record")
         builder.add(rows)
 
-    d = read_object(path, "shards", shards)
+    d = read_object(text, "shards", shards)
     if d.get("format") != FORMAT_NAME or d.get("version") != FORMAT_VERSION:
         raise ValueError("another format or version")
-    return _manifest(d, ManifestShards(path, builder.table()))
+    return manifest_from_json(d, ManifestShards(path, builder.table()))
 
 
-def _manifest(d: dict[str, Any], shards: ManifestShards) -> Manifest:
+def manifest_from_json(d: dict[str, Any], shards: ManifestShards) -> Manifest:
     """The manifest of the JSON object ``d`` (its shards read already, as ``shards``)."""
     return Manifest(
         tokenizer=TokenizerInfo(**d["tokenizer"]),
@@ -385,10 +417,11 @@ def _loss_mask_rule(d: dict[str, Any]) -> int | None:
     return 1 if isinstance(build, dict) and "chat" in build else None
 
 
-def _load_whole(path: Path) -> Manifest:
-    """The manifest read in one ``json.loads``, every record built; each problem in one line."""
+def read_whole_manifest(path: Path, f: IO[bytes] | None = None) -> Manifest:
+    """The manifest read in one ``json.loads`` (from ``f``, the file open on it, if given), every record built;
+    each problem in one line."""
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
+        d = json.loads((f.read() if f is not None else path.read_bytes()).decode("utf-8"))
     except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
         raise NanosetError(f"{path}: cannot read the manifest ({e}); re-run `nanoset tokenize`") from e
     if not isinstance(d, dict):
@@ -402,9 +435,10 @@ def _load_whole(path: Path) -> Manifest:
     try:
         records = [ShardInfo.from_json(s) for s in d["shards"]]
         for s in records:
-            if not (isinstance(s.name, str) and _count(s.num_tokens) and _count(s.num_documents)):
+            if not (isinstance(s.name, str) and "\0" not in s.name and _count(s.num_tokens)
+                    and _count(s.num_documents)):
                 raise TypeError(f"shard {s.name!r}: name, num_tokens or num_documents is not a name or a count")
-        return _manifest(d, ManifestShards(path, ShardTable.of(records), records))
+        return manifest_from_json(d, ManifestShards(path, ShardTable.of(records), records))
     except (KeyError, TypeError, AttributeError, OverflowError) as e:  # a key missing, unknown or of the wrong
         # type (edited by hand?)
         raise NanosetError(f"{path}: malformed manifest ({type(e).__name__}: {e}); "
@@ -428,7 +462,7 @@ def is_dataset_entry(path: Path) -> bool:
     dataset, or the work folder of an unfinished job): what ``--overwrite`` may replace."""
     if path.is_dir() and not path.is_symlink():
         return path.name == WORK_DIR or path.name.startswith(WORK_DIR + ".tmp-")
-    return is_dataset_file(path.name)
+    return is_dataset_file(path.name) or path.name == JOB_LOCK
 
 
 def is_dataset_file(name: str) -> bool:
@@ -437,8 +471,8 @@ def is_dataset_file(name: str) -> bool:
     or ``a.ds.txt``."""
     if name.startswith("."):
         name = re.sub(r"\.(partial|tmp)-\d+(-[0-9a-f]+)?$", "", name[1:])
-    return name in (MANIFEST_NAME, SKIPPED_NAME) or name.endswith((TOKENS_SUFFIX, INDEX_SUFFIX, METADATA_SUFFIX,
-                                                                     LOSS_SUFFIX))
+    return name in (MANIFEST_NAME, SHARD_TABLE_NAME, SKIPPED_NAME) or name.endswith(
+        (TOKENS_SUFFIX, INDEX_SUFFIX, METADATA_SUFFIX, LOSS_SUFFIX))
 
 
 def task_marker_name(task: int) -> str:

@@ -9,6 +9,7 @@ final name, so a crash never leaves a partial shard that looks complete. A write
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Sequence
@@ -18,12 +19,14 @@ from typing import BinaryIO
 
 import numpy as np
 
-from nanoset.atomic import atomic_write_text
+from nanoset.atomic import atomic_write
 from nanoset.errors import WRITE_ERRNOS, NanosetError, WriteFailed
+from nanoset.format.shardtable import encode_table
 from nanoset.format.spec import (
     INDEX_DTYPE,
     LOSS_DTYPE,
     MANIFEST_NAME,
+    SHARD_TABLE_NAME,
     Manifest,
     ShardInfo,
     metadata_text,
@@ -201,12 +204,19 @@ class ShardWriter:
 
 
 def write_manifest(folder: str | Path, manifest: Manifest) -> Path:
-    """Publish ``nanoset.json`` (atomically, last): from now on the folder is a complete dataset."""
+    """Publish ``nanoset.json`` (atomically, last): from now on the folder is a complete dataset. Its shard
+    table follows it (atomically too): a crash between the two leaves a table of the previous manifest or
+    none, which the manifest's stamp tells apart, and the next open builds the table again."""
     folder = Path(folder)
     for shard in manifest.shards:
         for f in shard_files(shard.name, loss=manifest.loss_masks).values():
             if not (folder / f).is_file():
                 raise NanosetError(f"{folder / f}: missing; finalize every shard before writing the manifest")
+    # the records as they are now: the table of a loaded manifest predates any edit made to its records since
+    manifest = dataclasses.replace(manifest, shards=list(manifest.shards))
     path = folder / MANIFEST_NAME
-    atomic_write_text(path, manifest.to_json())
+    text = manifest.to_json().encode("utf-8")
+    atomic_write(path, lambda f: f.write(text))
+    table = encode_table(manifest, len(text), hashlib.sha256(text).digest())
+    atomic_write(folder / SHARD_TABLE_NAME, lambda f: f.write(table))
     return path

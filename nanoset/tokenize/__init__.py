@@ -1,11 +1,13 @@
 """The tokenize job: inputs cut into tasks, tokenized by worker processes into shards, resumable.
 
-The job's names are loaded on first use, so that importing one part (the CLI's backend names, the runtime's
-tokenizer lookup) does not import the job and its process pool."""
+``plan_key`` is the key of a job's options: what, besides the inputs, decides the bytes it writes (the
+runtime keys its tokenized Hugging Face datasets on it). The job's names are loaded on first use, so that
+importing one part (the CLI's backend names, the runtime's tokenizer lookup) does not import the job and
+its process pool."""
 
 from typing import Any
 
-__all__ = ["TokenizeOptions", "TokenizeSummary", "tokenize"]
+__all__ = ["TokenizeOptions", "TokenizeSummary", "plan_key", "tokenize"]
 
 
 def __getattr__(name: str) -> Any:

@@ -18,16 +18,20 @@ tokenizers encode chats with tokenizers.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nanoset.errors import NanosetError
 from nanoset.tokenize.byte_offsets import ByteLevelOffsets
 from nanoset.tokenize.special_tokens import declared_tokens
-from nanoset.tokenize.tokenizer import PROBE_TEXTS, load_tokenizer
+from nanoset.tokenize.tokenizer import PROBE_TEXTS, file_sampling_settings, load_tokenizer
+
+if TYPE_CHECKING:
+    from nanoset.tokenize.tasks import TaskResult
 
 BACKENDS = ("auto", "fastokens", "tokenizers")
 GUARD_CHARS = 4096  # characters of each task's first texts that both backends encode and compare
@@ -141,10 +145,11 @@ def _load_fastokens(path: Path, spec: str | None = None):
     return tok
 
 
-def _registers_tokens(path: Path, added: set[str]) -> bool:
-    """Whether tokenizers registers tokens declared beside ``path`` (``load_tokenizer``) that its file's added
-    tokens (``added``: their contents) lack: the file alone is then not the tokenizer that encodes."""
-    return bool(declared_tokens(Path(path).parent, added).to_register)
+def _file_is_not_the_encoder(path: Path, added: set[str]) -> bool:
+    """Whether the file at ``path`` alone is not the tokenizer that encodes (``load_tokenizer``): tokenizers
+    registers tokens declared beside it that its added tokens (``added``: their contents) lack, or sets off a
+    setting of it that samples the encoding (BPE dropout, which fastokens applies too)."""
+    return bool(declared_tokens(Path(path).parent, added).to_register) or bool(file_sampling_settings(path))
 
 
 def _reference_loader(path: Path) -> Callable[[], TokenizersEncoder]:
@@ -161,9 +166,10 @@ def _reference_loader(path: Path) -> Callable[[], TokenizersEncoder]:
 
 def encoding_config(path: Path, reference: Callable[[], TokenizersEncoder]) -> dict:
     """The parsed ``tokenizer.json`` of the tokenizer that encodes: the file's, or, where tokens declared beside
-    it are registered, tokenizers' own serialization with them (their ids included)."""
+    it are registered (or a sampling setting is set off), tokenizers' own serialization of it (their ids
+    included)."""
     config = json.loads(Path(path).read_text(encoding="utf-8"))
-    if _registers_tokens(path, {t.get("content") for t in config.get("added_tokens") or []}):
+    if _file_is_not_the_encoder(path, {t.get("content") for t in config.get("added_tokens") or []}):
         return json.loads(reference().tok.to_str())
     return config
 
@@ -175,14 +181,14 @@ def load_encoder(path: Path, backend: str, chat: bool = False,
     whose offsets its token bytes do not give). FastokensUnusable when fastokens cannot load it.
 
     fastokens encodes with the tokenizer tokenizers encodes with: where tokens declared beside the file are
-    registered, it loads tokenizers' serialization of the tokenizer holding them (its own ``add_tokens``
-    numbers new tokens differently)."""
+    registered (or a sampling setting is set off), it loads tokenizers' serialization of that tokenizer (its
+    own ``add_tokens`` numbers new tokens differently)."""
     reference = reference or _reference_loader(path)
     if backend == "tokenizers":
         return reference()
     tok = _load_fastokens(path)
     spec = None
-    if _registers_tokens(path, {t["content"] for t in tok.added_tokens()}):
+    if _file_is_not_the_encoder(path, {t["content"] for t in tok.added_tokens()}):
         spec = reference().tok.to_str()
         tok = _load_fastokens(path, spec)
     offsets = None
@@ -232,6 +238,62 @@ def choose_backend(path: Path, requested: str, chat: bool,
                 raise fastokens_refused(reason)
             return BackendChoice("tokenizers", f"encoding with tokenizers: {reason}")
     return BackendChoice("fastokens")
+
+
+class FastokensFallback:
+    """A job's fallback from fastokens to tokenizers, as every run of the job sees it.
+
+    Once fastokens differed from tokenizers (or failed) anywhere in the job, the reason is recorded in the
+    work folder (``record``; ``recorded`` reads it back), so reruns and the job's other machines encode with
+    tokenizers too, and from then on only tokenizers' task results stand: what fastokens encoded is encoded
+    again. Each switch is said once, in a note (``--backend fastokens``: an error instead)."""
+
+    def __init__(self, requested: str, recorded: Callable[[], str | None], record: Callable[[str], None],
+                 note: Callable[[str], None]) -> None:
+        self.requested = requested
+        self._recorded, self._record, self._note = recorded, record, note
+        self.reason = recorded()  # why the job gave fastokens up; None: it has not
+
+    def refresh(self) -> bool:
+        """Read the job's record again (another machine may have written it meanwhile); whether it fell back."""
+        self.reason = self._recorded()
+        return self.reason is not None
+
+    def stands(self, result: TaskResult | None) -> bool:
+        """A task result that stands: after fastokens differed anywhere in the job, only tokenizers' do."""
+        return result is not None and not (self.reason is not None and result.by_fastokens)
+
+    def overturned(self, results: Iterable[TaskResult | None]) -> int:
+        """How many of ``results`` were finished by fastokens before the job gave it up."""
+        return sum(r is not None and not self.stands(r) for r in results)
+
+    def first_backend(self, choice: BackendChoice) -> str:
+        """The backend a run starts with: ``--backend`` as ``choose_backend`` settled it (its note said), and
+        tokenizers where an earlier run of this job gave fastokens up."""
+        if choice.note:
+            self._note(choice.note)
+        if self.reason is not None and choice.backend == "fastokens":
+            return self.switch(self.reason, "an earlier run of this job")
+        return choice.backend
+
+    def switch(self, reason: str, who: str | None = None, redo: bool = False) -> str:
+        """Tokenizers from now on, because ``who`` (another run; None: this one) saw fastokens differ or fail
+        (``reason``), said once; ``--backend fastokens``: an error. ``redo``: what fastokens encoded is encoded
+        again."""
+        if self.requested == "fastokens":
+            raise fastokens_refused(f"{who} saw {reason}" if who else reason)
+        redone = " (what fastokens encoded is encoded again)" if redo else ""
+        self._note(f"encoding with tokenizers{redone}, as {who} did: {reason}" if who else
+                   f"encoding with tokenizers{redone}: {reason}")
+        return "tokenizers"
+
+    def differed(self, reason: str, redo: bool) -> str:
+        """This run saw fastokens differ or fail: switch, and record why for the job's other runs (before the
+        task's marker: a run killed in between must not keep a differing task's shards)."""
+        backend = self.switch(reason, redo=redo)
+        self._record(reason)
+        self.reason = reason
+        return backend
 
 
 @dataclass

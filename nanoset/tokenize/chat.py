@@ -181,3 +181,32 @@ def encode_chats(encoder, chats: list[RenderedChat], eos_id: int) -> tuple[np.nd
     ids = np.insert(ids, ends[eos], np.uint32(eos_id))
     loss = np.insert(loss.astype(np.uint8, copy=False), ends[eos], trained[eos])
     return ids, loss, lengths + eos
+
+
+# what a template's role and turn markers look like: <|im_start|>, <start_of_turn>, </s>, [INST]
+MARKER = re.compile(r"<\|[^\s<>|]{1,64}\|>|</?[A-Za-z][\w-]{0,63}>|\[/?[A-Z][A-Z_]{0,63}\]")
+PROBE_CONVERSATION = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+                      {"role": "assistant", "content": "Hello"})
+
+
+def split_markers(renderer: ChatRenderer, tok) -> dict[str, int]:
+    """The markers the template writes (``MARKER``: ``<|im_start|>``, ``[INST]``) that the tokenizers
+    tokenizer ``tok`` encodes as several tokens, with how many: a ChatML template over a tokenizer without
+    ``<|im_start|>`` trains on 7 pieces of text where one token was meant. Found in the template's rendering of
+    a short conversation (without its system message where it refuses one); {} where it renders neither."""
+    for messages in (list(PROBE_CONVERSATION), list(PROBE_CONVERSATION[1:])):
+        try:
+            text = renderer.render(messages)
+        except ChatRenderError:
+            continue
+        counts = {m: len(tok.encode(m, add_special_tokens=False).ids) for m in dict.fromkeys(MARKER.findall(text))}
+        return {m: n for m, n in counts.items() if n > 1}
+    return {}
+
+
+def split_markers_note(markers: dict[str, int], tokenizer_path) -> str:
+    """The one line that says which chat markers are not tokens of the tokenizer, and into how many they split."""
+    shown = ", ".join(f"{m!r} into {n}" for m, n in markers.items())
+    return (f"the chat template's markers are not tokens of tokenizer {tokenizer_path}, so each is encoded as text, "
+            f"in pieces ({shown}); list them in extra_special_tokens of its tokenizer_config.json to make each one "
+            f"token")

@@ -9,34 +9,44 @@ rows are conversations (``nanoset.tokenize.chat``) and every shard also gets its
 
 from __future__ import annotations
 
+import hashlib
+import json
 import multiprocessing as mp
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
 from nanoset.env import env_number
-from nanoset.errors import NanosetError
+from nanoset.errors import NanosetError, OptionError, print_note
 from nanoset.format.spec import SKIPPED_EXAMPLES, SKIPPED_NAME, Manifest, dtype_for_vocab, dtype_name
 from nanoset.format.writer import write_manifest
 from nanoset.tokenize.backends import (
     BackendChoice,
+    FastokensFallback,
     TokenizersEncoder,
     choose_backend,
-    fastokens_refused,
     first_difference,
 )
-from nanoset.tokenize.chat import MASK_RULE
+from nanoset.tokenize.chat import MASK_RULE, ChatColumns, split_markers, split_markers_note
 from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template, special_token_strings
 from nanoset.tokenize.inputs import discover
 from nanoset.tokenize.taskpool import TaskPool, WorkerDied
-from nanoset.tokenize.tasks import OutputFolder, Plan, Task, TaskResult, describe_task, make_plan
-from nanoset.tokenize.tokenizer import ResolvedTokenizer, load_tokenizer, registered_tokens, resolve_tokenizer
-from nanoset.tokenize.worker import appends_eos, init_worker, run_task
+from nanoset.tokenize.tasks import OutputFolder, Task, TaskResult, TokenizePlan, describe_task, make_plan
+from nanoset.tokenize.tokenizer import (
+    ResolvedTokenizer,
+    find_tokenizer_file,
+    load_tokenizer,
+    registered_tokens,
+    resolve_tokenizer,
+    sampling_note,
+)
+from nanoset.tokenize.worker import ChatSetup, WorkerConfig, appends_eos, init_worker, run_task
 
 
 @dataclass
@@ -107,10 +117,21 @@ class TokenizeSummary:
         )
 
 
+# ---------------------------------------------------------------- checking options ----------
 
-
-def _check_column_options(opts: TokenizeOptions) -> None:
-    """A column option of the other kind of rows would be ignored (text for conversations, or the reverse)."""
+def check_options(opts: TokenizeOptions) -> None:
+    """The options alone make sense (before anything is read): counts in range, and no option of the other kind
+    of rows (a text column for conversations, or the reverse), which would be silently ignored."""
+    if opts.workers < 1:
+        raise NanosetError(f"--workers must be ≥ 1, got {opts.workers}")
+    if opts.num_tasks < 1:
+        raise NanosetError(f"--num-tasks must be ≥ 1, got {opts.num_tasks}")
+    if not 0 <= opts.task_index < opts.num_tasks:
+        raise NanosetError(f"--task-index must be in [0, {opts.num_tasks}), got {opts.task_index}")
+    if opts.task_bytes is not None and opts.task_bytes < 1:
+        raise NanosetError(f"--task-bytes must be ≥ 1, got {opts.task_bytes}")
+    if opts.max_tokens_per_shard is not None and opts.max_tokens_per_shard < 1:
+        raise NanosetError(f"--max-tokens-per-shard must be ≥ 1, got {opts.max_tokens_per_shard}")
     defaults = {f.name: f.default for f in fields(TokenizeOptions)}
     if opts.chat and opts.text_column != defaults["text_column"]:
         raise NanosetError("--text-column does not apply with --chat (conversations are read from --messages-column, "
@@ -118,27 +139,39 @@ def _check_column_options(opts: TokenizeOptions) -> None:
     for name in ("messages_column", "prompt_column", "completion_column"):
         if not opts.chat and getattr(opts, name) != defaults[name]:
             raise NanosetError(f"--{name.replace('_', '-')} needs --chat")
+    if not opts.chat and opts.chat_template is not None:
+        raise NanosetError("--chat-template needs --chat")
 
 
-def chat_config(opts: TokenizeOptions, tokenizer: ResolvedTokenizer) -> dict | None:
+def job_tokenizer(opts: TokenizeOptions) -> ResolvedTokenizer:
+    """The tokenizer of ``opts`` with its EOS settled; a path or name that holds none is an ``OptionError`` of
+    ``tokenizer``."""
+    try:
+        find_tokenizer_file(opts.tokenizer)
+    except NanosetError as e:
+        raise OptionError("tokenizer", str(e)) from None
+    return resolve_tokenizer(opts.tokenizer, opts.eos_token)
+
+
+def chat_setup(opts: TokenizeOptions, tokenizer: ResolvedTokenizer) -> ChatSetup | None:
     """What workers need to render conversations (None without ``--chat``); the template is compiled here
-    once, so a syntax error stops the job before any worker starts."""
-    _check_column_options(opts)
+    once, so a syntax error stops the job before any worker starts. A template that cannot be read or
+    compiled is an ``OptionError`` of ``chat_template``."""
     if not opts.chat:
-        if opts.chat_template is not None:
-            raise NanosetError("--chat-template needs --chat")
         return None
-    template = load_chat_template(tokenizer.path, opts.chat_template)
-    special = special_token_strings(tokenizer.path, tokenizer.info.eos_token)
-    ChatRenderer(template, special)
-    return {"template": template.source, "template_origin": template.origin, "template_sha256": template.sha256,
-            "template_file": str(Path(opts.chat_template).resolve()) if opts.chat_template else None,
-            "special_tokens": special,
-            "columns": {"messages": opts.messages_column, "prompt": opts.prompt_column,
-                        "completion": opts.completion_column}}
+    try:
+        template = load_chat_template(tokenizer.path, opts.chat_template)
+        special = special_token_strings(tokenizer.path, tokenizer.info.eos_token)  # the template's globals
+        renderer = ChatRenderer(template, special)
+    except NanosetError as e:
+        raise OptionError("chat_template", str(e)) from None
+    split = split_markers(renderer, tokenizer.tokenizer or load_tokenizer(tokenizer.path))
+    return ChatSetup(template, special, ChatColumns(opts.messages_column, opts.prompt_column, opts.completion_column),
+                     str(Path(opts.chat_template).resolve()) if opts.chat_template else None, split)
 
 
-def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: dict | None = None) -> Plan:
+def plan_options(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: ChatSetup | None) -> dict:
+    """The options part of the job's plan: everything besides the inputs that decides the bytes written."""
     info = tokenizer.info
     options = {
         "tokenizer_sha256": info.sha256,
@@ -150,79 +183,191 @@ def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: dict |
     }
     if registered := registered_tokens(tokenizer.path):  # they change the ids; none: plain plans keep their bytes
         options["registered_tokens"] = registered
+    if tokenizer.sampling_off:  # the file's encoding would be random: the dataset is of its settings set off
+        options["sampling_off"] = tokenizer.sampling_off
     if chat is not None:  # only chat plans carry the key: plain plans (and manifests) keep their bytes
         del options["text_column"]
-        options["chat"] = {"template_sha256": chat["template_sha256"], "special_tokens": chat["special_tokens"],
-                           "mask_rule": MASK_RULE, **{f"{k}_column": v for k, v in chat["columns"].items()}}
+        columns = chat.columns
+        options["chat"] = {"template_sha256": chat.template.sha256, "special_tokens": chat.special_tokens,
+                           "mask_rule": MASK_RULE, "messages_column": columns.messages,
+                           "prompt_column": columns.prompt, "completion_column": columns.completion}
+        if chat.split_markers:  # for inspect, in the template's order (derived from the tokenizer and template)
+            options["chat"]["split_markers"] = [[m, n] for m, n in chat.split_markers.items()]
+    return options
+
+
+def plan_key(opts: TokenizeOptions) -> str:
+    """The key of a job's options: the sha256 of the options part of its plan (``plan_options``: the tokenizer's
+    sha256, its EOS id and registered tokens, the dtype, the shard size and bad-row handling, and the text
+    column, or for conversations the template's sha256, the special-token strings it renders, the mask rule
+    and the columns). Options that do not change the bytes (workers, task index, progress, backend, output)
+    leave it as it is; the inputs are not part of it. Raises as the job would on options it cannot use
+    (``OptionError`` for the tokenizer and the chat template)."""
+    check_options(opts)
+    tokenizer = job_tokenizer(opts)
+    options = plan_options(opts, tokenizer, chat_setup(opts, tokenizer))
+    return hashlib.sha256(json.dumps(options, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: ChatSetup | None = None) -> TokenizePlan:
     sources = discover(opts.inputs, exclude=opts.output)
     if opts.splits is not None:
         sources = [s for s in sources if s.split is None or s.split in opts.splits]
         missing = set(opts.splits) - {s.split for s in sources}
         if missing:
             raise NanosetError(f"{', '.join(opts.inputs)}: no split named {', '.join(sorted(missing))}")
-    return make_plan(sources, options, opts.task_bytes)
+    return make_plan(sources, plan_options(opts, tokenizer, chat), opts.task_bytes)
 
+
+# ---------------------------------------------------------------- the job ----------------------
 
 def tokenize(opts: TokenizeOptions, on_start: Callable[[], None] | None = None) -> TokenizeSummary:
     """Run (or resume) the job described by ``opts``; returns what was done. ``on_start`` is called once every
     check has passed (tokenizer, chat template, inputs, output folder), just before the first task runs: a
     caller's "tokenizing now" line never comes before an error that stops the job at once."""
-    if opts.workers < 1:
-        raise NanosetError(f"--workers must be ≥ 1, got {opts.workers}")
-    if opts.num_tasks < 1:
-        raise NanosetError(f"--num-tasks must be ≥ 1, got {opts.num_tasks}")
-    if not 0 <= opts.task_index < opts.num_tasks:
-        raise NanosetError(f"--task-index must be in [0, {opts.num_tasks}), got {opts.task_index}")
-    if opts.task_bytes is not None and opts.task_bytes < 1:
-        raise NanosetError(f"--task-bytes must be ≥ 1, got {opts.task_bytes}")
-    if opts.max_tokens_per_shard is not None and opts.max_tokens_per_shard < 1:
-        raise NanosetError(f"--max-tokens-per-shard must be ≥ 1, got {opts.max_tokens_per_shard}")
+    check_options(opts)
     t0 = time.perf_counter()
-    tokenizer = resolve_tokenizer(opts.tokenizer, opts.eos_token)
-    chat = chat_config(opts, tokenizer)
+    tokenizer = job_tokenizer(opts)
+    chat = chat_setup(opts, tokenizer)
     plan = build_plan(opts, tokenizer, chat)
     reference = TokenizersEncoder(tokenizer.tokenizer or load_tokenizer(tokenizer.path))
     # before the output folder is touched (--overwrite empties it): a --backend that cannot run is refused first
     choice = choose_backend(tokenizer.path, opts.backend, opts.chat, lambda: reference)
     folder = OutputFolder(opts.output)
-    complete = folder.prepare(plan, opts.overwrite)
-    for note in folder.notes:
-        _note(note)
-    if complete:
-        return _summary(opts, plan, folder.completed_manifest(), [], len(plan.tasks), True, t0)
-
-    itemsize = np.dtype(plan.build["dtype"]).itemsize
-    mine = [t for t in plan.tasks if t.index % opts.num_tasks == opts.task_index]
-    config = {
-        "dtype": plan.build["dtype"],
-        "tokenizer_name": tokenizer.info.name,
-        "text_column": opts.text_column,
-        "skip_bad_lines": opts.skip_bad_lines,
-        "eos_id": tokenizer.info.eos_id,
-        "append_eos": appends_eos(reference.tok, tokenizer.info.eos_id),
-        "max_tokens_per_shard": opts.max_tokens_per_shard,
-        "chat": chat,
-        "strict_backend": opts.backend == "fastokens",
-    }
+    folder.lock([t.index for t in plan.share(opts.num_tasks, opts.task_index)], opts.num_tasks, opts.task_index)
     try:
-        fell_back = folder.encoder_fallback() is not None
-        ran: dict[int, TaskResult] = {}  # by task index: a task encoded again counts once
-        todo = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)]
-        batch = todo
-        if batch:
-            if on_start is not None:
-                on_start()
-            backend = _settle_backend(opts, choice, folder)
-        while batch:  # a second pass only after fastokens differed: it redoes what fastokens encoded
-            backend, done_now = _run_tasks(batch, plan, folder, tokenizer, config, opts, backend, reference)
+        complete = folder.prepare(plan, opts.overwrite)
+        for note in folder.notes:
+            print_note(note)
+        if complete:
+            return _summary(opts, plan, folder.completed_manifest(), [], len(plan.tasks), True, t0)
+        run = JobRun(opts, tokenizer, chat, plan, folder, reference, t0)
+        with _task_errors(opts, folder):
+            ran, resumed = run.pending_tasks(choice, on_start)
+        return run.publish(ran, resumed)
+    finally:
+        folder.release()
+
+
+@dataclass
+class JobRun:
+    """One run of a job whose output folder is prepared: the tasks of this ``--task-index`` still to do, run,
+    then published (the manifest, once every task of the job is done)."""
+
+    opts: TokenizeOptions
+    tokenizer: ResolvedTokenizer
+    chat: ChatSetup | None
+    plan: TokenizePlan
+    folder: OutputFolder
+    reference: TokenizersEncoder
+    t0: float
+
+    def __post_init__(self) -> None:
+        self.itemsize = np.dtype(self.plan.build["dtype"]).itemsize
+        self.mine = self.plan.share(self.opts.num_tasks, self.opts.task_index)
+        self.fallback = FastokensFallback(self.opts.backend, self.folder.encoder_fallback,
+                                          self.folder.record_encoder_fallback, print_note)
+
+    def worker_config(self) -> WorkerConfig:
+        info = self.tokenizer.info
+        return WorkerConfig(dtype=self.plan.build["dtype"], tokenizer_name=info.name, text_column=self.opts.text_column,
+                            skip_bad_lines=self.opts.skip_bad_lines, eos_id=info.eos_id,
+                            append_eos=appends_eos(self.reference.tok, info.eos_id),
+                            max_tokens_per_shard=self.opts.max_tokens_per_shard, chat=self.chat,
+                            strict_backend=self.opts.backend == "fastokens")
+
+    def start_notes(self) -> list[str]:
+        """What the user hears of as the work starts: what was decided for them about the tokenizer (an EOS taken
+        by its name, a sampling setting set off) and chat markers it encodes as text."""
+        notes = list(self.tokenizer.notes)
+        if self.tokenizer.sampling_off:
+            notes.append(sampling_note(self.tokenizer.path, self.tokenizer.sampling_off))
+        if self.chat is not None and self.chat.split_markers:
+            notes.append(split_markers_note(self.chat.split_markers, self.tokenizer.path))
+        return notes
+
+    def _pending(self) -> list[Task]:
+        return [t for t in self.mine if not self.fallback.stands(self.folder.done(t, self.itemsize))]
+
+    def pending_tasks(self, choice: BackendChoice,
+                      on_start: Callable[[], None] | None) -> tuple[dict[int, TaskResult], int]:
+        """Run this run's tasks without a standing result; returns the results by task index (a task encoded
+        again counts once) and how many were done already. A second pass runs only after fastokens differed
+        (here or on another machine meanwhile): it redoes what fastokens encoded."""
+        ran: dict[int, TaskResult] = {}
+        todo = batch = self._pending()
+        if not batch:
+            return ran, len(self.mine)
+        if on_start is not None:
+            on_start()
+        for note in self.start_notes():
+            print_note(note)
+        backend = self.fallback.first_backend(choice)
+        config = self.worker_config()
+        while batch:
+            backend, done_now = _run_tasks(batch, self.plan, self.folder, self.tokenizer, config, self.opts,
+                                           self.fallback, backend, self.reference)
             ran.update(done_now)
-            fallback = folder.encoder_fallback()
-            fell_back = fallback is not None
-            if fell_back and folder.completed_manifest() is not None:  # another machine published it meanwhile
+            if not self.fallback.refresh():
                 break
-            if fell_back and backend == "fastokens":  # another machine saw fastokens differ while this one ran
-                backend = _fall_back(opts, fallback, "another run of this job", redo=True)
-            batch = [t for t in mine if not _done_by(folder.done(t, itemsize), fell_back)] if fell_back else []
+            if self.folder.completed_manifest() is not None:  # another machine published it meanwhile
+                break
+            if backend == "fastokens":  # another machine saw fastokens differ while this one ran
+                backend = self.fallback.switch(self.fallback.reason, "another run of this job", redo=True)
+            batch = self._pending()
+        return ran, len(self.mine) - len(todo)
+
+    def publish(self, ran: dict[int, TaskResult], resumed: int) -> TokenizeSummary:
+        """The manifest, once every task of the job (of every task index) has a standing result; else the
+        summary of a partial job."""
+        opts, plan, folder, chat = self.opts, self.plan, self.folder, self.chat
+        self.fallback.refresh()
+        recorded = [folder.done(t, self.itemsize) for t in plan.tasks]
+        results = [r if self.fallback.stands(r) else None for r in recorded]
+        if any(r is None for r in results):
+            finished = folder.completed_manifest()
+            if finished is not None and finished.build == plan.build:  # another machine finished it meanwhile
+                folder.finish()
+                return _summary(opts, plan, finished, list(ran.values()), resumed, True, self.t0)
+            # other --task-index runs have work left
+            partial = Manifest(self.tokenizer.info, plan.build["dtype"],
+                               [s for t in self.mine if results[t.index] is not None for s in results[t.index].shards],
+                               loss_masks=chat is not None)
+            summary = _summary(opts, plan, partial, list(ran.values()), resumed, False, self.t0)
+            # tasks other runs finished with fastokens before the fallback: redone only when those runs rerun
+            summary.redo_elsewhere = self.fallback.overturned(recorded)
+            return summary
+        manifest = Manifest(tokenizer=self.tokenizer.info, dtype=plan.build["dtype"],
+                            shards=[s for r in results for s in r.shards], build=plan.build,
+                            skipped_lines=sum(r.skipped_lines for r in results),
+                            skipped_examples=[e for r in results for e in r.skipped_examples][:SKIPPED_EXAMPLES],
+                            loss_masks=chat is not None,
+                            chat_template_sha256=chat.template.sha256 if chat else None,
+                            loss_mask_rule=MASK_RULE if chat else None,
+                            chat_template_file=chat.template_file if chat else None,
+                            encoders=sorted({r.encoder or TokenizersEncoder.name for r in results}))
+        if manifest.num_documents == 0 and manifest.skipped_lines:
+            raise NanosetError(f"{', '.join(opts.inputs)}: all {manifest.skipped_lines:,} rows were bad and skipped "
+                               f"(--skip-bad-lines); nothing to tokenize: rerun with --overwrite and without "
+                               f"--skip-bad-lines to see the first error")
+        if manifest.num_documents == 0:
+            raise NanosetError(f"{', '.join(opts.inputs)}: no documents found in the input; nothing to tokenize")
+        try:
+            folder.write_skipped_list(plan.tasks, results)
+            write_manifest(opts.output, manifest)
+        except FileNotFoundError:  # another machine finished at the same time and removed our temporary file
+            finished = folder.completed_manifest()
+            if finished is None or finished.build != plan.build:
+                raise
+        folder.finish()
+        return _summary(opts, plan, manifest, list(ran.values()), resumed, True, self.t0)
+
+
+@contextmanager
+def _task_errors(opts: TokenizeOptions, folder: OutputFolder) -> Iterator[None]:
+    """What a run's end by a lost worker or a file removed under it means to the user: one line, and what to do."""
+    try:
+        yield
     except WorkerDied as e:
         raise NanosetError(
             f"task {e.task.index} ({describe_task(e.task)}): its worker process {e.cause()}; the tasks finished "
@@ -238,80 +383,8 @@ def tokenize(opts: TokenizeOptions, on_start: Callable[[], None] | None = None) 
             f"a time; rerunning resumes"
         ) from None
 
-    fell_back = folder.encoder_fallback() is not None
-    recorded = [folder.done(t, itemsize) for t in plan.tasks]
-    results = [r if _done_by(r, fell_back) else None for r in recorded]
-    if any(r is None for r in results):
-        finished = folder.completed_manifest()
-        if finished is not None and finished.build == plan.build:  # another machine finished it meanwhile
-            folder.finish()
-            return _summary(opts, plan, finished, list(ran.values()), len(mine) - len(todo), True, t0)
-        # other --task-index runs have work left
-        partial = Manifest(tokenizer.info, plan.build["dtype"],
-                           [s for t in mine if results[t.index] is not None for s in results[t.index].shards],
-                           loss_masks=chat is not None)
-        summary = _summary(opts, plan, partial, list(ran.values()), len(mine) - len(todo), False, t0)
-        # tasks other runs finished with fastokens before the fallback: they are redone only when those runs rerun
-        summary.redo_elsewhere = sum(r is not None and results[i] is None for i, r in enumerate(recorded))
-        return summary
-    manifest = Manifest(tokenizer=tokenizer.info, dtype=plan.build["dtype"],
-                        shards=[s for r in results for s in r.shards], build=plan.build,
-                        skipped_lines=sum(r.skipped_lines for r in results),
-                        skipped_examples=[e for r in results for e in r.skipped_examples][:SKIPPED_EXAMPLES],
-                        loss_masks=chat is not None,
-                        chat_template_sha256=chat["template_sha256"] if chat else None,
-                        loss_mask_rule=MASK_RULE if chat else None,
-                        chat_template_file=chat["template_file"] if chat else None,
-                        encoders=sorted({r.encoder or TokenizersEncoder.name for r in results}))
-    if manifest.num_documents == 0 and manifest.skipped_lines:
-        raise NanosetError(f"{', '.join(opts.inputs)}: all {manifest.skipped_lines:,} rows were bad and skipped "
-                           f"(--skip-bad-lines); nothing to tokenize: rerun with --overwrite and without "
-                           f"--skip-bad-lines to see the first error")
-    if manifest.num_documents == 0:
-        raise NanosetError(f"{', '.join(opts.inputs)}: no documents found in the input; nothing to tokenize")
-    try:
-        folder.write_skipped_list(plan.tasks, results)
-        write_manifest(opts.output, manifest)
-    except FileNotFoundError:  # another machine finished at the same time and removed our temporary file
-        finished = folder.completed_manifest()
-        if finished is None or finished.build != plan.build:
-            raise
-    folder.finish()
-    return _summary(opts, plan, manifest, list(ran.values()), len(mine) - len(todo), True, t0)
 
-
-def _note(message: str) -> None:
-    print(f"note: {message}", file=sys.stderr, flush=True)
-
-
-def _settle_backend(opts: TokenizeOptions, choice: BackendChoice, folder: OutputFolder) -> str:
-    """The backend this run starts with: ``--backend`` as ``choose_backend`` settled it (its note printed), and
-    tokenizers where an earlier run of this job saw fastokens differ or fail."""
-    if choice.note:
-        _note(choice.note)
-    earlier = folder.encoder_fallback()
-    if earlier is not None and choice.backend == "fastokens":
-        return _fall_back(opts, earlier, "an earlier run of this job")
-    return choice.backend
-
-
-def _fall_back(opts: TokenizeOptions, reason: str, who: str | None = None, redo: bool = False) -> str:
-    """Tokenizers from now on, because ``who`` (another run; None: this one) saw fastokens differ or fail
-    (``reason``), said once; ``--backend fastokens``: an error."""
-    if opts.backend == "fastokens":
-        raise fastokens_refused(f"{who} saw {reason}" if who else reason)
-    redone = " (what fastokens encoded is encoded again)" if redo else ""
-    _note(f"encoding with tokenizers{redone}, as {who} did: {reason}" if who else
-          f"encoding with tokenizers{redone}: {reason}")
-    return "tokenizers"
-
-
-def _done_by(result: TaskResult | None, fell_back: bool) -> bool:
-    """A task result that stands: after fastokens differed anywhere in the job, only tokenizers' do."""
-    return result is not None and not (fell_back and result.by_fastokens)
-
-
-def _summary(opts: TokenizeOptions, plan: Plan, manifest: Manifest, ran: list[TaskResult], resumed: int,
+def _summary(opts: TokenizeOptions, plan: TokenizePlan, manifest: Manifest, ran: list[TaskResult], resumed: int,
              complete: bool, t0: float) -> TokenizeSummary:
     return TokenizeSummary(
         output=opts.output, complete=complete, num_tasks=len(plan.tasks), tasks_run=len(ran), tasks_resumed=resumed,
@@ -342,14 +415,14 @@ class ProgressLog:
               f"{tokens / max(elapsed, 1e-9):,.0f} tokens/s, {elapsed:.0f}s", file=sys.stderr, flush=True)
 
 
-def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: ResolvedTokenizer,
-               config: dict, opts: TokenizeOptions, backend: str,
+def _run_tasks(todo: list[Task], plan: TokenizePlan, folder: OutputFolder, tokenizer: ResolvedTokenizer,
+               config: WorkerConfig, opts: TokenizeOptions, fallback: FastokensFallback, backend: str,
                reference: TokenizersEncoder) -> tuple[str, dict[int, TaskResult]]:
     """Run tasks in a process pool (or inline for one worker), with a progress bar on a terminal (else a line
     now and then); returns the backend in use at the end and the results by task index. Each fastokens
     result's checks are compared with ``reference``: from the first difference (or a worker where fastokens
-    cannot load the tokenizer) on, tokenizers, noted once and recorded in the work folder for reruns
-    (``--backend fastokens``: an error)."""
+    cannot load the tokenizer) on, tokenizers (``fallback.differed``: noted once, recorded for reruns;
+    ``--backend fastokens``: an error)."""
     from tqdm import tqdm
 
     ctx = mp.get_context("spawn")
@@ -378,10 +451,8 @@ def _run_tasks(todo: list[Task], plan: Plan, folder: OutputFolder, tokenizer: Re
             if reason is None and (difference := first_difference(reference, check)) is not None:
                 reason = f"{result.encoder} and tokenizers differ on {difference} (a fastokens bug: please report it)"
         result.checks, result.unusable = [], None
-        if reason is not None and state["backend"] == "fastokens":
-            state["backend"] = _fall_back(opts, reason, redo=result.by_fastokens)  # --backend fastokens: raises
-            # recorded before the task's marker: a run killed in between must not keep a differing task's shards
-            folder.record_encoder_fallback(reason)
+        if reason is not None and state["backend"] == "fastokens":  # recorded before the task's marker
+            state["backend"] = fallback.differed(reason, redo=result.by_fastokens)  # --backend fastokens: raises
         folder.mark_done(task, result)
         ran[task.index] = result
         bar.update(1)

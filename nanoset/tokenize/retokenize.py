@@ -22,7 +22,7 @@ from nanoset.tokenize.chat import MASK_RULE, ChatColumns
 from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template
 from nanoset.tokenize.inputs import Piece, Source
 from nanoset.tokenize.rows import TextReader
-from nanoset.tokenize.tokenizer import load_tokenizer, registered_tokens
+from nanoset.tokenize.tokenizer import file_sampling_settings, load_tokenizer, registered_tokens, shown_settings
 from nanoset.tokenize.worker import appends_eos, encode_batch, reader_for
 from nanoset.verify import check_retokenize_count
 
@@ -153,6 +153,8 @@ def retokenize(path: Path, count: int) -> tuple[list[str], str]:
     what = "ids and loss masks" if masks else "ids"
     unchecked = (f" (loss masks not compared: made with loss-mask rule {m.loss_mask_rule}, this nanoset makes rule "
                  f"{MASK_RULE})" if chat and not masks else "")
+    if sampling := file_sampling_settings(Path(m.tokenizer.path)):  # set off by load_tokenizer, as tokenize does
+        unchecked += f" (the tokenizer's {shown_settings(sampling)} set off, as tokenize does)"
     return lines, (f"OK: {path}: {n} sampled documents re-encoded from their inputs with tokenizers "
                    f"{encoder.version}: {what} identical to the shards{unchecked}")
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from nanoset.errors import MissingColumnError, NanosetError
+from nanoset.errors import BadRowError, MissingColumnError, NanosetError
 from nanoset.tokenize.inputs import Piece, first_byte, load_hf, one_line, parquet_file
 
 try:  # a faster JSON decoder; rows it refuses or reads differently go through json (below)
@@ -19,7 +19,6 @@ try:  # a faster JSON decoder; rows it refuses or reads differently go through j
 except ImportError:  # pragma: no cover - a platform without its wheel: json alone gives the same rows
     orjson = None
 
-SKIP_HINT = " (pass --skip-bad-lines to skip and count such lines)"  # what a bad row's error ends with
 BATCH_CHARS = 1 << 20  # texts are yielded in batches of about this many characters
 READ_BLOCK = 4 << 20
 ZSTD_FEED = 4 << 10  # compressed bytes per decompress call: zstd can expand 4 bytes into 128 KiB, so this
@@ -96,6 +95,15 @@ def iter_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
         yield b"".join(pending)
 
 
+def holds_conversations(columns: list[str]) -> bool:
+    """Whether a table of ``columns`` looks like conversations (``--chat``'s default columns: messages, or
+    prompt and completion)."""
+    from nanoset.tokenize.chat import ChatColumns  # which reads rows through this module
+
+    chat = ChatColumns()
+    return chat.messages in columns or {chat.prompt, chat.completion} <= set(columns)
+
+
 class TextReader:
     """Yields the texts of one piece in batches, raising (or counting, with ``skip_bad``) bad rows.
 
@@ -130,7 +138,7 @@ class TextReader:
     def _bad(self, message: Callable[[], str]) -> None:
         """Raise the error ``message()`` names, or count it (and hand the message to ``on_skip``)."""
         if not self.skip_bad:
-            raise NanosetError(message() + SKIP_HINT)
+            raise BadRowError(message())
         self.skipped += 1
         if self.on_skip is not None:
             self.on_skip(message())
@@ -153,7 +161,7 @@ class TextReader:
             yield batch
 
     def _missing_column(self, where: str, columns: list[str]) -> NanosetError:
-        return MissingColumnError(where, self.column, columns)
+        return MissingColumnError(where, self.column, columns, conversations=holds_conversations(columns))
 
     def _surrogate(self, text: str) -> str | None:
         """The first lone UTF-16 surrogate in ``text`` as an escape (``\\ud83d``), if any."""

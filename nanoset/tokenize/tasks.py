@@ -8,6 +8,7 @@ over with ``--overwrite``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,10 +17,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanoset.atomic import atomic_write_text
-from nanoset.errors import NanosetError
+from nanoset.atomic import PROBE_PREFIX, atomic_write_text, writable_folder
+from nanoset.errors import FolderNotWritable, NanosetError
 from nanoset.format.spec import (
     INDEX_SUFFIX,
+    JOB_LOCK,
     LOSS_SUFFIX,
     MANIFEST_NAME,
     SKIPPED_NAME,
@@ -33,12 +35,14 @@ from nanoset.format.spec import (
     task_marker_name,
 )
 from nanoset.tokenize.inputs import Piece, Source, split_source
+from nanoset.tokenize.joblock import JobLock, LocksUnsupported
 
 MAX_TASKS = 2000  # tasks (so shard files, markers) of any corpus with the default task size
 SMALL_CORPUS_TASKS = 64  # a small corpus is still cut this fine, so that many workers all get work ...
 SMALL_TASK_CAP = 1 << 20  # ... while that keeps tasks under 1 MiB of input
 MIN_TASK_BYTES = 64 << 10  # below this, a task's fixed costs (its files and marker) dominate
 ENCODER_FALLBACK = "encoder-fallback.txt"  # in the work folder: why this job stopped using fastokens
+UNWRITABLE_ADVICE = "choose another -o folder"
 
 
 def auto_task_bytes(total_bytes: int) -> int:
@@ -59,7 +63,10 @@ class Task:
 
 
 @dataclass
-class Plan:
+class TokenizePlan:
+    """A tokenize job's work: what decides the bytes written (``build``), the inputs, and the tasks they are cut
+    into (not the runtime's ``DataPlan``, which orders samples for training)."""
+
     build: dict  # everything that determines the output bytes; recorded in the manifest
     sources: list[Source]
     tasks: list[Task]
@@ -67,6 +74,10 @@ class Plan:
     @property
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(self.build, sort_keys=True).encode()).hexdigest()[:16]
+
+    def share(self, num_tasks: int, task_index: int) -> list[Task]:
+        """The tasks of run ``task_index`` of ``num_tasks`` (``--num-tasks/--task-index``)."""
+        return [t for t in self.tasks if t.index % num_tasks == task_index]
 
     @property
     def width(self) -> int:
@@ -78,7 +89,7 @@ class Plan:
                            "num_tasks": len(self.tasks)}, sort_keys=True)
 
 
-def make_plan(sources: list[Source], options: dict, task_bytes: int | None = None) -> Plan:
+def make_plan(sources: list[Source], options: dict, task_bytes: int | None = None) -> TokenizePlan:
     """Cut the corpus, in order, into tasks of ``task_bytes`` of input (by default ``auto_task_bytes`` of
     its size): splittable sources are cut where a task is full, so each task but the last holds at least
     ``task_bytes`` and no more than that plus one unsplittable file (or parquet row group)."""
@@ -97,7 +108,7 @@ def make_plan(sources: list[Source], options: dict, task_bytes: int | None = Non
     if current:
         tasks.append(Task(len(tasks), current))
     build = dict(options, task_bytes=task_bytes, inputs=[s.describe() for s in sources])
-    return Plan(build=build, sources=sources, tasks=tasks)
+    return TokenizePlan(build=build, sources=sources, tasks=tasks)
 
 
 class OutputFolder:
@@ -107,6 +118,28 @@ class OutputFolder:
         self.path = Path(path)
         self.work = self.path / WORK_DIR
         self.notes: list[str] = []  # what prepare did that the user should hear of
+        self.job_lock: JobLock | None = None
+
+    def lock(self, tasks: list[int], num_tasks: int, task_index: int) -> None:
+        """Lock the folder for a run that writes ``tasks`` (``nanoset.tokenize.joblock``), creating it first;
+        ``release`` ends it. A finished dataset in a place this run cannot write is left unlocked: nothing can
+        be written there, and ``prepare`` finds it complete (or says the place cannot be written)."""
+        try:
+            writable_folder(self.path, UNWRITABLE_ADVICE)
+        except FolderNotWritable:
+            if (self.path / MANIFEST_NAME).is_file():
+                return
+            raise
+        try:
+            self.job_lock = JobLock.acquire(self.path, tasks, num_tasks, task_index)
+        except LocksUnsupported as e:  # refusing would stop every job there: it runs unguarded, with a note
+            self.notes.append(f"{self.path}: no file locks here ({e}): nothing keeps two tokenize jobs from "
+                              f"writing this folder at once; run one at a time (one per --task-index)")
+
+    def release(self) -> None:
+        if self.job_lock is not None:
+            self.job_lock.release()
+            self.job_lock = None
 
     def marker(self, task: int) -> Path:
         return self.work / task_marker_name(task)
@@ -135,7 +168,7 @@ class OutputFolder:
     def completed_manifest(self) -> Manifest | None:
         return Manifest.load(self.path) if (self.path / MANIFEST_NAME).is_file() else None
 
-    def prepare(self, plan: Plan, overwrite: bool) -> bool:
+    def prepare(self, plan: TokenizePlan, overwrite: bool) -> bool:
         """Make the folder ready for ``plan``; True when the dataset is already complete.
 
         Several machines may start, run and finish at the same time. Each creates the work folder with
@@ -143,7 +176,8 @@ class OutputFolder:
         folder's listing, then the saved plan, then the manifest: whatever another machine is doing,
         a folder that is ours is seen as ours. An unfinished job of other options (a run that failed on
         a bad row, a changed flag, a new rule version) is replaced, and ``notes`` says so; a complete
-        dataset of another plan needs ``--overwrite``."""
+        dataset of another plan needs ``--overwrite``. A run that holds the folder's lock (``lock``) empties it
+        only while no other run is on it."""
         state = plan.state_json()
         entries = self._entries()
         saved = _read_text(self.work / WORK_PLAN)
@@ -152,6 +186,7 @@ class OutputFolder:
         if manifest is not None and manifest.build == plan.build and not overwrite:
             self.finish()
             return True
+        writable_folder(self.path, UNWRITABLE_ADVICE)
         if not ours and entries:
             if not overwrite:
                 touched = _modified_input(plan, saved)
@@ -167,12 +202,18 @@ class OutputFolder:
                     raise NanosetError(f"{self.path}: holds {what}; pass --overwrite to replace it, or choose "
                                        f"another output folder")
                 self.notes.append(self._replaced_job(plan, saved))
+            if self.job_lock is not None:  # never under another run writing here
+                self.job_lock.empty_folder()
             self.clear()
+            self._create_work(state)
+            if self.job_lock is not None:  # the work folder is there: the other runs of this job may join
+                self.job_lock.emptied()
+            return False
         if not ours:
             self._create_work(state)
         return False
 
-    def _replaced_job(self, plan: Plan, saved: str | None) -> str:
+    def _replaced_job(self, plan: TokenizePlan, saved: str | None) -> str:
         """The note for an unfinished job of another plan that this one replaces: what differed, how far it got."""
         try:
             old = json.loads(saved) if saved else {}
@@ -193,18 +234,15 @@ class OutputFolder:
             shutil.rmtree(p, ignore_errors=True)
 
     def _entries(self) -> list[Path]:
-        """What the folder holds, but for work folders other machines are creating."""
+        """What the folder holds, but for work folders other machines are creating, their probes of the folder
+        and the job's lock file."""
         if not self.path.is_dir():
             return []
-        return [p for p in self.path.iterdir() if not p.name.startswith(WORK_DIR + ".tmp-")]
+        return [p for p in self.path.iterdir()
+                if not p.name.startswith((WORK_DIR + ".tmp-", PROBE_PREFIX)) and p.name != JOB_LOCK]
 
     def _create_work(self, state: str) -> None:
         """Create the work folder holding ``state`` as plan.json, in one rename (or find another machine's)."""
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # was a bare "[Errno 2] ..." naming a parent folder
-            raise NanosetError(f"{self.path}: cannot create the output folder there ({e.strerror}); choose "
-                               f"another -o folder") from None
         tmp = self.path / f"{WORK_DIR}.tmp-{uuid.uuid4().hex}"
         tmp.mkdir()
         atomic_write_text(tmp / WORK_PLAN, state)
@@ -260,8 +298,11 @@ class OutputFolder:
     def finish(self) -> None:
         """After the manifest: drop the work folder and any temporary file left by a killed attempt (shard
         files, or the manifest itself: killed while writing it). Idempotent: every machine that finds the
-        job complete may call it, at the same time."""
+        job complete may call it, at the same time. The lock file goes too (a run that locks it meanwhile takes
+        a new one)."""
         self._remove_work()
+        with contextlib.suppress(OSError):  # a finished dataset in a place this run cannot write keeps it
+            (self.path / JOB_LOCK).unlink(missing_ok=True)
         for p in [*self.path.glob(".*.partial-*"), *self.path.glob(f".{MANIFEST_NAME}.tmp-*")]:
             p.unlink(missing_ok=True)
 
@@ -289,7 +330,7 @@ def _resized_input(old: dict, new: dict, changed: list[str]) -> str | None:
     return next((y["path"] for x, y in zip(a, b) if x != y), None)
 
 
-def _modified_input(plan: Plan, saved: str | None) -> str | None:
+def _modified_input(plan: TokenizePlan, saved: str | None) -> str | None:
     """The first input whose modification time differs from the saved plan's when all else is the same:
     'holds a different dataset' would send the user looking for a change they did not make."""
     try:

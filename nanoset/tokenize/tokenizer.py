@@ -1,10 +1,11 @@
 """Find and load a Hugging Face ``tokenizers`` tokenizer offline (with the special tokens declared beside it),
-and decide its EOS token."""
+set to encode deterministically, and decide its EOS token."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,17 @@ from nanoset.tokenize.special_tokens import CONFIG, SPECIAL_TOKENS_MAP, declared
 
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>", "<|im_end|>", "[SEP]")
 BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "[CLS]")
+# the end-of-text tokens a bare tokenizer file's vocabulary is searched for when it declares no EOS (GPT-2's
+# tokenizer.json adds no token: transformers' GPT-2 tokenizer takes <|endoftext|> by its name)
+END_OF_TEXT_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
+# special tokens that are never an EOS, so a lone one is not taken for it
+NOT_EOS_NAMES = {"<unk>", "<pad>", "<|pad|>", "<mask>", "[UNK]", "[PAD]", "[MASK]", *BOS_NAMES}
+# settings of a tokenizers model that sample its encoding (another result on every call), by model type:
+# BPE dropout skips merges at random; Unigram's alpha samples a segmentation (recent tokenizers)
+SAMPLING_SETTINGS = {"BPE": ("dropout",), "Unigram": ("alpha",)}
+# what a Hugging Face repository id looks like (``gpt2``, ``org/name``): the only names the hub is suggested for
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+FILE_SUFFIXES = (".json", ".jsonl", ".model", ".txt", ".bin", ".vocab", ".tiktoken")
 
 
 @dataclass
@@ -25,6 +37,8 @@ class ResolvedTokenizer:
     path: Path
     info: TokenizerInfo
     tokenizer: Any = field(default=None, repr=False, compare=False)  # the loaded tokenizers.Tokenizer
+    notes: list[str] = field(default_factory=list)  # the EOS decided for the user (taken by its name), to say
+    sampling_off: dict[str, float] = field(default_factory=dict)  # sampling settings set off (sampling_settings)
 
 
 def _hub_cache_dirs() -> list[Path]:
@@ -45,6 +59,8 @@ def find_tokenizer_file(spec: str) -> Path:
         if (p / "tokenizer.json").is_file():
             return p / "tokenizer.json"
         raise NanosetError(f"{p}: folder has no tokenizer.json; pass the tokenizer.json file itself")
+    if not looks_like_repo_id(spec):
+        raise NanosetError(f"tokenizer {spec!r}: no such file or folder{_near(p)}; pass a path to a tokenizer.json")
     repo = "models--" + spec.replace("/", "--")
     for cache in _hub_cache_dirs():
         hits = sorted((cache / repo / "snapshots").glob("*/tokenizer.json"))
@@ -55,6 +71,29 @@ def find_tokenizer_file(spec: str) -> Path:
         f"({', '.join(str(d) for d in _hub_cache_dirs())}); nothing is downloaded: pass a path to a "
         f"tokenizer.json, or fetch it first with `huggingface-cli download {spec} tokenizer.json`"
     )
+
+
+def looks_like_repo_id(spec: str) -> bool:
+    """Whether ``spec``, which names no file or folder here, is shaped like a hub repository id (``gpt2``,
+    ``org/name``) rather than a mistyped local path: no path separator beyond one, no file extension, and no
+    first part that is a folder here (``data/tok`` in a folder holding ``data/``)."""
+    if not REPO_ID.fullmatch(spec) or spec.lower().endswith(FILE_SUFFIXES):
+        return False
+    return "/" not in spec or not Path(spec).parent.is_dir()
+
+
+def _near(path: Path) -> str:
+    """For a path that does not exist: what its folder holds that could be meant (its JSON files), if it exists."""
+    folder = path.parent
+    if str(folder) in ("", ".") or not folder.is_dir():
+        return ""
+    try:
+        names = sorted(q.name for q in folder.iterdir() if q.suffix == ".json" or (q / "tokenizer.json").is_file())
+    except OSError:
+        return ""
+    if not names:
+        return f" ({folder} holds no tokenizer)"
+    return f" ({folder} holds {', '.join(names[:5])}{' and more' if len(names) > 5 else ''})"
 
 
 def load_tokenizer(path: Path):  # -> tokenizers.Tokenizer
@@ -68,7 +107,32 @@ def load_tokenizer(path: Path):  # -> tokenizers.Tokenizer
         tok.add_tokens([t.added_token() for t in registered])
     tok.no_truncation()
     tok.no_padding()
+    for key in sampling_settings(tok):  # a dataset is a function of its inputs: never a random sample
+        setattr(tok.model, key.removeprefix("model."), None)
     return tok
+
+
+def sampling_settings(tok) -> dict[str, float]:
+    """The settings of ``tok``'s model that make its encoding random (``model.dropout``: BPE dropout), by their
+    ``tokenizer.json`` key: ``load_tokenizer`` sets them off, and fastokens encodes with that tokenizer."""
+    model = tok.model
+    keys = SAMPLING_SETTINGS.get(type(model).__name__, ())
+    return {f"model.{key}": round(float(getattr(model, key)), 6) for key in keys if getattr(model, key, None)}
+
+
+def file_sampling_settings(path: Path) -> dict[str, float]:
+    """``sampling_settings`` of the tokenizer file at ``path`` as it is (before ``load_tokenizer`` sets them off)."""
+    return sampling_settings(_read_tokenizer(path))
+
+
+def shown_settings(settings: dict[str, float]) -> str:
+    return ", ".join(f"{key} {value:g}" for key, value in settings.items())
+
+
+def sampling_note(path: Path, settings: dict[str, float]) -> str:
+    """The one line that says the sampling ``settings`` of the tokenizer at ``path`` are set off."""
+    return (f"tokenizer {path} sets {shown_settings(settings)}, which makes its encoding random; it is set off (the "
+            f"output is then a function of the input, the same on every run)")
 
 
 def _read_tokenizer(path: Path):
@@ -104,22 +168,25 @@ def canonical_name(spec: str, path: Path) -> str:
 
 def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokenizer:
     """Load ``spec`` and settle the EOS id: ``--eos-token``, else the tokenizer's own (declared beside it, as
-    transformers reads it, or a well-known special token), else an error."""
+    transformers reads it, or a well-known special token), else, for a bare tokenizer file, an end-of-text token
+    of its vocabulary by its name or its only special token (with a note), else an error listing the candidates."""
     path = find_tokenizer_file(spec)
-    base_vocab = _read_tokenizer(path).get_vocab_size(with_added_tokens=True)
+    base = _read_tokenizer(path)
+    base_vocab = base.get_vocab_size(with_added_tokens=True)
     tok = load_tokenizer(path)
     declared = declared_tokens(path.parent, set()).named
     specials = _special_tokens(tok)
+    notes = []
 
     def known(token: str) -> bool:  # in the tokenizer itself, not only added by the declarations beside it
         token_id = tok.token_to_id(token)
         return token_id is not None and token_id < base_vocab
 
+    in_vocabulary = [n for n in END_OF_TEXT_NAMES if n not in specials and known(n)]
     if eos_token is not None:
         if not known(eos_token):
-            raise NanosetError(
-                f"--eos-token {eos_token!r} is not in tokenizer {path}; its special tokens are: {specials}"
-            )
+            raise NanosetError(f"--eos-token {eos_token!r} is not in tokenizer {path}; "
+                               f"{_eos_candidates(specials, in_vocabulary)}")
     else:
         where = path.parent / CONFIG if "eos_token" in read_json_object(path.parent / CONFIG) else \
             path.parent / SPECIAL_TOKENS_MAP
@@ -128,12 +195,18 @@ def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokeni
             raise NanosetError(f"{where}: eos_token {declared_eos!r} is not in the tokenizer {path}; fix it or pass "
                                f"--eos-token TOKEN")
         candidates = [declared_eos] if declared_eos else [n for n in EOS_NAMES if n in specials]
-        if not candidates:
-            raise NanosetError(
-                f"tokenizer {path} declares no EOS token; pass --eos-token TOKEN "
-                f"(its special tokens are: {specials or 'none'})"
-            )
-        eos_token = candidates[0]
+        lone = [s for s in specials if s not in NOT_EOS_NAMES]
+        if candidates:
+            eos_token = candidates[0]
+        elif in_vocabulary or len(lone) == 1:
+            eos_token = in_vocabulary[0] if in_vocabulary else lone[0]
+            why = "the end-of-text token of its vocabulary" if in_vocabulary else "its only special token"
+            notes.append(f"tokenizer {path} declares no EOS token; every document ends with {eos_token!r} (id "
+                         f"{tok.token_to_id(eos_token)}), {why}, as transformers does: pass --eos-token TOKEN for "
+                         f"another")
+        else:
+            raise NanosetError(f"tokenizer {path} declares no EOS token; pass --eos-token TOKEN "
+                               f"({_eos_candidates(specials, in_vocabulary)})")
     eos_id = tok.token_to_id(eos_token)
     bos = declared.get("bos_token") or next((n for n in BOS_NAMES if n in specials), None)
     info = TokenizerInfo(
@@ -145,7 +218,17 @@ def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokeni
         sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
         path=str(path.resolve()),  # absolute: the manifest is read from other folders (inspect, export)
     )
-    return ResolvedTokenizer(spec=spec, path=path, info=info, tokenizer=tok)
+    return ResolvedTokenizer(spec=spec, path=path, info=info, tokenizer=tok, notes=notes,
+                             sampling_off=sampling_settings(base))
+
+
+def _eos_candidates(specials: list[str], in_vocabulary: list[str]) -> str:
+    """What a tokenizer offers to end documents with, for an EOS error: its special tokens, and the end-of-text
+    names of its vocabulary."""
+    shown = "its special tokens are: " + ", ".join(map(repr, specials)) if specials else "it has no special tokens"
+    if in_vocabulary:
+        shown += f"; its vocabulary holds {', '.join(map(repr, in_vocabulary))}"
+    return shown
 
 
 # texts whose ids tell tokenizers (and encoders of one tokenizer) apart: added tokens, whitespace runs, digits,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +33,45 @@ from nanoset.tokenize.tasks import OutputFolder, Task, TaskResult, describe_task
 
 FAULT_ENV = "NANOSET_FAULT_KILL_TASK"  # fault injection for tests: a worker SIGKILLs itself on this task
 
+
+@dataclass(frozen=True)
+class ChatSetup:
+    """What rendering conversations needs, settled once by the driver (which compiles the template, so that a
+    syntax error stops the job before any worker starts): the template, the special-token strings it is given,
+    the columns rows keep conversations in, and the template file the user named (None: the tokenizer's own)."""
+
+    template: ChatTemplate
+    special_tokens: dict[str, str]
+    columns: ChatColumns
+    template_file: str | None = None
+    split_markers: dict[str, int] = field(default_factory=dict)  # markers the tokenizer splits (chat.split_markers)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What every worker of a job is told once, at its start: how to read rows and write shards. Frozen: a
+    worker changes none of it, and every worker of a job has the same."""
+
+    dtype: str  # of the token files
+    tokenizer_name: str  # recorded in each shard's metadata file
+    text_column: str
+    skip_bad_lines: bool
+    eos_id: int
+    append_eos: bool  # False where the tokenizer's post-processor ends every encoding with EOS itself
+    max_tokens_per_shard: int | None
+    chat: ChatSetup | None  # None: rows are texts
+    strict_backend: bool  # --backend fastokens: a tokenizer fastokens cannot load is an error, not a fallback
+
+
 _worker: dict[str, Any] = {}
 
 
-def init_worker(tokenizer_path: str, config: dict, counters: tuple, single_threaded: bool) -> None:
+def init_worker(tokenizer_path: str, config: WorkerConfig, counters: tuple, single_threaded: bool) -> None:
     if single_threaded:  # one process per core: keep the Rust encoder from oversubscribing
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         os.environ["RAYON_NUM_THREADS"] = "1"
-    chat = config.get("chat")
-    renderer = None
-    if chat:
-        renderer = ChatRenderer(ChatTemplate(chat["template"], chat["template_origin"]), chat["special_tokens"])
+    chat = config.chat
+    renderer = ChatRenderer(chat.template, chat.special_tokens) if chat is not None else None
     _worker.update(path=Path(tokenizer_path), config=config, counters=counters, renderer=renderer, encoders={})
 
 
@@ -51,7 +80,7 @@ def _encoder(backend: str) -> Encoder:
     encoders = _worker["encoders"]
     if backend not in encoders:
         reference = None if backend == "tokenizers" else lambda: _encoder("tokenizers")
-        encoders[backend] = load_encoder(_worker["path"], backend, bool(_worker["config"].get("chat")), reference)
+        encoders[backend] = load_encoder(_worker["path"], backend, _worker["config"].chat is not None, reference)
     return encoders[backend]
 
 
@@ -140,43 +169,42 @@ def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers", pro
     error)."""
     if os.environ.get(FAULT_ENV) == str(task.index):
         os.kill(os.getpid(), signal.SIGKILL)
-    cfg = _worker["config"]
+    cfg: WorkerConfig = _worker["config"]
+    chat = cfg.chat is not None
     checks: list[FastCheck] = []
     unusable = None
     try:
         encoder = _encoder(backend)
     except FastokensUnusable as e:
-        if cfg["strict_backend"]:
+        if cfg.strict_backend:
             raise fastokens_refused(str(e)) from None
         encoder, unusable = _encoder("tokenizers"), str(e)
     guarded = encoder.name != "fastokens"
     if not guarded and probe:
-        checks.append(FastCheck.of(encoder, probe_texts(encoder), bool(cfg["chat"])))
+        checks.append(FastCheck.of(encoder, probe_texts(encoder), chat))
     docs_counter, tokens_counter = _worker["counters"]
-    dtype = np.dtype(cfg["dtype"])
+    dtype = np.dtype(cfg.dtype)
     writers: list[ShardWriter] = []
 
-    chat = cfg.get("chat")
-
     def new_writer() -> ShardWriter:
-        return ShardWriter(out, f"{prefix}_{len(writers):05d}", dtype, cfg["tokenizer_name"], loss_masks=bool(chat))
+        return ShardWriter(out, f"{prefix}_{len(writers):05d}", dtype, cfg.tokenizer_name, loss_masks=chat)
 
     writers.append(new_writer())
     sources: dict[str, list[dict]] = {}  # shard name -> the pieces its documents came from
     skipped = 0
     log = SkipLog(OutputFolder(Path(out)).skipped_log(task.index))
-    rows = (ChatColumns(**chat["columns"]), _worker["renderer"]) if chat else cfg["text_column"]
+    rows = (cfg.chat.columns, _worker["renderer"]) if chat else cfg.text_column
     try:
         for piece in task.pieces:
-            reader = reader_for(piece, rows, cfg["skip_bad_lines"], log)
+            reader = reader_for(piece, rows, cfg.skip_bad_lines, log)
             for texts in reader.batches():
                 if not guarded and texts:  # a batch of skipped rows only is empty: the next one is the first
                     guarded = True
                     sample = guard_sample([c.text for c in texts] if chat else texts)
-                    checks.append(FastCheck.of(encoder, sample, bool(chat), task.index, describe_task(task)))
-                flat, loss, lengths = encode_batch(encoder, texts, bool(chat), cfg["eos_id"], cfg["append_eos"])
+                    checks.append(FastCheck.of(encoder, sample, chat, task.index, describe_task(task)))
+                flat, loss, lengths = encode_batch(encoder, texts, chat, cfg.eos_id, cfg.append_eos)
                 first = len(writers) - 1
-                _write_split(writers, new_writer, flat, lengths, cfg["max_tokens_per_shard"], loss)
+                _write_split(writers, new_writer, flat, lengths, cfg.max_tokens_per_shard, loss)
                 for w in writers[first:]:
                     pieces = sources.setdefault(w.name, [])
                     if not pieces or pieces[-1] != piece.to_json():

@@ -15,7 +15,9 @@ Restarts (``--max-restarts``) are for failures a rerun may cure (a crash, a kill
 on a signal is not restarted, nor one that said a user error (a config, data or checkpoint mistake, a diverged
 run), which a restart would only repeat. A worker exits 1 for such an error, as for a crash, so it also writes it
 into the file torchrun gives each worker for its failure (``TORCHELASTIC_ERROR_FILE``, in torch's own format)
-with a category this agent reads: ``mark_user_error``, called by ``runtime/train.py``.
+with a category this agent reads: ``mark_user_error``, called by ``runtime/train.py``. A worker whose collective
+broke because another ended marks that too (``mark_broken_collective``): the launcher reports the other
+(``root_failure``), and the group may be restarted.
 """
 
 from __future__ import annotations
@@ -33,26 +35,66 @@ from runtime.preemption import STOP_SIGNALS, StopRequested, is_stop_status, leav
 
 ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 USER_ERROR = "nanoset-user-error"
+BROKEN_COLLECTIVE = "nanoset-broken-collective"  # a worker whose collective broke because another worker ended
 
 
 def mark_user_error(message: str) -> None:
     """Record ``message`` as this worker's failure, a user error (nothing when no launcher asked for it)."""
+    _mark_failure(message, USER_ERROR)
+
+
+def mark_broken_collective(message: str) -> bool:
+    """Record ``message`` as this worker's failure, the consequence of another worker's end; whether it was."""
+    return _mark_failure(message, BROKEN_COLLECTIVE)
+
+
+def _mark_failure(message: str, category: str) -> bool:
     path = os.environ.get(ERROR_FILE)
     if not path:
-        return
-    data = {"message": {"message": message, "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))}},
-            "errorTraits": {"category": USER_ERROR, "retryability": "False"}}
+        return False
+    # torch's format, without the traceback (py_callstack), so that torchrun's report shows the message instead
+    data = {"message": {"message": message, "extraInfo": {"timestamp": str(int(time.time()))}},
+            "errorTraits": {"category": category, "retryability": "False"}}
     try:
         with open(path, "w") as f:
             json.dump(data, f)
-    except OSError:  # the mark only spares a restart; the error itself was said
-        pass
+    except OSError:  # the mark only informs the launcher; the error itself is said or kept
+        return False
+    return True
+
+
+def _category(error_file_data: dict) -> str | None:
+    traits = error_file_data.get("errorTraits") if isinstance(error_file_data, dict) else None
+    return traits.get("category") if isinstance(traits, dict) else None
 
 
 def is_user_error(error_file_data: dict) -> bool:
     """Whether a failure torchrun read from a worker's error file is a marked user error."""
-    traits = error_file_data.get("errorTraits") if isinstance(error_file_data, dict) else None
-    return isinstance(traits, dict) and traits.get("category") == USER_ERROR
+    return _category(error_file_data) == USER_ERROR
+
+
+def is_broken_collective(error_file_data: dict) -> bool:
+    """Whether a failure torchrun read from a worker's error file is a collective that another worker's end broke."""
+    return _category(error_file_data) == BROKEN_COLLECTIVE
+
+
+def failure_message(error_file_data: dict) -> str:
+    """The message a worker marked in its error file ('' where it marked none)."""
+    message = error_file_data.get("message") if isinstance(error_file_data, dict) else None
+    return str(message.get("message", "")) if isinstance(message, dict) else str(message or "")
+
+
+def root_failure(failures: dict) -> tuple[int, object]:
+    """The failure that ended the run, from torchrun's ``{global rank: ProcessFailure}``: the first in time (ties in
+    the agent's order, the order it saw them) that is no consequence of another. Consequences: a broken collective
+    (a worker whose peer died fails too, and may exit before the agent sees the death) and a death by SIGTERM, the
+    signal the agent tears the other workers down with (a worker handles it, but not while it waits to be ended
+    after a user error another rank says). With nothing else: the first of them (a peer that hung, a network that
+    broke)."""
+    ranked = sorted(failures.items(), key=lambda item: item[1].timestamp)
+    causes = [(rank, failure) for rank, failure in ranked
+              if not is_broken_collective(failure.error_file_data) and failure.exitcode != -signal.SIGTERM]
+    return (causes or ranked)[0]
 
 
 def _alive(pid: int) -> bool:

@@ -26,7 +26,8 @@ from nanoset.errors import report_user_errors
 from runtime.checkpoint.layout import CHECKPOINT_OPTION, find_checkpoint, read_metadata
 from runtime.config import ConfigError
 from runtime.config.load import load_config
-from runtime.data.hf_cache import resolve_stage_folders
+from runtime.config.overrides import add_set_option
+from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import document_steps, parse_document
 from runtime.data.order.windows import label_mask
@@ -77,14 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--document", metavar="FOLDER:DOC", help="every step that held a token of document DOC")
     what.add_argument("--documents", metavar="FILE", help="--document for each FOLDER:DOC line of FILE")
     ap.add_argument("--json", action="store_true", help="print a JSON list, one object per sample (or per hit)")
+    add_set_option(ap)
     args = ap.parse_args(argv)
     return report_user_errors(lambda: explain(args.config, args.checkpoint, args.step, args.json, args.steps,
-                                              args.document, args.documents))
+                                              args.document, args.documents, args.overrides))
 
 
 def explain(config_path: str, checkpoint: str | None, step: int | None, as_json: bool, steps: str | None = None,
-            document: str | None = None, documents: str | None = None) -> int:
-    config = load_config(config_path)
+            document: str | None = None, documents: str | None = None, overrides: list[str] | None = None) -> int:
+    config = load_config(config_path, overrides or ())
     queries = _queries(document, documents)  # before any data is opened: a typo costs nothing
     first, last = parse_steps(steps, config.tokens.train_steps) if steps is not None else (step, step)
     plan = DataPlan(config, resolve_stage_folders(config))

@@ -5,8 +5,9 @@ launching process, before any worker exists: a mistake is one ``error:`` line, n
 buried under torchrun's failure report. Then torchrun's elastic agent runs in this process
 (``torch.distributed.run``, with the launcher's signal handling: ``runtime/cli/agent.py``) with
 ``runtime/train.py`` as the workers' entry point; a worker that fails has said why in its own line, and
-the launcher adds only what the worker could not say (killed by a signal), then exits with the worker's
-status. ``--check`` prints the plan instead of training: where the run starts (a resume, a rewind, a
+the launcher adds only what the worker could not say (killed by a signal; the workers whose collective broke
+with it left their tracebacks in the run folder: ``runtime/broken_collective.py``), then exits with the
+worker's status. ``--check`` prints the plan instead of training: where the run starts (a resume, a rewind, a
 fresh start), per stage its steps and datasets, the samples, tokens and epochs each dataset gives it, and
 what repeats.
 
@@ -18,17 +19,20 @@ point, one number of nodes — each mistake one ``error:`` line (status 2, as fo
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import re
 import signal
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nanoset.errors import ConfigError, NanosetError, killed_by, print_error, report_user_errors
 from runtime.cli.agent import LauncherSignals
+from runtime.config.overrides import add_set_option
 from runtime.preemption import (
     INTERRUPTED_TWICE,
     LAUNCHER_PID,
@@ -40,6 +44,7 @@ from runtime.preemption import (
 
 if TYPE_CHECKING:
     from runtime.data.order.plan import DataPlan
+    from runtime.startup import Startup
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "train.py"
 # torchrun kills workers this long after forwarding a signal it handles itself (its default: 30 s); the launcher
@@ -74,6 +79,7 @@ class LaunchArgs:
     check: bool
     torchrun: list[str]  # torchrun's options, checked
     nodes: int
+    overrides: list[str] = field(default_factory=list)  # --set KEY=VALUE, in order: the workers get them too
 
 
 def parse_args(argv: list[str]) -> LaunchArgs:
@@ -88,11 +94,15 @@ def parse_args(argv: list[str]) -> LaunchArgs:
     ap.add_argument("--nproc-per-node", "--nproc_per_node", type=_positive("--nproc-per-node"), default=None,
                     help="worker processes on this node (default: the config's world size / nodes)")
     ap.add_argument("--check", action="store_true", help="check everything and print the plan; train nothing")
+    add_set_option(ap)
     args, rest = ap.parse_known_args(argv)
+    if not rest:  # nothing of torchrun's to check: torch is not imported for it (a finished run answers at once)
+        return LaunchArgs(args.config, args.nproc_per_node, args.check, [], 1, args.overrides)
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
-    parser.error = _refuse  # type: ignore[method-assign]
+    parser.error = lambda message: _refuse(_with_closest(message, [*ap._option_string_actions,  # type: ignore
+                                                                   *parser._option_string_actions]))
     known = parser.parse_args([*rest, "--", str(TRAIN_SCRIPT)])
     for option, spelled in ENTRY_POINT_OPTIONS.items():
         if getattr(known, option, False):
@@ -102,7 +112,21 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         if Path(given).name == TRAIN_SCRIPT.name:
             _refuse(f"takes no script: it runs runtime/train.py itself; drop {given!r} from the command")
         _refuse(f"takes no positional argument ({given!r}): it runs runtime/train.py with --config")
-    return LaunchArgs(args.config, args.nproc_per_node, args.check, rest, _nodes(known.nnodes))
+    return LaunchArgs(args.config, args.nproc_per_node, args.check, rest, _nodes(known.nnodes), args.overrides)
+
+
+def _with_closest(message: str, options: list[str]) -> str:
+    """argparse's "unrecognized arguments: --chek" with the closest option of nanoset train or torchrun (a typo's
+    fix), when one is close."""
+    given = message.removeprefix("unrecognized arguments: ")
+    if given == message:
+        return message
+    for word in given.split():
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.split("=")[0], [o for o in options if o.startswith("--")], n=1)
+            if close:
+                return f"{message}; did you mean {close[0]}?"
+    return message
 
 
 def _positive(option: str):
@@ -163,29 +187,48 @@ def workers_per_node(config, config_path: str, nproc: int | None, nodes: int) ->
 
 
 def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
-    from runtime.config.load import load_config
+    from runtime.config.load import read_config
     from runtime.startup import describe_start, start_up, startup_notes
 
-    config = load_config(args.config)
+    config, changes = read_config(args.config, args.overrides)
     nproc = workers_per_node(config, args.config, args.nproc, args.nodes)
     startup = start_up(config, world=nproc * args.nodes, lock=False)
     if args.check:
-        print("\n".join([f"start: {describe_start(startup)}", *plan_report(startup.plan),
+        print("\n".join([*(f"--set {change}" for change in changes), f"start: {describe_start(startup)}",
+                         *plan_report(startup.plan),
                          *(f"note: {note}" for note in startup_notes(startup))]))
         return 0
-    return run_workers(args, nproc, signals)
+    finished = finished_run(startup)
+    if finished is not None:  # the workers would start, load the checkpoint and say just this
+        print(finished, flush=True)
+        return 0
+    return run_workers(args, nproc, signals, config.general.run_path)
 
 
-def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals) -> int:
+def finished_run(startup: Startup) -> str | None:
+    """The line for a run whose checkpoint is already at ``tokens.train_steps`` (a rerun of a finished run), said
+    before any worker starts; None when there is something to train."""
+    from runtime.checkpoint.layout import last_step
+
+    c, start = startup.config, startup.start
+    if start.checkpoint is None or last_step(start.metadata) < c.tokens.train_steps:
+        return None
+    return (f"done: {start.checkpoint} is at step {last_step(start.metadata)} = tokens.train_steps: nothing left to "
+            f"train, no worker started (raise tokens.train_steps to train on)")
+
+
+def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals, run_dir: Path) -> int:
     """torchrun's elastic agent, in this process, with runtime/train.py on ``nproc`` workers; their status."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import get_args_parser, run
 
-    from runtime.cli.agent import agent_of_launch
+    from runtime.broken_collective import tracebacks_since
+    from runtime.cli.agent import agent_of_launch, failure_message, is_broken_collective, root_failure
 
+    overrides = [word for text in args.overrides for word in ("--set", text)]  # the workers build the same config
     torchrun = get_args_parser().parse_args([*args.torchrun, f"--nproc-per-node={nproc}", "--", str(TRAIN_SCRIPT),
-                                             "--config", args.config])
+                                             "--config", args.config, *overrides])
     if hasattr(torchrun, "signals_to_handle"):  # torch ≥ 2.8: leave the stop signals to the launcher's handlers
         ours = {s.name for s in STOP_SIGNALS}
         torchrun.signals_to_handle = ",".join(
@@ -195,6 +238,7 @@ def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals) -> int:
     if nproc > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets, without its five-line banner
     quiet_torchrun()
+    started = time.time()
     try:
         with agent_of_launch(signals):
             run(torchrun)
@@ -202,17 +246,32 @@ def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals) -> int:
         if signals.killed:
             print_error(INTERRUPTED_TWICE)
             return stop_status(signal.SIGINT)
-        rank, failure = e.get_first_failure()
+        rank, failure = root_failure(e.failures)
         if failure.exitcode < 0:  # the worker could not say it: a signal (the out-of-memory killer's SIGKILL)
-            print_error(f"worker rank {rank} (pid {failure.pid}) was {killed_by(-failure.exitcode)}; rerun the same "
-                        f"command to resume from the latest checkpoint")
+            print_error(f"worker rank {rank} (pid {failure.pid}) was {killed_by(-failure.exitcode)}"
+                        f"{ended_with_it(tracebacks_since(run_dir, started))}; rerun the same command to resume from "
+                        f"the latest checkpoint")
             return 128 - failure.exitcode
+        if is_broken_collective(failure.error_file_data):  # only broken collectives: a peer hung, a network broke
+            print_error(f"worker {failure_message(failure.error_file_data)}")
         return failure.exitcode
     except RendezvousError as e:  # the nodes never met: an endpoint, a node not started, a firewall
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__  # a timeout says nothing more
         raise NanosetError(f"the rendezvous of the nodes failed ({why}); check --rdzv-endpoint "
                            f"{torchrun.rdzv_endpoint or '(none)'} and that every node runs the same command") from None
     return 0
+
+
+def ended_with_it(tracebacks: dict[int, Path]) -> str:
+    """The ranks whose collective broke when a worker was killed, and where their tracebacks are."""
+    if not tracebacks:
+        return ""
+    if len(tracebacks) == 1:
+        ((rank, path),) = tracebacks.items()
+        return f"; rank {rank} ended with it (its broken collective's traceback: {path})"
+    folder = next(iter(tracebacks.values())).parent
+    return (f"; ranks {', '.join(map(str, tracebacks))} ended with it (their broken collectives' tracebacks: "
+            f"{folder})")
 
 
 def quiet_torchrun() -> None:
@@ -236,6 +295,8 @@ def plan_report(plan: DataPlan) -> list[str]:
         for reads, weight in zip(plan.reads(part), part.weights_shown()):
             w = plan.datasets[reads.dataset]
             repeat = f"; repeats: epoch {reads.end_epoch:.2f} by the stage's end" if reads.repeats else ""
+            padding = f" ({100 * w.padding_share:.1f}% of them padding)" if w.packing == "documents" else ""
             lines.append(f"  {named[w.folder]} (weight {weight}): {reads.samples:,} of its {w.num_samples:,} "
-                         f"samples, {reads.samples * w.sequence_length:,} tokens, {reads.epochs:.2f} epochs{repeat}")
+                         f"samples, {reads.samples * w.sequence_length:,} tokens{padding}, {reads.epochs:.2f} "
+                         f"epochs{repeat}")
     return lines

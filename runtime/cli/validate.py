@@ -24,6 +24,7 @@ from runtime.checkpoint.layout import (
 )
 from runtime.config import Config, ParallelismArgs
 from runtime.config.load import load_config
+from runtime.config.overrides import add_set_option
 from runtime.data.order.validation_sets import ValidationSet, open_validation_sets
 from runtime.startup import world_size
 
@@ -36,9 +37,10 @@ def layout_for_world(config: Config, world: int) -> Config:
     return config
 
 
-def prepare(config_path: str, checkpoint: str) -> tuple[Config, Path, dict, list[ValidationSet]]:
+def prepare(config_path: str, checkpoint: str, overrides: list[str] | None = None
+            ) -> tuple[Config, Path, dict, list[ValidationSet]]:
     """Everything that can be a user mistake, checked before any process group."""
-    config = layout_for_world(load_config(config_path), world_size())
+    config = layout_for_world(load_config(config_path, overrides or ()), world_size())
     if not config.validation.datasets:
         raise ConfigError(f"{config_path}: validation.datasets is empty; name the datasets to evaluate on")
     path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
@@ -64,8 +66,8 @@ def run(config: Config, path: Path, metadata: dict, validation_sets: list[Valida
     return {"step": step, "stage": stage.name, "val": results}
 
 
-def validate_checkpoint(config_path: str, checkpoint: str, as_json: bool) -> int:
-    config, path, metadata, validation_sets = prepare(config_path, checkpoint)
+def validate_checkpoint(config_path: str, checkpoint: str, as_json: bool, overrides: list[str] | None = None) -> int:
+    config, path, metadata, validation_sets = prepare(config_path, checkpoint, overrides)
     import torch.distributed as dist
 
     from runtime.validation import describe
@@ -85,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="the run's YAML config, with a validation section")
     ap.add_argument("--checkpoint", required=True, help="a step-N checkpoint folder, or a folder with `latest`")
     ap.add_argument("--json", action="store_true", help="print the metrics row as JSON")
+    add_set_option(ap)
     args = ap.parse_args(argv)
     # every rank finds a mistake (a damaged checkpoint too): the first rank of each node says it
     first_of_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
-    return report_user_errors(lambda: validate_checkpoint(args.config, args.checkpoint, args.json),
+    return report_user_errors(lambda: validate_checkpoint(args.config, args.checkpoint, args.json, args.overrides),
                               report=lambda message: first_of_node and print_error(message))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, Union
 import yaml
 
 from nanoset.errors import ConfigError
+from runtime.config.overrides import apply_override, parse_override
 from runtime.config.rules import validate_config
 from runtime.config.schema import Config
 from runtime.hf.config_map import apply_hf_config
@@ -102,44 +104,91 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     raise TypeError(f"unsupported config type {tp} at {path}")
 
 
-def from_dict(cls: type, data: Any, path: str) -> Any:
-    """Build dataclass ``cls`` from ``data``, strictly."""
+def from_dict(cls: type, data: Any, path: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``, strictly. ``path``: where ``data`` sits, for the messages ("" for the
+    whole config, so its keys read ``model.hidden_size`` as everywhere else)."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of {cls.__name__} keys, got {data!r}")
+        what = f"{path}: expected a mapping of {cls.__name__} keys" if path else (
+            f"expected a mapping of the config's sections ({', '.join(f.name for f in dataclasses.fields(cls))})")
+        raise ConfigError(f"{what}, got {data!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in data:
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"
-            raise ConfigError(f"{path}.{key}: unknown key{hint}")
+            raise ConfigError(f"{_join(path, key)}: unknown key{hint}")
     kwargs = {}
     for name, f in fields.items():
         if name in data:
-            kwargs[name] = _convert(data[name], hints[name], f"{path}.{name}")
+            kwargs[name] = _convert(data[name], hints[name], _join(path, name))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{path}.{name}: required key is missing")
+            raise ConfigError(f"{_join(path, name)}: required key is missing")
     return cls(**kwargs)
 
 
-def load_config(path: str | Path) -> Config:
-    """The config at ``path``, built strictly and checked by every rule that needs no data."""
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def yaml_problem(path: Path, error: yaml.YAMLError) -> str:
+    """A YAML error in one line, ``FILE:LINE:COLUMN: not valid YAML: PROBLEM`` (1-based, where the parser stopped;
+    the construct it was in and where that began), without the excerpt and caret PyYAML prints under it."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    context, began = getattr(error, "context", None), getattr(error, "context_mark", None)
+    if context and began is not None:
+        problem += f" ({context} that began at line {began.line + 1}, column {began.column + 1})"
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    return f"{where}: not valid YAML: {problem}"
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """YAML as a config is written: PyYAML's safe types, and numbers in exponent form without a dot (``3e-4``,
+    ``1e5``) read as numbers (YAML 1.2 does; PyYAML's 1.1 rules made them strings)."""
+
+
+EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789"))
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The config at ``path`` with the ``--set KEY=VALUE`` ``overrides`` applied, built strictly and checked by
+    every rule that needs no data."""
+    return read_config(path, overrides)[0]
+
+
+def read_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Config, list[str]]:
+    """``load_config``, and what each override changed (``KEY: BEFORE → AFTER``, for ``--check``). A mistake in
+    the config is said with the file and, where there are overrides, them: ``cfg.yaml with --set K=V: ...``."""
     path = Path(path)
+    parsed = [parse_override(text) for text in overrides]  # a malformed --set costs no file read
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=ConfigLoader)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+        raise ConfigError(yaml_problem(path, e)) from None
+    changes = []
+    for override in parsed:
+        if not isinstance(data, dict):
+            break  # the document itself is wrong: said below
+        try:
+            value = yaml.load(override.value_text, Loader=ConfigLoader)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {override.text}: the value is not valid YAML "
+                              f"({getattr(e, 'problem', None) or str(e).splitlines()[0]})") from None
+        changes.append(apply_override(data, override, value))
     try:
-        return config_from_data(data)
+        return config_from_data(data), changes
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+        where = f"{path} with {' '.join(f'--set {o.text}' for o in parsed)}" if parsed else str(path)
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def config_from_data(data: Any) -> Config:
     """A config from plain data (a YAML document), built strictly and checked by every rule that needs no data."""
-    config = from_dict(Config, data, "config")
+    config = from_dict(Config, data)
     if config.model.init_from_hf is not None:
         apply_hf_config(config.model, given=set(data["model"]))
     validate_config(config)

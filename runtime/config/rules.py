@@ -15,6 +15,7 @@ from runtime.config.schema import (
     Config,
     DatasetStageArgs,
     HFDatasetArgs,
+    ModelArgs,
     NanosetDatasetsArgs,
     RopeScalingArgs,
     WeightsAtStep,
@@ -51,15 +52,21 @@ def _check_ranges(section: Any, path: str) -> None:
 
 
 def _validate_sizes(c: Config) -> None:
-    m, t = c.model, c.tokens
+    m, t, tp = c.model, c.tokens, c.parallelism.tp
     if m.head_dim is None and m.hidden_size % m.num_attention_heads:
         raise ConfigError(f"model.hidden_size {m.hidden_size} is not divisible by num_attention_heads "
-                          f"{m.num_attention_heads}; give model.head_dim")
+                          f"{m.num_attention_heads}{_heads_hint(m, tp)}")
     if m.num_attention_heads % m.kv_heads:
+        fits = [k for k in range(1, m.num_attention_heads + 1) if m.num_attention_heads % k == 0 and k % tp == 0]
         raise ConfigError(f"model.num_attention_heads {m.num_attention_heads} is not divisible by "
-                          f"num_key_value_heads {m.kv_heads}")
+                          f"num_key_value_heads {m.kv_heads}; give num_key_value_heads a divisor of it "
+                          f"({', '.join(map(str, fits))})")
+    if m.head_dim is not None and m.head_dim % 2:
+        raise ConfigError(f"model.head_dim {m.head_dim} must be even for RoPE (each rotation turns a pair of "
+                          f"dimensions); use {m.head_dim - 1} or {m.head_dim + 1}")
     if m.head_size % 2:
-        raise ConfigError(f"model: head size {m.head_size} must be even for RoPE")
+        raise ConfigError(f"model: head size {m.head_size} (hidden_size {m.hidden_size} / num_attention_heads "
+                          f"{m.num_attention_heads}) must be even for RoPE{_heads_hint(m, tp)}")
     _validate_rope_scaling(m.rope_scaling)
     if t.sequence_length > m.max_position_embeddings:
         raise ConfigError(f"tokens.sequence_length {t.sequence_length} > model.max_position_embeddings "
@@ -73,6 +80,23 @@ def _validate_sizes(c: Config) -> None:
     if c.checkpoints.export_hf and not c.checkpoints.save_final:
         raise ConfigError("checkpoints.export_hf: exports the final checkpoint, but checkpoints.save_final is false; "
                           "set save_final: true or export a checkpoint with python -m runtime.export")
+
+
+def _heads_hint(m: ModelArgs, tp: int) -> str:
+    """The nearest head counts below and above ``num_attention_heads`` that split ``hidden_size`` into even head
+    sizes (RoPE), that the key/value heads (when given) and ``tp`` divide: the usual fix of a size that does not
+    split, as "; use 4 or 6 heads (head size 24 or 16)" ("" when there is none)."""
+    def fits(k: int) -> bool:
+        return (m.hidden_size % k == 0 and m.hidden_size // k % 2 == 0 and k % tp == 0
+                and (m.num_key_value_heads is None or k % m.num_key_value_heads == 0))
+
+    n = m.num_attention_heads
+    near = [k for k in (next((k for k in range(n - 1, 0, -1) if fits(k)), None),
+                        next((k for k in range(n + 1, m.hidden_size // 2 + 1) if fits(k)), None)) if k is not None]
+    if not near:
+        return ""
+    return (f"; use {' or '.join(map(str, near))} heads (head size "
+            f"{' or '.join(str(m.hidden_size // k) for k in near)})")
 
 
 def _validate_rope_scaling(r: RopeScalingArgs | None) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from nanoset.cache import cache_root
 from nanoset.errors import ConfigError
 
 
@@ -63,7 +64,7 @@ class GeneralArgs:
     run: str  # the run's name: its folder is runs/<run> unless run_dir is given
     seed: int = key(42, SEED)  # model initialisation, and the data order of stages without data.seed
     run_dir: str | None = None  # default: runs/<run>
-    cache_dir: str = ".nanoset_cache"  # tokenized HF datasets; packing and weight-schedule caches
+    cache_dir: str | None = None  # tokenized HF datasets, packings, schedule counts; null: the user's cache
 
     def __post_init__(self) -> None:  # `~/runs/x` is the home folder's, not a folder named `~` here
         self.run_dir = _home(self.run_dir)
@@ -72,6 +73,11 @@ class GeneralArgs:
     @property
     def run_path(self) -> Path:
         return Path(self.run_dir if self.run_dir is not None else Path("runs") / self.run)
+
+    @property
+    def cache_path(self) -> Path:
+        """Where the run's derived data goes: ``cache_dir``, else the user's cache (``nanoset.cache``)."""
+        return cache_root(self.cache_dir)
 
 
 @dataclass
@@ -328,6 +334,13 @@ class Config:
 
     def to_dict(self) -> dict:
         return to_dict(self)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> Config:
+        """The config at ``path``, loaded strictly and checked (``load_config`` under the seeds' name)."""
+        from runtime.config.load import load_config  # load builds on this module: imported when called
+
+        return load_config(path)
 
     @property
     def world_size(self) -> int:

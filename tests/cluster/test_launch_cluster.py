@@ -4,6 +4,7 @@ preemption by a real signal (SIGTERM to torchrun, SIGUSR1 to a single worker).""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -337,7 +338,7 @@ def test_workers_whose_torchrun_agent_is_killed_stop_with_a_checkpoint(reference
 # asks: "slow_step S", "slow_save S" (a marker file, then S seconds before a save),
 # "slow_startup S" (a marker file, then S seconds before start-up's checks), "slow_startup_but_rank0 S" (the same
 # but for rank 0, which goes on to wait for the others in init_process_group, after a marker), "exit_at_step N CODE"
-# (rank 0 exits),
+# (rank 0 exits), "kill_at_step N RANK" (SIGKILL to rank RANK as its step N begins, as the out-of-memory killer),
 # "error_at_step N" (a user error on every rank).
 WORKER_FAULTS = '''
 import os, time
@@ -353,7 +354,7 @@ if fault and fault[0] == "launcher_slow_startup" and "LOCAL_RANK" not in os.envi
 elif fault and ("LOCAL_RANK" in os.environ or "FAULT_WORKER" in os.environ):
     kind, args = fault[0], fault[1:]
     marker = os.environ["FAULT_MARKER"]
-    if kind in ("slow_step", "exit_at_step", "error_at_step"):
+    if kind in ("slow_step", "exit_at_step", "kill_at_step", "error_at_step"):
         import runtime.engine as engine
         step = engine.Engine.train_step
         calls = [0]
@@ -363,6 +364,9 @@ elif fault and ("LOCAL_RANK" in os.environ or "FAULT_WORKER" in os.environ):
                 time.sleep(float(args[0]))
             elif kind == "exit_at_step" and calls[0] == int(args[0]) and os.environ.get("RANK", "0") == "0":
                 os._exit(int(args[1]))
+            elif kind == "kill_at_step" and calls[0] == int(args[0]) and os.environ["RANK"] == args[1]:
+                import signal
+                os.kill(os.getpid(), signal.SIGKILL)
             elif kind == "error_at_step" and calls[0] == int(args[0]):
                 from nanoset.errors import ConfigError
                 raise ConfigError("data.bogus: a user error found while training")
@@ -463,8 +467,108 @@ def test_a_worker_killed_by_a_signal_is_one_line_and_128_plus_the_signal(shards,
     assert proc.returncode == 128 + signal.SIGKILL, err
     (line,) = err.splitlines()
     pid = line.split("(pid ")[1].split(")")[0]
-    assert pid.isdigit() and line == (f"error: worker rank 0 (pid {pid}) was killed by SIGKILL (out of memory?); rerun "
-                                      f"the same command to resume from the latest checkpoint")
+    assert pid.isdigit() and line == (f"error: worker rank 0 (pid {pid}) was killed by SIGKILL (often the "
+                                      f"out-of-memory killer); rerun the same command to resume from the latest "
+                                      f"checkpoint")
+
+
+def step_lines(stdout: str) -> list[str]:
+    """The run's console lines, each step's cut to its number (its figures vary with the machine's speed)."""
+    return [line.split(" |")[0] if line.startswith("step ") else line for line in stdout.splitlines()]
+
+
+def check_broken_collective_traceback(run: Path, rank: int, step: int) -> None:
+    """The traceback file a survivor wrote: the line that says what happened, then the traceback of gloo's error."""
+    text = (run / "tracebacks" / f"rank-{rank}.txt").read_text()
+    first, blank, *rest = text.splitlines()
+    assert re.fullmatch(rf"rank {rank} \(pid \d+\) after step {step}: a collective operation failed, most likely "
+                        rf"because another rank ended first \(the launcher's line, or torchrun's report, names it\)",
+                        first) and blank == "", text
+    assert rest[0] == "Traceback (most recent call last):" and "gloo/transport/" in rest[-1], text
+
+
+@pytest.mark.parametrize("killed", [1, 0])
+def test_a_worker_killed_mid_run_is_one_line_from_the_launcher_and_the_rerun_resumes_exactly(reference, shards,
+                                                                                               tmp_path, killed):
+    """SIGKILL (the out-of-memory killer) of one of two workers at step 5: the other's collective breaks. Was: 65
+    lines of its gloo traceback before the launcher's line, and rank 0, surviving, could say "note: SIGTERM after the
+    last step: the run finishes ... (the final checkpoint, the Hugging Face export)" mid-run. Now one line naming the
+    killed rank, the signal and the survivor's traceback file; the rerun resumes from step 3, bit-identically."""
+    _, ref_rows = reference
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run)
+    proc = nanoset_train("--config", cfg, cwd=shards, env=launcher_env(tmp_path, f"kill_at_step 5 {killed}"))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGKILL, err
+    survivor = 1 - killed
+    pid = err.split("(pid ")[1].split(")")[0]
+    assert pid.isdigit() and err == (
+        f"error: worker rank {killed} (pid {pid}) was killed by SIGKILL (often the out-of-memory killer); rank "
+        f"{survivor} ended with it (its broken collective's traceback: {run / 'tracebacks' / f'rank-{survivor}.txt'}); "
+        f"rerun the same command to resume from the latest checkpoint\n")
+    lines = step_lines(out)
+    assert lines[0].startswith("stage 'pretrain' at step 1 ") and lines[1:] == [f"step {i:6d}" for i in range(1, 5)]
+    check_broken_collective_traceback(run, survivor, 4)
+    rerun = nanoset_train("--config", cfg, cwd=shards)
+    out, err = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, err
+    assert f"resumed from {run / 'checkpoints' / 'step-000003'} at step 3" in out.splitlines()
+    assert losses(metrics(run)) == losses(ref_rows)
+
+
+def test_a_worker_killed_under_plain_torchrun_leaves_no_traceback_and_no_false_note(shards, tmp_path):
+    """Plain torchrun: the surviving rank 0 neither prints its broken collective's traceback nor says the run
+    finishes its final checkpoint; torchrun's own report names the killed rank and the survivor's traceback file."""
+    run = tmp_path / "run"
+    proc = torchrun(small_config(tmp_path, run), 2, cwd=shards, env=launcher_env(tmp_path, "kill_at_step 5 1"),
+                    check=False)
+    assert proc.returncode == 1, proc.stderr
+    lines = step_lines(proc.stdout)
+    assert lines[0].startswith("stage 'pretrain' at step 1 ") and lines[1:] == [f"step {i:6d}" for i in range(1, 5)]
+    assert proc.stderr.count("Traceback (most recent call last)") == 1  # torchrun's own, before its report
+    assert "[rank0]" not in proc.stderr and "exitcode  : -9 (pid" in proc.stderr
+    assert ("traceback : rank 0: a collective operation failed after step 4, most likely because another rank ended "
+            "(RuntimeError: ") in proc.stderr
+    assert f"its traceback: {run / 'tracebacks' / 'rank-0.txt'}\n" in proc.stderr
+    check_broken_collective_traceback(run, 0, 4)
+
+
+SIGNAL_AFTER_A_FAILED_STEP = f'''
+import os, signal, sys
+sys.path.insert(0, {str(ROOT)!r})
+from runtime.engine import Engine
+from runtime.trainer import Trainer
+step, release = Engine.train_step, Trainer._release_loader
+calls = []
+def train_step(self, *a, **k):
+    calls.append(1)
+    if len(calls) == 3:
+        raise RuntimeError("a bug in step 3")
+    return step(self, *a, **k)
+def release_and_get_a_signal(self):
+    if len(calls) == 3:
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while the failed run unwinds
+    return release(self)
+Engine.train_step, Trainer._release_loader = train_step, release_and_get_a_signal
+from runtime.train import main
+sys.exit(main())
+'''
+
+
+def test_a_stop_signal_while_a_failed_run_unwinds_says_nothing_false(shards, tmp_path):
+    """runtime.train's main in one process: a step that raised, then a SIGTERM while the run unwinds — the loop's
+    end was marked in a ``finally`` as after the last step, and the run said it would finish its final checkpoint
+    and export. Now: the bug's traceback and its status 1, nothing else."""
+    script = tmp_path / "signal_after_a_failure.py"
+    script.write_text(SIGNAL_AFTER_A_FAILED_STEP)
+    cfg = small_config(tmp_path, tmp_path / "run", dp=1, single_stage=True, checkpoints={"export_hf": True})
+    proc = subprocess.run([sys.executable, str(script), "--config", str(cfg)], capture_output=True, text=True,
+                          cwd=shards, env=ENV, timeout=300)
+    assert proc.returncode == 1
+    assert step_lines(proc.stdout)[1:] == ["step      1", "step      2"]
+    lines = proc.stderr.splitlines()  # (torch.distributed prefixes a traceback's lines with the rank)
+    assert lines[0] == "[rank0]: Traceback (most recent call last):" and lines[-1] == (
+        "[rank0]: RuntimeError: a bug in step 3") and "note:" not in proc.stdout, proc.stderr
 
 
 def test_a_workers_own_exit_status_passes_through_nanoset_train(shards, tmp_path):
@@ -623,3 +727,26 @@ def test_a_stop_signal_after_the_last_step_lets_the_run_finish_and_says_so(shard
     assert ("note: SIGTERM after the last step: the run finishes what follows it (the final checkpoint, the Hugging "
             "Face export) and ends") in proc.stdout.splitlines()
     assert (run / "hf" / "config.json").is_file() and (run / "checkpoints" / "latest").read_text() == "step-000004\n"
+
+
+def test_rerunning_a_finished_run_says_so_before_any_worker_starts(reference, shards, tmp_path):
+    """The workers took 16 s to start, load the checkpoint and report nothing to train: the launcher says it
+    from the checkpoint's record, exit status 0, and no worker process starts (a sitecustomize on the path
+    marks every Python process whose script is runtime/train.py)."""
+    run, ref_rows = reference
+    marks = tmp_path / "workers"
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        "if sys.argv and sys.argv[0].endswith('train.py'):\n"
+        f"    open({str(marks)!r}, 'a').write(str(os.getpid()) + chr(10))\n")
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(ROOT)])}
+    cfg = small_config(tmp_path, run)
+    started = time.monotonic()
+    proc = nanoset_train("--config", cfg, cwd=shards, env=env)
+    out, err = proc.communicate(timeout=120)
+    print(f"a finished run's rerun answered in {time.monotonic() - started:.1f} s")
+    assert (proc.returncode, err) == (0, "")
+    assert out == (f"done: {run / 'checkpoints' / 'step-000012'} is at step 12 = tokens.train_steps: nothing left to "
+                   f"train, no worker started (raise tokens.train_steps to train on)\n")
+    assert not marks.exists() and metrics(run) == ref_rows

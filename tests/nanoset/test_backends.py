@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from nanoset import open_dataset
+from nanoset.format.spec import MANIFEST_NAME, SHARD_TABLE_NAME
 from nanoset.tokenize import backends
 from nanoset.tokenize.backends import choose_backend, load_encoder
 from nanoset.tokenize.byte_offsets import ByteLevelOffsets
@@ -50,7 +51,8 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def shard_files(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != "nanoset.json"}
+    """The shard files: the manifest and its shard table name the encoders, which differ by backend."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name not in (MANIFEST_NAME, SHARD_TABLE_NAME)}
 
 
 def run(corpus: Path, tokenizer: Path, out: Path, backend: str, **options) -> dict:
@@ -509,14 +511,14 @@ def test_a_backend_that_cannot_run_is_refused_before_the_output_folder_is_touche
     out = tmp_path / "out"
     options = dict(inputs=[str(FIXTURES / "chat")], output=out, tokenizer=str(folder), chat=True, progress=False)
     tokenize(TokenizeOptions(**options, backend="tokenizers"))
-    before = shard_files(out) | {"nanoset.json": (out / "nanoset.json").read_bytes()}
+    before = shard_files(out) | {name: (out / name).read_bytes() for name in (MANIFEST_NAME, SHARD_TABLE_NAME)}
     with pytest.raises(ValueError, match="--backend fastokens: --chat needs character offsets"):
         tokenize(TokenizeOptions(**options, backend="fastokens", overwrite=True))
     with pytest.raises(ValueError) as e:
         tokenize(TokenizeOptions(**options, backend="fast"))
     assert str(e.value) == "--backend 'fast': choose one of auto, fastokens, tokenizers"
     assert sorted(p.name for p in out.iterdir()) == sorted(before)
-    assert shard_files(out) | {"nanoset.json": (out / "nanoset.json").read_bytes()} == before
+    assert shard_files(out) | {name: (out / name).read_bytes() for name in (MANIFEST_NAME, SHARD_TABLE_NAME)} == before
 
 
 def test_a_fallback_after_another_machine_finished_says_which_runs_to_rerun(monkeypatch, corpus, tmp_path):
@@ -534,3 +536,34 @@ def test_a_fallback_after_another_machine_finished_says_which_runs_to_rerun(monk
         "those task indices to encode it again")
     assert tokenize(TokenizeOptions(**options, task_index=1)).complete
     assert shard_files(tmp_path / "out") == shard_files(tmp_path / "reference")
+
+
+# ---------------------------------------------------------------- sampling tokenizers ---------
+
+
+def test_a_tokenizer_with_bpe_dropout_is_encoded_without_it(corpus, tmp_path):
+    """``model.dropout: 0.3`` made two runs write other tokens (52,126 then 52,018), auto blamed fastokens ("a
+    fastokens bug") and verify --retokenize advised the same random path: it is set off, said in one note, and
+    the shards are those of the tokenizer without it, with each backend, on every run."""
+    folder = tmp_path / "dropout" / "tokenizer"  # named as the fixture's: the shards' metadata names it
+    folder.mkdir(parents=True)
+    spec = json.loads((TOKENIZER / "tokenizer.json").read_text())
+    spec["model"]["dropout"] = 0.3
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    (folder / "tokenizer_config.json").write_text((TOKENIZER / "tokenizer_config.json").read_text())
+    run(corpus, TOKENIZER, tmp_path / "plain", "tokenizers")
+    plain = shard_files(tmp_path / "plain")
+    note = (f"note: tokenizer {folder / 'tokenizer.json'} sets model.dropout 0.3, which makes its encoding random; it "
+            f"is set off (the output is then a function of the input, the same on every run)")
+    for backend in ("tokenizers", "tokenizers", "auto", "fastokens"):
+        out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
+        proc = run_cli("tokenize", corpus, "-o", out, "--tokenizer", folder, "--backend", backend, "--quiet",
+                       "--task-bytes", 40_000)
+        assert proc.stderr.splitlines() == [note]  # nothing about fastokens differing
+        assert shard_files(out) == plain
+        assert json.loads((out / "nanoset.json").read_text())["build"]["sampling_off"] == {"model.dropout": 0.3}
+    n = open_dataset(out).num_documents
+    assert run_cli("verify", out, "--retokenize", n).stdout.splitlines()[1] == (
+        f"OK: {out}: {n} sampled documents re-encoded from their inputs with {TOKENIZERS}: ids identical to the "
+        f"shards (the tokenizer's model.dropout 0.3 set off, as tokenize does)")
+

@@ -87,15 +87,83 @@ def test_output_holding_another_dataset_needs_overwrite(tmp_path):
 def test_tokenizer_errors(tmp_path):
     f = write_lines(tmp_path / "a.jsonl", [b'{"text": "one"}'])
     proc = run_cli("tokenize", f, "-o", tmp_path / "o", "--tokenizer", "some-org/not-cached", check=False)
-    one_line_error(proc, "not in the local Hugging Face cache", "nothing is downloaded")
-    # a tokenizer without a declared EOS: copy the JSON alone, without tokenizer_config.json, and drop specials
-    spec = json.loads((TOKENIZER / "tokenizer.json").read_text())
-    spec["added_tokens"] = []
-    (tmp_path / "tok.json").write_text(json.dumps(spec))
-    proc = run_cli("tokenize", f, "-o", tmp_path / "o", "--tokenizer", tmp_path / "tok.json", check=False)
-    one_line_error(proc, "declares no EOS token; pass --eos-token")
+    one_line_error(proc, "not in the local Hugging Face cache", "nothing is downloaded",
+                   "fetch it first with `huggingface-cli download some-org/not-cached tokenizer.json`")
     proc = run_cli("tokenize", f, "-o", tmp_path / "o", "--tokenizer", TOKENIZER, "--eos-token", "<nope>", check=False)
-    one_line_error(proc, "--eos-token '<nope>' is not in tokenizer")
+    one_line_error(proc, f"--eos-token '<nope>' is not in tokenizer {TOKENIZER / 'tokenizer.json'}; its special "
+                         f"tokens are: '<|endoftext|>', '<|pad|>', '<|im_start|>', '<|im_end|>'")
+
+
+def test_a_mistyped_tokenizer_path_is_not_sent_to_the_hub(tmp_path, monkeypatch):
+    """A path that does not exist suggested `huggingface-cli download /abs/path/gpt3.json tokenizer.json`."""
+    from nanoset.tokenize.tokenizer import looks_like_repo_id
+
+    f = write_lines(tmp_path / "a.jsonl", [b'{"text": "one"}'])
+    (tmp_path / "gpt2.json").write_text("{}")
+    for spec, near in [(tmp_path / "gpt3.json", f" ({tmp_path} holds gpt2.json)"), (tmp_path / "no" / "tok", "")]:
+        proc = run_cli("tokenize", f, "-o", tmp_path / "o", "--tokenizer", spec, check=False)
+        assert one_line_error(proc) == (f"error: tokenizer {str(spec)!r}: no such file or folder{near}; pass a path "
+                                        f"to a tokenizer.json")
+    shapes = {"gpt2": True, "meta-llama/Llama-3.1-8B": True, "Qwen/Qwen2.5-0.5B": True, "gpt3.json": False,
+              "org/tok.json": False, "./tok": False, "a/b/c": False, "/abs/org": False, "~/tok": False}
+    assert {spec: looks_like_repo_id(spec) for spec in shapes} == shapes
+    (tmp_path / "models").mkdir()
+    monkeypatch.chdir(tmp_path)  # "models/" is a folder here: "models/tok" is a path into it, mistyped
+    assert not looks_like_repo_id("models/tok") and looks_like_repo_id("other/tok")
+
+
+def bare_tokenizer(path: Path, specials: list[str], eos_in_vocabulary: bool = True) -> Path:
+    """The fixture tokenizer as a bare tokenizer.json (GPT-2's shape: no tokenizer_config.json beside it) with
+    ``specials`` as its only added tokens; ``eos_in_vocabulary`` False renames every end-of-text name away."""
+    spec = json.loads((TOKENIZER / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    if not eos_in_vocabulary:
+        vocab["<|notext|>"] = vocab.pop("<|endoftext|>")
+    base = len(vocab)
+    spec["added_tokens"] = [{"id": base + i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                             "normalized": False, "special": True} for i, t in enumerate(specials)]
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def test_the_eos_of_a_bare_tokenizer_file(tmp_path, tokenizer):
+    """GPT-2's tokenizer.json adds no token (<|endoftext|> is only in its vocabulary): it was refused with "its
+    special tokens are: none", and --eos-token '</s>' then said "its special tokens are: []"."""
+    f = write_lines(tmp_path / "a.jsonl", [b'{"text": "one"}'])
+    gpt2 = bare_tokenizer(tmp_path / "gpt2.json", [])
+    proc = run_cli("tokenize", f, "-o", tmp_path / "o", "--tokenizer", gpt2, "--quiet")
+    assert proc.stderr == (f"note: tokenizer {gpt2} declares no EOS token; every document ends with '<|endoftext|>' "
+                           f"(id 0), the end-of-text token of its vocabulary, as transformers does: pass --eos-token "
+                           f"TOKEN for another\n")
+    assert open_dataset(tmp_path / "o").document(0).tolist() == tokenizer.encode("one").ids + [0]
+    proc = run_cli("tokenize", f, "-o", tmp_path / "o2", "--tokenizer", gpt2, "--eos-token", "</s>", check=False)
+    one_line_error(proc, f"error: --eos-token '</s>' is not in tokenizer {gpt2}; it has no special tokens; its "
+                         f"vocabulary holds '<|endoftext|>'")
+    lone = bare_tokenizer(tmp_path / "lone.json", ["<mask>", "<|stop|>"], eos_in_vocabulary=False)  # <mask>: no EOS
+    proc = run_cli("tokenize", f, "-o", tmp_path / "o3", "--tokenizer", lone, "--quiet")
+    assert proc.stderr == (f"note: tokenizer {lone} declares no EOS token; every document ends with '<|stop|>' (id "
+                           f"1493), its only special token, as transformers does: pass --eos-token TOKEN for "
+                           f"another\n")
+    assert open_dataset(tmp_path / "o3").document(0).tolist()[-1] == 1493
+    for specials, listed in [([], "it has no special tokens"),
+                             (["<a>", "<b>"], "its special tokens are: '<a>', '<b>'")]:
+        none = bare_tokenizer(tmp_path / "none.json", specials, eos_in_vocabulary=False)
+        proc = run_cli("tokenize", f, "-o", tmp_path / "o4", "--tokenizer", none, check=False)
+        one_line_error(proc, f"error: tokenizer {none} declares no EOS token; pass --eos-token TOKEN ({listed})")
+
+
+def test_conversations_without_chat_say_to_add_it(tmp_path):
+    """Chat rows tokenized without --chat got "no column 'text' ... (choose one with --text-column)"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = write_lines(tmp_path / "a.jsonl", [json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()])
+    one_line_error(tokenize(tmp_path, f), f"error: {f}:1: no column 'text'; the columns there are: messages, "
+                                          f"which hold conversations: add --chat (or choose a text column with "
+                                          f"--text-column)")
+    pq.write_table(pa.table({"prompt": ["a"], "completion": ["b"]}), tmp_path / "pc.parquet")
+    one_line_error(tokenize(tmp_path, tmp_path / "pc.parquet", out="o2"),
+                   "the columns there are: prompt, completion, which hold conversations: add --chat")
 
 
 def test_bad_option_values(tmp_path):

@@ -260,7 +260,8 @@ def test_inspect_and_verify_chat_folder(chat_dataset, tokenizer, eos_id, tmp_pat
     text = run_cli("inspect", chat_dataset, "--samples", 1).stdout
     assert f"loss masks: {trained:,} of {st['num_tokens']:,} tokens trained on" in text
     assert "[[The word library backwards is yrarbil.<|im_end|>" in text
-    assert run_cli("verify", chat_dataset).stdout.endswith("(checksums, index, token ids, EOS and loss masks)\n")
+    assert run_cli("verify", chat_dataset).stdout.endswith(
+        "(checksums, shard table, index, token ids, EOS and loss masks)\n")
 
     bad = tmp_path / "bad"
     shutil.copytree(chat_dataset, bad)
@@ -344,3 +345,31 @@ def test_fingerprint_covers_loss_masks_only_where_present(chat_dataset, fixture_
     (dt_chat / "nanoset.json").unlink()
     (dt_plain / "nanoset.json").unlink()
     assert open_dataset(dt_chat).fingerprint != open_dataset(dt_plain).fingerprint
+
+
+def test_chat_markers_that_are_not_tokens_are_said_recorded_and_inspected(tmp_path, chat_dataset):
+    """A ChatML template over a tokenizer without <|im_start|> as a token split each marker into 7 pieces of
+    text without a word, and inspect decoded them back, so it looked right."""
+    from tokenizers import Tokenizer
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    spec = json.loads((TOKENIZER / "tokenizer.json").read_text())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] not in ("<|im_start|>", "<|im_end|>")]
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    (folder / "tokenizer_config.json").write_text((TOKENIZER / "tokenizer_config.json").read_text())
+    pieces = {m: len(Tokenizer.from_str(json.dumps(spec)).encode(m, add_special_tokens=False).ids)
+              for m in ("<|im_start|>", "<|im_end|>")}
+    assert pieces == {"<|im_start|>": 10, "<|im_end|>": 9}  # this small vocabulary's pieces
+    out = tmp_path / "out"
+    proc = run_cli("tokenize", CHAT, "-o", out, "--tokenizer", folder, "--chat", "--quiet", "--backend", "tokenizers")
+    assert proc.stderr.splitlines() == [
+        f"note: the chat template's markers are not tokens of tokenizer {folder / 'tokenizer.json'}, so each is "
+        f"encoded as text, in pieces ('<|im_start|>' into 10, '<|im_end|>' into 9); list them in extra_special_tokens "
+        f"of its tokenizer_config.json to make each one token"]
+    assert open_dataset(out).manifest.build["chat"]["split_markers"] == [["<|im_start|>", 10], ["<|im_end|>", 9]]
+    assert ("  chat markers that are not tokens, encoded as text: '<|im_start|>' in 10 tokens, '<|im_end|>' in 9 "
+            "tokens") in run_cli("inspect", out, "--samples", 0).stdout.splitlines()
+    # markers that are tokens: nothing said, nothing recorded (chat plans keep their bytes)
+    assert "split_markers" not in open_dataset(chat_dataset).manifest.build["chat"]
+    assert "chat markers" not in run_cli("inspect", chat_dataset, "--samples", 0).stdout

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nanoset import open_dataset
-from tests.support import TOKENIZER, one_line_error, run_cli
+from tests.support import TOKENIZER, one_line_error, run_cli, unwritable
 
 
 def corpus(folder: Path) -> Path:
@@ -66,11 +66,30 @@ def test_overwrite_removes_only_what_tokenize_writes(tmp_path):
 def test_filesystem_errors_are_one_line(tmp_path):
     data = corpus(tmp_path / "data")
     (tmp_path / "afile").write_text("x")
-    one_line_error(tokenize_cli(data, "-o", tmp_path / "afile" / "out"), "[Errno 20] Not a directory", "afile")
+    one_line_error(tokenize_cli(data, "-o", tmp_path / "afile" / "out"),  # was "[Errno 20] Not a directory: ..."
+                   f"error: {tmp_path}/afile/out: {tmp_path}/afile is a file, not a folder; choose another -o folder")
     one_line_error(tokenize_cli(data, "-o", "/proc/nanoset-nope/out"),  # was a bare "[Errno 2]" naming /proc/...
-                   "error: /proc/nanoset-nope/out: cannot create the output folder there (",
-                   "); choose another -o folder")
+                   "error: /proc/nanoset-nope/out: cannot create it in /proc (No such file or directory); choose "
+                   "another -o folder")
     one_line_error(tokenize_cli(data, "-o", tmp_path / "o", "--num-tasks", "0"), "--num-tasks must be ≥ 1, got 0")
+
+
+def test_an_output_folder_that_cannot_be_written_is_one_line(tmp_path):
+    """An existing -o folder nothing can be created in was "[Errno 1] Operation not permitted:
+    '.../.nanoset-work.tmp-...'" (or "[Errno 13] Permission denied"), naming a temporary folder; one in a
+    folder that cannot be written, or a dataset finished there that is rerun, are the same rule."""
+    data = corpus(tmp_path / "data")
+    with unwritable(tmp_path / "locked") as locked:
+        why = "Operation not permitted" if os.geteuid() == 0 else "Permission denied"
+        one_line_error(tokenize_cli(data, "-o", locked),
+                       f"error: {locked}: cannot write in it ({why}); choose another -o folder, or make it writable")
+        one_line_error(tokenize_cli(data, "-o", locked / "out"),
+                       f"error: {locked}/out: cannot create it in {locked} ({why}); choose another -o folder, or "
+                       f"make {locked} writable")
+        assert list(locked.iterdir()) == []
+    tokenize_cli(data, "-o", locked / "done", check=True)
+    with unwritable(locked / "done"):  # a finished dataset in a place that cannot be written: nothing to write
+        assert "ran 0 of 1 tasks (1 already done)" in tokenize_cli(data, "-o", locked / "done", check=True).stdout
 
 
 @pytest.mark.parametrize("raised, line", [

@@ -14,7 +14,7 @@ import pytest
 from nanoset import NanosetError, open_dataset
 from nanoset.atomic import atomic_write_text
 from nanoset.convert import convert
-from tests.support import TOKENIZER, one_line_error, run_cli
+from tests.support import TOKENIZER, one_line_error, run_cli, unwritable
 from tests.support.megatron_data import DOCS, STREAM, cache_dir, write_mmidx  # noqa: F401 (cache_dir: autouse)
 
 
@@ -31,6 +31,11 @@ def test_overwrite_replaces_only_a_dataset_folder(tmp_path):
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(NanosetError, match="a-file: is a file, not a folder; choose another output folder"):
         convert(prefix, tmp_path / "a-file", overwrite=True)  # (the command line refuses it before)
+    with unwritable(tmp_path / "locked") as locked:  # was "[Errno 13] Permission denied: '.../.o.convert-HOST-PID'"
+        why = "Operation not permitted" if os.geteuid() == 0 else "Permission denied"
+        one_line_error(run_cli("convert", prefix, "-o", locked / "o", check=False),
+                       f"error: {locked}/o: cannot create it in {locked} ({why}); choose another output folder, or "
+                       f"make {locked} writable")
     # a dataset folder (a tokenize output, even unfinished, or an earlier conversion) is replaced
     out = tmp_path / "out"
     run_cli("tokenize", TOKENIZER.parent / "corpus" / "sft", "-o", out, "--tokenizer", TOKENIZER, "--quiet")

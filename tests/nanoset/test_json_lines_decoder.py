@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanoset.errors import NanosetError
+from nanoset.errors import SKIP_HINT, NanosetError
 from nanoset.tokenize import rows
 from nanoset.tokenize.chat import ChatColumns, ChatReader
 from nanoset.tokenize.chat_template import ChatRenderer, ChatTemplate
@@ -53,7 +53,7 @@ def test_each_tricky_line_reads_as_json_reads_it(tmp_path, monkeypatch, line):
         fast = read(tmp_path, lines, True, monkeypatch, skip=skip)
         assert fast == read(tmp_path, lines, False, monkeypatch, skip=skip)
     assert read(tmp_path, [b'{"text": 123456789012345678901234567890}'], True, monkeypatch, skip=False) == \
-        f"{tmp_path / 'p.jsonl'}:1: column 'text' is int, not text{rows.SKIP_HINT}"
+        f"{tmp_path / 'p.jsonl'}:1: column 'text' is int, not text{SKIP_HINT}"
 
 
 def test_conversations_read_as_json_reads_them(tmp_path, monkeypatch):
@@ -77,7 +77,7 @@ def test_conversations_read_as_json_reads_them(tmp_path, monkeypatch):
     assert skipped == 4
     message = read(tmp_path, lines[2:3], True, monkeypatch, reader, skip=False)
     assert message == (f"{tmp_path / 'p.jsonl'}:1: messages[0] has role 123456789012345678901234567890; the roles "
-                       f"are system, user, assistant{rows.SKIP_HINT}")
+                       f"are system, user, assistant{SKIP_HINT}")
 
 
 @settings(max_examples=150, deadline=None)

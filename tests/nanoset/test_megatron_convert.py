@@ -34,7 +34,7 @@ def test_convert_megatron_to_nanoset_then_verify(tmp_path):
         f"converted {prefix} (megatron) to {out}: 1 shards, 5 documents, 15 tokens as uint16, tokenizer unknown\n")
     assert run_cli("verify", out).stdout == (
         f"OK: {out}: 1 shards, 5 documents, 15 tokens, largest id 103 verified "
-        f"(checksums, index and token ids; no EOS check: the tokenizer is unknown)\n")
+        f"(checksums, shard table, index and token ids; no EOS check: the tokenizer is unknown)\n")
     ds = open_dataset(out)
     assert (ds.format, ds.dtype.name, ds.tokens(0, 15).tolist(), ds.document_ends.tolist()) == \
         ("nanoset", "uint16", STREAM, ENDS)
@@ -53,14 +53,15 @@ def test_convert_with_the_tokenizer_records_it_and_the_eos_state(tmp_path, eos_i
     manifest = json.loads((out / "nanoset.json").read_text())
     assert manifest["build"]["documents_end_with_eos"] is True and manifest["tokenizer"]["eos_id"] == eos_id
     assert manifest["tokenizer"]["sha256"] and manifest["dtype"] == "uint16"
-    assert run_cli("verify", out).stdout.endswith("verified (checksums, index, token ids and EOS)\n")
+    assert run_cli("verify", out).stdout.endswith("verified (checksums, shard table, index, token ids and EOS)\n")
     # Megatron data need not end its documents with EOS: recorded, and verify does not ask for it
     write_mmidx(prefix, DOCS, "int32")
     line = run_cli("convert", prefix, "-o", out, "--tokenizer", TOKENIZER, "--overwrite").stdout
     assert line.endswith(f"tokenizer tokenizer; not every document ends with EOS {eos_id} (recorded)\n")
     assert json.loads((out / "nanoset.json").read_text())["build"]["documents_end_with_eos"] is False
     assert run_cli("verify", out).stdout.endswith(
-        "verified (checksums, index and token ids; converted data whose documents need not end with EOS)\n")
+        "verified (checksums, shard table, index and token ids; converted data whose documents need not end with "
+        "EOS)\n")
 
 
 def test_convert_a_datatrove_folder_keeps_its_tokenizer_name_and_picks_the_dtype(tmp_path):
@@ -99,8 +100,7 @@ def test_convert_refuses_bad_requests_in_one_line(tmp_path, fixture_dataset):
                   f"pass the tokenizer the data was made with"))
     (tmp_path / "file").write_text("")  # an output under a file: was a bare "[Errno 17] File exists" line
     cases.append((("convert", prefix, "-o", tmp_path / "file" / "o"),
-                  f"{tmp_path}/file/o: cannot create the output folder there (File exists); choose another output "
-                  f"folder"))
+                  f"{tmp_path}/file/o: {tmp_path}/file is a file, not a folder; choose another output folder"))
     for args, message in cases:
         proc = run_cli(*args, check=False)
         assert (proc.returncode, proc.stderr) == (1, f"error: {message}\n"), args
@@ -176,7 +176,7 @@ def test_convert_keeps_a_datatrove_folders_loss_masks(tmp_path):
     manifest = json.loads((out / "nanoset.json").read_text())
     assert manifest["loss_masks"] is True and [s["loss_tokens"] for s in manifest["shards"]] == [3, 2]
     assert run_cli("verify", out).stdout.endswith(
-        "verified (checksums, index, token ids and loss masks; no EOS check: the tokenizer is unknown)\n")
+        "verified (checksums, shard table, index, token ids and loss masks; no EOS check: the tokenizer is unknown)\n")
     (src / "001.ds.loss").write_bytes(bytes([1, 2]))
     proc = run_cli("convert", src, "-o", tmp_path / "bad", check=False)
     assert proc.stderr == f"error: {src}/001.ds.loss: loss mask value 2 at token 1; only 0 and 1 are valid\n"

@@ -18,7 +18,7 @@ import pytest
 from nanoset import NanosetError, open_dataset
 from runtime.config import ConfigError
 from runtime.data.order.plan import DataPlan
-from tests.support import CORPUS, TOKENIZER, run_cli
+from tests.support import CORPUS, TOKENIZER, assert_one_cache_note, run_cli
 from tests.support.configs import make_config
 from tests.support.datasets import write_datatrove
 
@@ -90,6 +90,33 @@ def test_recorded_scan_is_reused(tmp_path, cache_dir):
     saved = json.loads(record.read_text())
     record.write_text(json.dumps(dict(saved, max_token_ids=[4321])))  # what a recorded scan says is believed
     assert open_dataset(folder).max_token_id == 4321
+
+
+def test_an_unwritable_cache_is_one_note_and_a_rescan_at_the_next_start(tmp_path, monkeypatch, capsys):
+    """The scan was silently not recorded: nothing said why every start read the whole folder."""
+    from nanoset.format import maxid
+
+    folder = tmp_path / "dt"
+    write_datatrove(folder, [[[5, 6, 0]], [[9, 0]]])
+    root = tmp_path / "file"
+    root.write_text("not a folder")
+    monkeypatch.setenv("NANOSET_CACHE_DIR", str(root))
+    real, scans = maxid.scan_max, []
+    monkeypatch.setattr(maxid, "scan_max", lambda *a: scans.append(1) or real(*a))
+    for run in range(2):  # the command goes on; the next start scans again, and the note is said once a process
+        assert open_dataset(folder).max_token_id == 9 and len(scans) == 2 * (run + 1)
+        if run == 0:
+            assert_one_cache_note(capsys.readouterr().err, root, "max-token-id", r"[0-9a-f]{32}\.json")
+    assert capsys.readouterr().err == ""
+    root.unlink()  # writable again: scanned, recorded, then read back
+    assert open_dataset(folder).max_token_id == 9 and len(scans) == 6
+    (record,) = (root / "max-token-id").iterdir()
+    assert open_dataset(folder).max_token_id == 9 and len(scans) == 6
+    for damage in ("{\"folder\": ", json.dumps(dict(json.loads(record.read_text()), max_token_ids="9"))):
+        record.write_text(damage)  # damaged, or not what the cache writes: scanned again and replaced
+        assert open_dataset(folder).max_token_id == 9
+        assert json.loads(record.read_text())["max_token_ids"] == [6, 9]
+    assert len(scans) == 10 and capsys.readouterr().err == ""
 
 
 def test_old_manifest_without_max_ids_is_scanned(tmp_path):

@@ -123,13 +123,13 @@ def test_the_largest_id_is_rescanned_when_a_file_is_rewritten_keeping_size_and_m
 
 def test_a_full_cache_disk_leaves_the_largest_id_unrecorded_not_the_folder_unreadable(tmp_path, monkeypatch):
     """The scan record is a cache: a full disk there (atomic_write's one-line WriteFailed) stopped reading."""
+    from nanoset import cache
     from nanoset.errors import WriteFailed
-    from nanoset.format import maxid
 
     def full_disk(path, _text):
         raise WriteFailed(path, "No space left on device")
 
-    monkeypatch.setattr(maxid, "atomic_write_text", full_disk)
+    monkeypatch.setattr(cache, "atomic_write_text", full_disk)  # the one writer of cache records
     folder = tmp_path / "dt"
     write_datatrove(folder, [[[5, 6, 0]], [[7, 0]]])
     assert open_dataset(folder).max_token_id == 7
@@ -158,11 +158,12 @@ def test_streamed_object_equals_json_loads_at_any_block_size(tmp_path, monkeypat
         path = tmp_path / "m.json"
         path.write_text(text)
         got = []
-        rest = jsonstream.read_object(path, "shards", got.extend)
+        with open(path, encoding="utf-8") as f:
+            rest = jsonstream.read_object(f, "shards", got.extend)
         expected = json.loads(text)
         assert got == expected.pop("shards") and rest == expected
     for bad in ('{"shards": [1,]}', '{"shards": [1] "x": 2}', '[1]', '{"shards": 1}', '{"a": 1}', '{"shards": []} x',
                 '{"shards": [], "shards": []}'):
         path.write_text(bad)
-        with pytest.raises(ValueError):
-            jsonstream.read_object(path, "shards", got.extend)
+        with open(path, encoding="utf-8") as f, pytest.raises(ValueError):
+            jsonstream.read_object(f, "shards", got.extend)

@@ -101,8 +101,8 @@ def test_killed_worker_stops_the_job_naming_its_task_and_rerun_resumes(tmp_path)
                               env={"NANOSET_FAULT_KILL_TASK": "3"})
     assert killed.returncode == 1, killed.stdout + killed.stderr
     assert killed.stderr.splitlines() == [
-        f"error: task 3 ({describe_task(task)}): its worker process was killed by SIGKILL (out of memory?); "
-        f"the tasks finished so far are kept: rerun the same command to resume "
+        f"error: task 3 ({describe_task(task)}): its worker process was killed by SIGKILL (often the out-of-memory "
+        f"killer); the tasks finished so far are kept: rerun the same command to resume "
         f"(with fewer --workers if memory ran out)"]
     assert not (out / "nanoset.json").exists() and not (out / ".nanoset-work" / "task-000003.json").exists()
 
@@ -248,7 +248,7 @@ def test_a_process_killed_by_a_signal_without_a_name_is_said_in_words():
     from nanoset.errors import killed_by
     from nanoset.tokenize.taskpool import WorkerDied
 
-    assert killed_by(signal.SIGKILL) == "killed by SIGKILL (out of memory?)"
+    assert killed_by(signal.SIGKILL) == "killed by SIGKILL (often the out-of-memory killer)"
     assert killed_by(signal.SIGTERM) == "killed by SIGTERM"
     assert killed_by(signal.SIGRTMIN + 1) == f"killed by signal {signal.SIGRTMIN + 1}"
     assert WorkerDied("task", -(signal.SIGRTMIN + 1)).cause() == f"was killed by signal {signal.SIGRTMIN + 1}"

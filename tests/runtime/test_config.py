@@ -10,8 +10,9 @@ import yaml
 from runtime.compat import get_config_from_yaml
 from runtime.config import ConfigError
 from runtime.config.load import load_config
+from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.plan import DataPlan
-from tests.support import CONFIGS
+from tests.support import CONFIGS, TOKENIZER
 
 BASE = yaml.safe_load((CONFIGS / "two-stage.yaml").read_text())
 
@@ -44,24 +45,24 @@ def test_example_loads_and_validates(shards, monkeypatch):
 
 
 def test_unknown_key_names_path_and_closest(tmp_path):
-    fails(tmp_path, lambda d: d["tokens"].update(micro_batch_sise=2), "config.tokens.micro_batch_sise: unknown key",
+    fails(tmp_path, lambda d: d["tokens"].update(micro_batch_sise=2), "tokens.micro_batch_sise: unknown key",
           "did you mean 'micro_batch_size'")
     fails(tmp_path, lambda d: d["data_stages"][0]["data"].update(shufle=True), "data_stages[0].data.shufle")
     fails(tmp_path, lambda d: d["model"].pop("hidden_size"), "model.hidden_size: required key is missing")
-    fails(tmp_path, lambda d: d["tokens"].update(train_steps="many"), "config.tokens.train_steps: expected an integer")
+    fails(tmp_path, lambda d: d["tokens"].update(train_steps="many"), "tokens.train_steps: expected an integer")
     fails(tmp_path, lambda d: d["parallelism"].update(pp_engine="zb"), "'zb' is not one of")
     # inside a union-typed entry (Nanoset folders | Hugging Face dataset): the kind the keys fit best
     fails(tmp_path, lambda d: stage(d, 1)["data"].update(dataset={"dataset_folders": ["shards/sft"]}),
-          "config.data_stages[1].data.dataset.dataset_folders: unknown key; did you mean 'dataset_folder'?")
+          "data_stages[1].data.dataset.dataset_folders: unknown key; did you mean 'dataset_folder'?")
     fails(tmp_path, lambda d: stage(d, 1)["data"].update(dataset={"hf_dataset_or_dataset": "x"}),
-          "config.data_stages[1].data.dataset.hf_dataset_or_dataset: unknown key; did you mean "
+          "data_stages[1].data.dataset.hf_dataset_or_dataset: unknown key; did you mean "
           "'hf_dataset_or_datasets'?")
     fails(tmp_path, lambda d: stage(d, 1)["data"].update(dataset={"text_column_name": "x"}),
-          "config.data_stages[1].data.dataset.hf_dataset_or_datasets: required key is missing")
+          "data_stages[1].data.dataset.hf_dataset_or_datasets: required key is missing")
     # a key of the other kind beside a required one: reported against the kind given (was: "dataset_folder:
     # unknown key" against the Hugging Face kind, which also has one key in common: sft)
     fails(tmp_path, lambda d: stage(d, 1)["data"].update(dataset={"dataset_folder": "shards/sft", "sft": True}),
-          "config.data_stages[1].data.dataset.sft: unknown key; valid keys: dataset_folder, dataset_weights")
+          "data_stages[1].data.dataset.sft: unknown key; valid keys: dataset_folder, dataset_weights")
 
 
 def test_yaml_file_errors(tmp_path):
@@ -70,6 +71,37 @@ def test_yaml_file_errors(tmp_path):
     (tmp_path / "bad.yaml").write_text("a: [1, 2")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("general: {project: a, run: b\nmodel: x\n", "bad.yaml:2:6: not valid YAML: expected ',' or '}', but got ':' "
+                                                 "(while parsing a flow mapping that began at line 1, column 10)"),
+    ("tokens:\n  train_steps: 4\n\tseed: 1\n", "bad.yaml:3:1: not valid YAML: found character '\\t' that cannot "
+                                                "start any token"),
+    ("general: x: y\n", "bad.yaml:1:11: not valid YAML: mapping values are not allowed here"),
+])
+def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(tmp_path, text, message):
+    """PyYAML's message is seven lines (an excerpt and a caret for the start and for the problem): one line,
+    FILE:LINE:COLUMN (1-based) then the problem."""
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "bad.yaml")
+    assert str(e.value) == f"{tmp_path}/{message}"
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["model"].update(hidden_size="64"), "model.hidden_size: expected an integer, got '64'"),
+    (lambda d: d["model"].update(hiden_size=64), "model.hiden_size: unknown key; did you mean 'hidden_size'?"),
+    (lambda d: d.pop("tokens"), "tokens: required key is missing"),
+    (lambda d: d.update(toknes={}), "toknes: unknown key; did you mean 'tokens'?"),
+    (lambda d: d["optimizer"].update(learning_rate=-1.0), "optimizer.learning_rate: must be > 0, got -1.0"),
+])
+def test_keys_are_named_one_way_in_every_message(tmp_path, edit, message):
+    """Type and unknown-key errors name a key as the rules' messages and the docs do (``model.hidden_size``,
+    not ``config.model.hidden_size``)."""
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, edit)
+    assert str(e.value).startswith(f"{tmp_path / 'cfg.yaml'}: {message}"), str(e.value)
 
 
 def stage(d, i):
@@ -105,6 +137,27 @@ def stage(d, i):
 ])
 def test_validation_rules(tmp_path, edit, message):
     fails(tmp_path, edit, message)
+
+
+@pytest.mark.parametrize("model, message", [
+    # was "; give model.head_dim": heads of another size than hidden / heads, rarely what was meant
+    ({"hidden_size": 96, "num_attention_heads": 5, "num_key_value_heads": None},
+     "model.hidden_size 96 is not divisible by num_attention_heads 5; use 4 or 6 heads (head size 24 or 16)"),
+    ({"hidden_size": 96, "num_attention_heads": 7, "num_key_value_heads": 2},  # multiples of the 2 kv heads only
+     "model.hidden_size 96 is not divisible by num_attention_heads 7; use 6 or 8 heads (head size 16 or 12)"),
+    ({"hidden_size": 90, "num_attention_heads": 6, "num_key_value_heads": None},
+     "model: head size 15 (hidden_size 90 / num_attention_heads 6) must be even for RoPE; use 5 or 9 heads (head "
+     "size 18 or 10)"),
+    ({"hidden_size": 96, "num_attention_heads": 3, "num_key_value_heads": 2},
+     "model.num_attention_heads 3 is not divisible by num_key_value_heads 2; give num_key_value_heads a divisor of "
+     "it (1, 3)"),
+    ({"hidden_size": 96, "num_attention_heads": 3, "num_key_value_heads": None, "head_dim": 33},
+     "model.head_dim 33 must be even for RoPE (each rotation turns a pair of dimensions); use 32 or 34"),
+])
+def test_a_model_shape_that_does_not_split_names_the_head_counts_that_do(tmp_path, model, message):
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, lambda d: d["model"].update(model))
+    assert str(e.value) == f"{tmp_path / 'cfg.yaml'}: {message}"
 
 
 @pytest.mark.parametrize("section, key, value, line", [
@@ -166,6 +219,30 @@ def test_missing_folder(tmp_path, shards, monkeypatch):
                "data_stages[1] (anneal).data.dataset.dataset_folder", "shards/nope: no such dataset folder")
 
 
+def test_a_missing_relative_folder_is_said_with_the_working_directory_it_was_read_from(tmp_path, shards,
+                                                                                        monkeypatch):
+    """Relative paths are read from the working directory (as Nanotron reads them), not from the config's
+    folder: the message says which directory that was; an absolute path needs none."""
+    monkeypatch.chdir(shards)
+    c = load(tmp_path, lambda d: stage(d, 1)["data"]["dataset"].update(dataset_folder="shards/dict"))
+    with pytest.raises(ConfigError) as e:
+        DataPlan(c)
+    assert str(e.value) == (
+        f"data_stages[1] (anneal).data.dataset.dataset_folder: shards/dict: no such dataset folder in the working "
+        f"directory {shards} (a relative path is read from there: run from the folder that holds it, give its "
+        f"absolute path, or create it with `nanoset tokenize ... -o shards/dict`)")
+    c = load(tmp_path, lambda d: stage(d, 1)["data"]["dataset"].update(dataset_folder=str(shards / "dict")))
+    with pytest.raises(ConfigError) as e:
+        DataPlan(c)
+    assert str(e.value).endswith(f": {shards / 'dict'}: no such dataset folder (create it with `nanoset tokenize ... "
+                                 f"-o {shards / 'dict'}`)")
+    hf = load(tmp_path, lambda d: (stage(d, 1)["data"].update(dataset={"hf_dataset_or_datasets": "qa"}),
+                                   d.update(tokenizer={"tokenizer_name_or_path": str(TOKENIZER)})))
+    with pytest.raises(ConfigError) as e:
+        DataPlan(hf, resolve_stage_folders(hf))
+    assert f"'qa': no such local file or folder in the working directory {shards} (" in str(e.value)
+
+
 def test_not_a_dataset_folder(tmp_path, shards, monkeypatch):
     (shards / "empty").mkdir(exist_ok=True)
     data_fails(tmp_path, shards, monkeypatch, lambda d: stage(d, 1)["data"]["dataset"].update(dataset_folder="empty"),
@@ -204,3 +281,35 @@ def test_too_few_tokens_for_a_window(tmp_path, shards, monkeypatch):
         write_manifest(tiny, Manifest(tok, "uint16", [info]))
     data_fails(tmp_path, shards, monkeypatch, lambda d: stage(d, 1)["data"]["dataset"].update(dataset_folder="tiny"),
                "tiny has 3 tokens, too few for one window of 65")
+
+
+# The seed documents' config lines as written there (seeds/000: the custom-loader document; seeds/001: the
+# multi-stage one), and our module names for theirs: the rest of each line runs as it is.
+SEED_SNIPPETS = {
+    "path/to/your/config.yaml": ("from nanotron.config import Config\n\n"
+                                 'cfg = Config.from_yaml("path/to/your/config.yaml")\n'),
+    "multistage_config.yaml": ("from nanotron.config.config import Config, get_config_from_yaml\n\n"
+                               'cfg: Config = get_config_from_yaml("multistage_config.yaml")\n'),
+}
+OUR_MODULES = {"nanotron.config.config": "runtime.config", "nanotron.config": "runtime.config"}
+
+
+@pytest.mark.parametrize("path", sorted(SEED_SNIPPETS))
+def test_the_seed_documents_config_lines_run_with_our_module_names(tmp_path, path):
+    """Each snippet in a fresh interpreter (so no earlier import hides a cycle): the Config it loads is
+    load_config's, and loading the config imported neither torch nor the trainer."""
+    import json
+    import subprocess
+    import sys
+
+    snippet = SEED_SNIPPETS[path]
+    for theirs, ours in OUR_MODULES.items():
+        snippet = snippet.replace(f"from {theirs} import", f"from {ours} import")
+    assert "nanotron" not in snippet
+    (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / path).write_text((CONFIGS / "two-stage.yaml").read_text())
+    check = "import json, sys\nprint(json.dumps([cfg.to_dict(), 'torch' in sys.modules]))\n"
+    proc = subprocess.run([sys.executable, "-c", snippet + check], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    loaded, torch_imported = json.loads(proc.stdout)
+    assert loaded == load_config(CONFIGS / "two-stage.yaml").to_dict() and not torch_imported

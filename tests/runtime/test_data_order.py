@@ -241,7 +241,7 @@ def test_stage_dataset_bounds(in_shards):
 
 def test_hf_dataset_stage_is_tokenized_once_into_a_cache(in_shards, tmp_path, tokenizer, eos_id):
     datasets = pytest.importorskip("datasets")
-    from runtime.data.hf_cache import resolve_stage_folders
+    from runtime.data.hf_datasets import resolve_stage_folders
     from tests.support import TOKENIZER
 
     texts = [f"question {i}: what is {i} plus {i}? answer: {2 * i}." for i in range(300)]

@@ -46,5 +46,5 @@ def test_a_shard_removed_mid_run_is_one_line_naming_it(shards, tmp_path, workers
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     (line,) = [x for x in proc.stderr.splitlines() if x.strip()]
     assert line.startswith(f"error: {tmp_path / 'code'}/") and line.endswith(
-        f".ds: missing: the file was removed or moved after the dataset was opened; restore it (run `nanoset verify "
+        f".ds: missing: the file was removed or moved since the dataset was written; restore it (run `nanoset verify "
         f"{tmp_path / 'code'}`) and rerun"), line

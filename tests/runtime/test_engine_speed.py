@@ -59,9 +59,9 @@ def test_compiled_layers_give_the_same_losses(tmp_path):
 
 @pytest.mark.parametrize("model, fragment", [
     ({"activation_checkpointing": "partial"},
-     "config.model.activation_checkpointing: 'partial' is not one of ['none', 'full', 'selective']"),
+     "model.activation_checkpointing: 'partial' is not one of ['none', 'full', 'selective']"),
     ({"activation_checkpointing_every": 0}, "model.activation_checkpointing_every: must be > 0, got 0"),
-    ({"compile": "yes"}, "config.model.compile: expected true or false, got 'yes'"),
+    ({"compile": "yes"}, "model.compile: expected true or false, got 'yes'"),
 ])
 def test_bad_speed_settings_are_one_clear_error(model, fragment):
     from runtime.config import ConfigError

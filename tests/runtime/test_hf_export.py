@@ -126,8 +126,8 @@ def test_export_output_folder_mistakes_are_one_line(saved_from_hf, tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(NanosetError) as e:
         export_checkpoint(ckpt, tmp_path / "file" / "out")
-    assert str(e.value) == (f"{tmp_path / 'file' / 'out'}: cannot create the output folder there (File exists); "
-                            f"choose another output folder")
+    assert str(e.value) == (f"{tmp_path / 'file' / 'out'}: {tmp_path / 'file'} is a file, not a folder; choose "
+                            f"another output folder")
     with pytest.raises(FileNotFoundError) as e:
         export_checkpoint(tmp_path / "file", tmp_path / "out")
     assert str(e.value) == (f"checkpoint {tmp_path / 'file'}: not a folder; give a step-N checkpoint folder (or a "

@@ -31,6 +31,9 @@ HELP = " (see nanoset train --help)"
                                   "processes"),
     (["--max-restarts", "x"], "argument --max-restarts/--max_restarts: invalid int value: 'x'"),  # torchrun's, one line
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--chek"], "unrecognized arguments: --chek; did you mean --check?"),  # a typo: the closest option
+    (["--nprocs-per-node", "2"], "unrecognized arguments: --nprocs-per-node; did you mean --nproc-per-node?"),
+    (["--rdzv-endpont=h:1"], "unrecognized arguments: --rdzv-endpont=h:1; did you mean --rdzv-endpoint?"),  # torchrun's
 ])
 def test_a_command_line_mistake_is_one_usage_error(given, said):
     with pytest.raises(UsageError) as e:

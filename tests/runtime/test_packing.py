@@ -13,6 +13,7 @@ from runtime.data.loading.collator import DataCollatorForCLMWithPositionIds
 from runtime.data.order import packing as packing_module
 from runtime.data.order.packing import PackedDocuments, pack_documents
 from runtime.data.order.windows import TokenWindows
+from tests.support import assert_one_cache_note
 
 
 def write_folder(path, shards: list[list[list[int]]], losses: list[list[list[int]]] | None = None):
@@ -180,14 +181,28 @@ def test_an_index_rewritten_in_place_with_its_mtime_kept_is_packed_anew(tmp_path
     assert [fresh.token_range(i) for i in range(fresh.num_samples)] == [(0, 4), (4, 10), (10, 14), (14, 20)]
 
 
-def test_an_unwritable_cache_is_a_config_error(tmp_path):
-    from runtime.config import ConfigError
-
+def test_an_unwritable_cache_is_one_note_and_packing_again_at_the_next_start(tmp_path, capsys, monkeypatch):
+    """It was a config error: a packing that cannot be kept costs only its computation at the next start."""
     (tmp_path / "file").write_text("not a folder")
     reader = write_folder(tmp_path / "chat", DOCS)
-    with pytest.raises(ConfigError, match=r"general\.cache_dir: cannot write the document packing of .*chat to "
-                                          r".*file/packing .*; make it writable or set general\.cache_dir elsewhere"):
-        PackedDocuments(tmp_path / "chat", 7, reader, tmp_path / "file")
+    real, calls = packing_module.packing_table, []
+    monkeypatch.setattr(packing_module, "packing_table", lambda *a: calls.append(1) or real(*a))
+    name = rf"v1-{reader.fingerprint}-[0-9a-f]{{8}}-8-truncate\.npy"
+    for run in range(2):  # the run goes on; the next start packs again, and the note is said once a process
+        p = PackedDocuments(tmp_path / "chat", 7, reader, tmp_path / "file")
+        assert [p.token_range(i) for i in range(p.num_samples)] == [(0, 8), (8, 14), (14, 20)] and len(calls) == run + 1
+        if run == 0:
+            assert_one_cache_note(capsys.readouterr().err, tmp_path / "file", "packing", name)
+    assert capsys.readouterr().err == ""
+    (tmp_path / "file").unlink()  # writable again: packed, written, then read back
+    PackedDocuments(tmp_path / "chat", 7, reader, tmp_path / "file")
+    (entry,) = (tmp_path / "file" / "packing").iterdir()
+    again = PackedDocuments(tmp_path / "chat", 7, reader, tmp_path / "file")
+    assert [again.token_range(i) for i in range(again.num_samples)] == [(0, 8), (8, 14), (14, 20)] and len(calls) == 3
+    entry.write_bytes(entry.read_bytes()[:-8])  # damaged (truncated): packed again and replaced
+    fixed = PackedDocuments(tmp_path / "chat", 7, reader, tmp_path / "file")
+    assert [fixed.token_range(i) for i in range(fixed.num_samples)] == [(0, 8), (8, 14), (14, 20)] and len(calls) == 4
+    assert np.load(entry).tolist() == [[0, 5], [0, 8], [8, 14], [14, 20]] and capsys.readouterr().err == ""
 
 
 def chat_config(tmp_path, packing="documents", seq=7, steps=3, **data):
@@ -248,7 +263,7 @@ def test_packing_options_are_checked(tmp_path):
     with pytest.raises(ConfigError, match=r"data_stages\[0\] \(sft\)\.data\.drop_long_documents: only applies with "
                                           r"packing: documents \(packing is 'window'\)"):
         chat_config(tmp_path, packing="window", drop_long_documents=True)
-    with pytest.raises(ConfigError, match=r"config\.data_stages\[0\]\.data\.packing: 'docs' is not one of "
+    with pytest.raises(ConfigError, match=r"data_stages\[0\]\.data\.packing: 'docs' is not one of "
                                           r"\['window', 'documents'\]"):
         chat_config(tmp_path, packing="docs")
 
@@ -309,7 +324,9 @@ def test_sft_stage_trains_on_exactly_the_explained_loss_tokens(tmp_path):
     d["checkpoints"]["save_final"] = False
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(d))
     proc = train_one(tmp_path / "cfg.yaml", tmp_path)
-    assert "packed samples of whole documents (≤ 8 tokens); 0 longer documents truncated" in proc.stdout
+    # the stage's line says the padding: 20 tokens of documents in 3 samples of 8 (4 of the 24 are padding)
+    assert (f"{tmp_path / 'chat'}: 3 packed samples of whole documents (≤ 8 tokens, 16.7% of them padding); 0 longer "
+            f"documents truncated") in proc.stdout
     rows = metrics(tmp_path / "run")
     plan = DataPlan(config)
     expected = [sum(r["loss_tokens"] for r in explain_step(plan, step)) for step in (1, 2, 3, 4)]

@@ -12,7 +12,7 @@ from nanoset import open_dataset
 from runtime.config import ConfigError
 from runtime.config.load import load_config
 from runtime.data import DataPlan
-from runtime.data.hf_cache import resolve_stage_folders
+from runtime.data.hf_datasets import resolve_stage_folders
 from tests.support import FIXTURES, TOKENIZER, run_cli
 from tests.support.configs import make_config
 

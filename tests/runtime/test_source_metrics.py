@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,7 +19,7 @@ from runtime.data import DataPlan
 from runtime.data.order.provenance import document_steps
 from runtime.metrics import MetricsLogger, short_names, source_metrics
 from tests.support.configs import make_config, small_config
-from tests.support.harness import metrics, torchrun
+from tests.support.harness import metrics, torchrun, train_one
 
 SCHEDULE = [{"step": 1, "weights": [0.9, 0.1]}, {"step": 4, "weights": [0.2, 0.8]}]
 LAYOUTS = {"dp1-accum4": ({"dp": 1}, 4, 1), "dp2-accum2": ({"dp": 2}, 2, 2), "tp2": ({"dp": 1, "tp": 2}, 4, 2),
@@ -132,7 +134,7 @@ def test_tensorboard_gets_loss_and_mix_per_source(tmp_path):
 
 def test_a_hugging_face_stage_is_keyed_like_explain_and_named_by_its_source(shards, tmp_path, monkeypatch):
     datasets = pytest.importorskip("datasets")
-    from runtime.data.hf_cache import resolve_stage_folders
+    from runtime.data.hf_datasets import resolve_stage_folders
     from tests.support import TOKENIZER
 
     monkeypatch.chdir(shards)
@@ -164,3 +166,43 @@ def test_a_source_id_outside_the_stage_is_a_clear_error():
         engine._sources([batch], 2)
     assert engine._sources([{"label_ids": torch.zeros(2)}], 2) is None  # a custom loader without source ids
     assert engine._sources([batch], 3).tolist() == [0, 2]
+
+
+ZERO_AT_STEP_2 = [{"step": 1, "weights": [1, 2, 2]}, {"step": 2, "weights": [1, 2, 0]}]
+ZERO_AT_STEP_5 = [{"step": 1, "weights": [1, 2, 2]}, {"step": 4, "weights": [1, 2, 2]},
+                  {"step": 5, "weights": [1, 2, 0]}]
+
+
+def zero_weight_config(folder, weights, steps):
+    """One stage of web, code and sft on ``weights``, G = 4 (dp 1, micro-batches of 2, 2 a step)."""
+    cfg = small_config(folder, folder / "run", dp=1, accum=2, steps=steps, single_stage=True,
+                       name=f"zero-{steps}.yaml")
+    data = yaml.safe_load(cfg.read_text())
+    data["data_stages"][0]["data"]["dataset"] = {"dataset_folder": ["shards/web", "shards/code", "shards/sft"],
+                                                 "dataset_weights": weights}
+    cfg.write_text(yaml.safe_dump(data))
+    return cfg
+
+
+def explained_folders(cfg, steps, cwd):
+    proc = subprocess.run([sys.executable, "-m", "runtime.explain", "--config", str(cfg), "--steps", steps, "--json"],
+                          capture_output=True, text=True, check=True, cwd=cwd)
+    out = {}
+    for row in json.loads(proc.stdout):
+        out.setdefault(row["step"], []).append(row["dataset"])
+    return out
+
+
+def test_a_dataset_at_weight_zero_is_in_no_sample_and_no_source_of_its_steps(shards, tmp_path):
+    """Three datasets whose third is at weight 0 from step 2 (then from step 5): `explain` lists it at step 1
+    only (steps 1-4 only), and the run's metrics.jsonl gives it no sample from step 2 on."""
+    cfg = zero_weight_config(tmp_path, ZERO_AT_STEP_2, 4)
+    folders = explained_folders(cfg, "1:4", shards)
+    assert [folders[s].count("shards/sft") for s in range(1, 5)] == [1, 0, 0, 0]
+    assert [len(folders[s]) for s in range(1, 5)] == [4] * 4
+    train_one(cfg, cwd=shards)
+    rows = metrics(tmp_path / "run")
+    assert [r["sources"]["shards/sft"]["samples"] for r in rows] == [1, 0, 0, 0]
+    assert [sum(s["samples"] for s in r["sources"].values()) for r in rows] == [4] * 4
+    later = explained_folders(zero_weight_config(tmp_path, ZERO_AT_STEP_5, 10), "1:10", shards)
+    assert [later[s].count("shards/sft") for s in range(1, 11)] == [1, 2, 2, 1, 0, 0, 0, 0, 0, 0]

@@ -107,3 +107,37 @@ def test_packing_that_truncates_long_documents_says_truncated(shards, monkeypatc
     assert notes(make_config(train_steps=2, seq=24, stages=[packed])) == [
         "packing shards/sft at sequence length 24: 2.8% of its tokens are the tails cut off documents longer than 25 "
         "tokens (truncated); raise the stage's sequence_length to train on them"]
+
+
+def packed_sft(seq: int, train_steps: int = 1):
+    """shards/sft (72,002 tokens) packed at ``seq`` by a model with positions for it."""
+    from tests.support.configs import TWO_STAGE
+
+    stage = dict(STAGE, data={"packing": "documents", "use_position_ids": True,
+                              "dataset": {"dataset_folder": "shards/sft"}})
+    return make_config(train_steps=train_steps, seq=seq, stages=[stage],
+                       model={**TWO_STAGE["model"], "max_position_embeddings": seq})
+
+
+def test_packing_that_is_mostly_padding_says_so_with_a_shorter_length(shards, monkeypatch):
+    """shards/sft at 65,536 packs into 2 samples holding 72,002 of 131,074 tokens: 45.1% padding, a note that says
+    so and the longest power of two that pads under 12.5% (16,384: 5 samples, 12.1%); at 256 (5.4% padding)
+    no note."""
+    monkeypatch.chdir(shards)
+    assert notes(packed_sft(65536)) == [
+        "packing shards/sft at sequence length 65536: 45.1% of its samples' tokens are padding, computed but never "
+        "learned from (2 samples of 65,537 tokens hold its 72,002); a stage sequence_length of 16384 would pad 12.1%"]
+    assert notes(packed_sft(256)) == []
+
+
+def test_the_check_report_and_the_stage_line_give_a_packed_datasets_padding(shards, monkeypatch):
+    """nanoset train --check's line of a packed dataset and the trainer's stage line (the dataset's describe())
+    say its padding share: 160 samples of 2 at 65,536 are 10,485,760 tokens, 45.1% of them padding."""
+    from runtime.cli.launch import plan_report
+
+    monkeypatch.chdir(shards)
+    plan = DataPlan(packed_sft(65536, train_steps=80))
+    assert plan_report(plan)[1] == ("  shards/sft (weight 1): 160 of its 2 samples, 10,485,760 tokens (45.1% of them "
+                                    "padding), 80.00 epochs; repeats: epoch 80.00 by the stage's end")
+    assert plan.datasets[0].describe() == ("shards/sft: 2 packed samples of whole documents (≤ 65537 tokens, 45.1% of "
+                                           "them padding); 0 longer documents truncated")

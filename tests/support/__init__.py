@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -24,6 +26,28 @@ def run_cli(*args: str | Path, check: bool = True, cwd: Path | None = None, env:
     if check and proc.returncode != 0:
         raise AssertionError(f"nanoset {args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+@contextmanager
+def unwritable(folder: Path) -> Iterator[Path]:
+    """``folder`` (made if missing), where nothing can be created while the block runs, for root too: immutable
+    (``chattr +i``) under root, who passes every permission check; read-only (mode 0o555) otherwise."""
+    import pytest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield folder
+        finally:
+            folder.chmod(0o755)
+        return
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip(f"root, and no immutable folders on this filesystem ({folder}): nowhere root cannot write")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
 
 
 def one_line_error(proc, *fragments: str) -> str:
@@ -53,3 +77,15 @@ def read_texts_in_corpus_order() -> list[str]:
     return texts
 
 CONFIGS = FIXTURES / "configs"
+
+
+def assert_one_cache_note(stderr: str, root: Path, kind: str, name: str, reason: str = "Not a directory") -> None:
+    """``stderr`` is exactly the one note of a cache (``nanoset.cache``) that could not write an entry of ``kind``
+    under ``root``; ``name``: a regular expression of the entry's file name."""
+    import re
+
+    file = re.escape(str(root / kind)) + "/" + name
+    note = (rf"note: cannot write the cache file {file} \({re.escape(reason)}\): what the cache {re.escape(str(root))}"
+            rf" holds is computed again at every start until it can be written; make it writable, or set "
+            rf"general\.cache_dir \(or \$NANOSET_CACHE_DIR\) to a writable folder\n")
+    assert re.fullmatch(note, stderr), stderr

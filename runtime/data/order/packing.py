@@ -10,7 +10,7 @@ A packed sample is one contiguous token range ``[start, stop)`` of the stream (t
 a sample are consecutive; a dropped document ends the sample before it), so ``PackedDocuments``
 is a ``SampleSpace`` as ``TokenWindows`` is, and the sample permutation, blending, stages, DP sharding,
 resume and ``explain`` work on it unchanged. The packing is computed once per (dataset
-fingerprint, L, mode) with numpy and cached under ``general.cache_dir``.
+fingerprint, L, mode) with numpy and cached (``nanoset.cache``, under ``general.cache_dir``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from nanoset import NanosetReader, open_dataset
-from nanoset.atomic import atomic_write_array
-from nanoset.format.cache import file_stamp
-from runtime.config import ConfigError
+from nanoset.cache import DerivedCache, file_stamp
 from runtime.data.order.windows import checked_indices, position_ids_at
 
 CACHE_VERSION = 1
@@ -91,11 +89,18 @@ class PackedDocuments:
         """Tokens of the dataset in some packed sample (not in a dropped document or a truncated tail)."""
         return int((self.stops - self.starts).sum())
 
+    @property
+    def padding_share(self) -> float:
+        """The share of the samples' ``L + 1`` tokens that is padding: what packing costs in compute."""
+        return padding_share(self.kept_tokens, self.num_samples, self.sequence_length)
+
     def describe(self) -> str:
-        """One line for the log: how many samples, and what happened to documents that were too long."""
+        """One line for the log: how many samples, how much of them is padding, and what happened to documents
+        that were too long."""
         fate = "dropped" if self.drop_long_documents else "truncated"
         return (f"{self.folder}: {self.num_samples} packed samples of whole documents (≤ {self.sequence_length + 1} "
-                f"tokens); {self.num_long_documents} longer documents {fate}")
+                f"tokens, {100 * self.padding_share:.1f}% of them padding); {self.num_long_documents} longer "
+                f"documents {fate}")
 
     def _check(self, indices: np.ndarray | int) -> np.ndarray:
         return checked_indices(indices, self.num_samples, "packed sample", self.folder)
@@ -158,6 +163,28 @@ class PackedDocuments:
         return target.reshape(np.shape(indices) + (width - 1,))
 
 
+def padding_share(kept_tokens: int, num_samples: int, sequence_length: int) -> float:
+    """Padding's share of ``num_samples`` packed samples of ``sequence_length + 1`` tokens holding ``kept_tokens``."""
+    return 1.0 - kept_tokens / (num_samples * (sequence_length + 1)) if num_samples else 0.0
+
+
+def shorter_sequence_length(reader: NanosetReader, sequence_length: int, drop_long_documents: bool,
+                            padding_at_most: float, lost_at_most: float) -> tuple[int, float] | None:
+    """The longest power of two below ``sequence_length`` at which the packing of ``reader`` pads at most
+    ``padding_at_most`` of its samples' tokens while it loses (truncates or drops) at most ``lost_at_most`` of the
+    dataset's tokens, with its padding share; None when no length down to 16 does. One packing per length
+    tried, longest first: said only where the padding is worth a note."""
+    length = 1 << max(sequence_length - 1, 1).bit_length() - 1
+    while length >= 16:
+        table = packing_table(reader, length + 1, drop_long_documents)
+        kept = int((table[1:, 1] - table[1:, 0]).sum())
+        share = padding_share(kept, len(table) - 1, length)
+        if share <= padding_at_most and 1 - kept / reader.num_tokens <= lost_at_most:
+            return length, share
+        length //= 2
+    return None
+
+
 def _pad_id(reader: NanosetReader) -> int:
     tok = reader.tokenizer
     return int(tok.eos_id) if tok is not None and tok.eos_id is not None else 0
@@ -186,7 +213,7 @@ def packing_table(reader: NanosetReader, capacity: int, drop_long_documents: boo
 
 def _content_key(reader: NanosetReader) -> str:
     """The dataset fingerprint; for a folder without a manifest (whose fingerprint holds only names and
-    sizes) also the stamps of its files (``nanoset.format.cache.file_stamp``), so a rewritten index never meets
+    sizes) also the stamps of its files (``nanoset.cache.file_stamp``), so a rewritten index never meets
     a stale packing."""
     if reader.manifest is not None:
         return reader.fingerprint
@@ -199,22 +226,13 @@ def _content_key(reader: NanosetReader) -> str:
 
 
 def _cached_packing(reader: NanosetReader, capacity: int, drop: bool, cache_dir: str | Path | None) -> np.ndarray:
-    """The packing table, read from ``cache_dir/packing/`` when there, else computed and written atomically."""
+    """The packing table, from the cache ``cache_dir/packing/`` (None: computed, not cached)."""
     if cache_dir is None:
         return packing_table(reader, capacity, drop)
-    mode = "drop" if drop else "truncate"
-    path = Path(cache_dir) / "packing" / f"v{CACHE_VERSION}-{_content_key(reader)}-{capacity}-{mode}.npy"
-    try:
-        table = np.load(path, mmap_mode="r", allow_pickle=False)
-        if table.ndim == 2 and table.shape[1] == 2 and int(table[0, 1]) == reader.num_documents:
-            return table
-    except (OSError, ValueError):
-        pass
-    table = packing_table(reader, capacity, drop)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_array(path, table)
-    except OSError as e:
-        raise ConfigError(f"general.cache_dir: cannot write the document packing of {reader.folder} to {path.parent} "
-                          f"({e.strerror or e}); make it writable or set general.cache_dir elsewhere") from None
-    return table
+
+    def valid(table: np.ndarray) -> bool:
+        return (table.ndim == 2 and table.shape[1] == 2 and len(table) >= 1 and table.dtype == np.int64
+                and int(table[0, 1]) == reader.num_documents)
+
+    name = f"v{CACHE_VERSION}-{_content_key(reader)}-{capacity}-{'drop' if drop else 'truncate'}"
+    return DerivedCache("packing", cache_dir).array(name, lambda: packing_table(reader, capacity, drop), valid)

@@ -192,7 +192,7 @@ class DataPlan:
             if key[0] not in self._readers:
                 self._readers[key[0]] = _open(folder, i, stage)
             if data.packing == "documents":
-                windows = PackedDocuments(folder, seq, self._readers[key[0]], self.config.general.cache_dir,
+                windows = PackedDocuments(folder, seq, self._readers[key[0]], self.config.general.cache_path,
                                           data.drop_long_documents)
                 if windows.reader.num_tokens == 0:
                     raise ConfigError(f"data_stages[{i}] ({stage.name}): {folder} has no tokens to pack; add data")
@@ -223,7 +223,7 @@ class DataPlan:
         else:
             carried = before is not None and before.schedule is not None and before.dataset_ids == ids
             blend = ScheduledBlend(spec.schedule, start, end - start, spec.global_batch_size,
-                                   before.blend.deviation if carried else None, self.config.general.cache_dir)
+                                   before.blend.deviation if carried else None, self.config.general.cache_path)
             weights = spec.schedule.shares(np.array([start]))[0].tolist()
         return StagePlan(
             index=i, name=stage.name, start_step=start, end_step=end,
@@ -451,7 +451,7 @@ def _nanoset_folders(stage: DatasetStageArgs, i: int) -> list[str]:
     ds = stage.data.dataset
     if not isinstance(ds, NanosetDatasetsArgs):
         raise ConfigError(f"data_stages[{i}] ({stage.name}) uses a Hugging Face dataset; prepare it first with "
-                          f"runtime.data.hf_cache.resolve_stage_folders(config)")
+                          f"runtime.data.hf_datasets.resolve_stage_folders(config)")
     return ds.folders
 
 

@@ -4,8 +4,9 @@ The weights of step ``t`` are the schedule's linear interpolation at ``t``, norm
 interpolating. Step ``t`` draws ``G`` samples (the part's global batch), and dataset ``d``'s
 cumulative target after step ``s`` is ``T_d(s) = Σ_{t ≤ s} G(t) · w_d(t)``. Each step hands its
 ``G`` samples out one at a time, always to the dataset furthest below its target at the end of
-the step (water-filling; ties to the lower dataset index). No step's count is negative, and with
-``e_d = T_d − C_d`` (target minus samples drawn) every set ``S`` of ``m`` of the ``k`` datasets keeps
+the step among those whose share there is not 0 (water-filling; ties to the lower dataset index).
+No step's count is negative, and while every share is positive, with ``e_d = T_d − C_d`` (target
+minus samples drawn) every set ``S`` of ``m`` of the ``k`` datasets keeps
 ``Σ_S e ≤ m·(H_k − H_m)`` at every step boundary (``H`` the harmonic numbers; induction over the
 steps: if ``S`` got at least its target this step, its sum did not grow; otherwise a dataset ``j``
 outside ``S`` got a sample, its last one going to the largest remaining deficit, so every ``e`` of
@@ -13,6 +14,19 @@ outside ``S`` got a sample, its last one going to the largest remaining deficit,
 
     −(1 − 1/k) ≤ T_d(s) − C_d(s) ≤ H_k − 1:   within 1/2 for two datasets, 5/6 for three,
                                                H_k − 1 for more (1.08 for four, 1.93 for ten).
+
+A dataset whose share at a step is 0 bids nothing there, however far behind it is: a weight of 0
+means no draw, and its deviation waits unchanged until its weight is positive again. The induction
+above needs every dataset of ``S`` among the bidders; with waiting ones (``S_z``, ``m_z`` of them, the
+bidders of ``S`` being ``S_a``, ``m_a`` of them) it still bounds ``S_a`` by ``e_j + 1`` and ``S_z`` by the
+step before, which gives ``Σ_S e ≤ m·(k − m)/2`` (the bound for ``S ∪ {j}`` and ``Σ_{S_z} e ≤ m_z(k − m_z)/2``
+give ``(m_z(k − m_z)/2 + m_a((m + 1)(k − m − 1)/2 + 1)) / (m_a + 1) ≤ m(k − m)/2``), hence, once a share has
+been 0 in the stage,
+
+    |T_d(s) − C_d(s)| ≤ (k − 1)/2:   1/2 for two datasets (as before), 1 for three, 3/2 for four.
+
+It is the supremum: moving the weight between two datasets at a time (the others at 0), one sample a
+step, approaches it; weight 0 on a dataset that is behind forces the draws onto the others.
 
 The rule is causal (step ``s`` depends on the weights and batch sizes up to ``s`` only), so a
 resume that changes only the schedule's future, or the global batch, keeps every step trained so
@@ -24,31 +38,31 @@ index), so a sample's position and its (dataset, draw) map both ways in O(k).
 
 The per-step counts are computed once per part (for two datasets the rounding of one cumulative
 sum, under a second per million steps; for more a sequential pass, seconds per million steps) and,
-for long parts, cached under ``general.cache_dir/blend/``.
+for long parts, cached (``nanoset.cache``, under ``general.cache_dir/blend/``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import heapq
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from nanoset.atomic import atomic_write_array
-from nanoset.errors import NanosetError
+from nanoset.cache import DerivedCache
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: a share of 0 draws nothing (tables of schedules with zeros from 1 are wrong)
 CACHE_MIN_STEPS = 4096  # shorter parts are computed in milliseconds: no file
 ALLOCATION_BLOCK = 1 << 16  # steps whose shares and counts are computed at once (the rest of the part waits)
 MAX_GLOBAL_BATCH = 1 << 24  # in-step positions compare (2m + 1) / 2n as float64 exactly below this
 
 
-def deviation_bound(num_datasets: int) -> float:
-    """The largest ``|T_d(s) − C_d(s)|`` the rule allows for ``num_datasets`` datasets (1/2, 5/6, H_k − 1)."""
+def deviation_bound(num_datasets: int, zero_shares: bool = False) -> float:
+    """The largest ``|T_d(s) − C_d(s)|`` the rule allows for ``num_datasets`` datasets: 1/2, 5/6, H_k − 1 while
+    every share has been positive, ``(k − 1)/2`` once one has been 0 (``zero_shares``)."""
     k = num_datasets
+    if zero_shares:
+        return (k - 1) / 2
     return max(sum(1.0 / i for i in range(2, k + 1)), 1.0 - 1.0 / k) if k > 1 else 0.0
 
 
@@ -149,32 +163,41 @@ HEAP_DATASETS = 12  # from this many datasets a step's picks come from a heap (O
 
 
 def _water_fill(shares: np.ndarray, global_batch: int, deviation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rule step by step: the ``G`` largest bids of each step."""
+    """The rule step by step: the ``G`` largest bids of each step, among the datasets whose share is not 0 (a
+    dataset at weight 0 bids nothing, whatever it is behind, so its deviation waits unchanged)."""
     n, k = shares.shape
     g = int(global_batch)
     targets = (shares * float(g)).tolist()
+    every = (shares > 0.0).all(axis=1).tolist()
+    everyone = list(range(k))
     e = [float(v) for v in deviation]
     rows: list[list[int]] = [[]] * n
     settle = _settle_by_heap if k >= HEAP_DATASETS else _settle_by_scan
     for t in range(n):
         x = [a + b for a, b in zip(e, targets[t])]
         a = [int(v) if v >= 1.0 else 0 for v in x]  # the bids ≥ 1 of each dataset: floor(x)
+        live = everyone
+        if not every[t]:
+            live = [d for d, w in enumerate(targets[t]) if w > 0.0]
+            a = [v if w > 0.0 else 0 for v, w in zip(a, targets[t])]
         total = sum(a)
         if total != g:
-            settle(x, a, total, g)
+            settle(x, a, total, g, live)
         e = [p - q for p, q in zip(x, a)]
         rows[t] = a
     counts = np.array(rows, dtype=np.int64).reshape(n, k)
     return counts, np.array(e, dtype=np.float64)
 
 
-def _settle_by_scan(x: list[float], a: list[int], total: int, g: int) -> None:
-    """Bids added (the highest ``x_d − a_d`` first, ties to the lower index) or given back (the lowest taken,
-    ``x_d − a_d + 1``; ties: the higher index gives it back) until ``a`` sums to ``g``; a scan per bid."""
-    ks = range(len(x))
+def _settle_by_scan(x: list[float], a: list[int], total: int, g: int, live: list[int] | None = None) -> None:
+    """Bids of the ``live`` datasets (default: all) added (the highest ``x_d − a_d`` first, ties to the lower
+    index) or given back (the lowest taken, ``x_d − a_d + 1``; ties: the higher index gives it back) until ``a``
+    sums to ``g``; a scan per bid."""
+    live = range(len(x)) if live is None else live
     while total < g:
-        best, value = 0, x[0] - a[0]
-        for i in ks:
+        best = live[0]
+        value = x[best] - a[best]
+        for i in live:
             v = x[i] - a[i]
             if v > value:
                 best, value = i, v
@@ -182,7 +205,7 @@ def _settle_by_scan(x: list[float], a: list[int], total: int, g: int) -> None:
         total += 1
     while total > g:
         worst, value = -1, 0.0
-        for i in ks:
+        for i in live:
             if a[i]:
                 v = x[i] - a[i]
                 if worst < 0 or v <= value:
@@ -191,11 +214,12 @@ def _settle_by_scan(x: list[float], a: list[int], total: int, g: int) -> None:
         total -= 1
 
 
-def _settle_by_heap(x: list[float], a: list[int], total: int, g: int) -> None:
+def _settle_by_heap(x: list[float], a: list[int], total: int, g: int, live: list[int] | None = None) -> None:
     """``_settle_by_scan``'s picks, in its order and with its ties, from a heap of the bids: the same values
     (``x_d − a_d`` computed afresh after each pick), ordered by (value, index) as the scans compare them."""
+    live = range(len(x)) if live is None else live
     if total < g:
-        heap = [(-(v - a[i]), i) for i, v in enumerate(x)]  # -(x_i - a_i): the highest bid first, then the lower index
+        heap = [(-(x[i] - a[i]), i) for i in live]  # -(x_i - a_i): the highest bid first, then the lower index
         heapq.heapify(heap)
         while total < g:
             i = heapq.heappop(heap)[1]
@@ -203,7 +227,7 @@ def _settle_by_heap(x: list[float], a: list[int], total: int, g: int) -> None:
             total += 1
             heapq.heappush(heap, (-(x[i] - a[i]), i))
         return
-    heap = [(v - a[i], -i) for i, v in enumerate(x) if a[i]]  # the lowest bid taken first, then the higher index
+    heap = [(x[i] - a[i], -i) for i in live if a[i]]  # the lowest bid taken first, then the higher index
     heapq.heapify(heap)
     while total > g:
         i = -heapq.heappop(heap)[1]
@@ -315,20 +339,23 @@ class ScheduledBlend:
 
 
 def _cached_allocation(blend: ScheduledBlend, cache_dir: str | Path | None) -> tuple[np.ndarray, np.ndarray]:
-    """The part's cumulative counts ``[n + 1, k]`` and final deviation: from ``cache_dir/blend/`` when there, else
-    computed (and, for long parts, written atomically). File: int64 ``[n + 2, k]``, row 0 the deviation's bits."""
+    """The part's cumulative counts ``[n + 1, k]`` and final deviation: for long parts from the cache
+    ``cache_dir/blend/`` (None: computed, not cached). Cached: int64 ``[n + 2, k]``, row 0 the deviation's bits."""
     n, k = blend.num_steps, blend.num_datasets
-    path = None
     if cache_dir is not None and n >= CACHE_MIN_STEPS:
-        key = json.dumps([CACHE_VERSION, blend.schedule.to_json(), blend.start_step, n, blend.global_batch,
-                          [float(x).hex() for x in blend.initial_deviation]])
-        path = Path(cache_dir) / "blend" / f"v{CACHE_VERSION}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.npy"
-        try:
-            table = np.load(path, mmap_mode="r", allow_pickle=False)
-            if table.shape == (n + 2, k) and table.dtype == np.int64:
-                return table[1:], np.array(table[0]).view(np.float64)
-        except (OSError, ValueError):
-            pass
+        key = [CACHE_VERSION, blend.schedule.to_json(), blend.start_step, n, blend.global_batch,
+               [float(x).hex() for x in blend.initial_deviation]]
+        table = DerivedCache("blend", cache_dir).array(key, lambda: _allocation_table(blend),
+                                                       lambda t: t.shape == (n + 2, k) and t.dtype == np.int64)
+    else:
+        table = _allocation_table(blend)
+    return table[1:], np.array(table[0]).view(np.float64)
+
+
+def _allocation_table(blend: ScheduledBlend) -> np.ndarray:
+    """The part's counts as the cache keeps them: int64 ``[n + 2, k]``, row 0 the final deviation's bits, then
+    the cumulative counts after each of the part's steps (row 1: zeros, before the first)."""
+    n, k = blend.num_steps, blend.num_datasets
     table = np.zeros((n + 2, k), dtype=np.int64)
     deviation, running = blend.initial_deviation, None
     for lo in range(0, n, ALLOCATION_BLOCK) if n else [0]:  # block by block: memory O(block · k) beyond the table
@@ -339,16 +366,5 @@ def _cached_allocation(blend: ScheduledBlend, cache_dir: str | Path | None) -> t
         np.cumsum(counts, axis=0, out=table[2 + lo : 2 + hi])
         table[2 + lo : 2 + hi] += table[1 + lo]
     table[0] = deviation.view(np.int64)
-    if path is not None:
-        _write_atomically(path, table)
-    return table[1:], deviation
-
-
-def _write_atomically(path: Path, table: np.ndarray) -> None:
-    """A failed write costs only the next start-up's recomputation: the plan is complete either way."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_array(path, table)
-    except (OSError, NanosetError):
-        pass
+    return table
 

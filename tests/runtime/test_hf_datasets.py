@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from nanoset import open_dataset
+from nanoset.errors import NanosetError
 from runtime.config import ConfigError
-from runtime.data.hf_cache import resolve_stage_folders
+from runtime.data.hf_datasets import resolve_stage_folders
 from tests.support import ROOT, TOKENIZER
 from tests.support.configs import make_config
 
@@ -47,7 +48,7 @@ def slow(opts, **kwargs):
     return real(opts, **kwargs)
 nanoset.tokenize.job.tokenize = slow
 from runtime.config.load import load_config
-from runtime.data.hf_cache import resolve_stage_folders
+from runtime.data.hf_datasets import resolve_stage_folders
 print(resolve_stage_folders(load_config(sys.argv[1]))[0][0], flush=True)
 '''
 
@@ -105,15 +106,29 @@ def test_hf_stage_errors_name_the_config_keys(tmp_path):
         resolve_stage_folders(hf_config(tmp_path, source, splits="train"))
     with pytest.raises(ConfigError, match=r"^data_stages\[0\] \(sft\).data.dataset.hf_dataset_or_datasets: "):
         resolve_stage_folders(hf_config(tmp_path, tmp_path / "nope"))
+    chats = tmp_path / "chats.jsonl"  # conversations in a stage without sft: true
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(ConfigError) as e:
+        resolve_stage_folders(hf_config(tmp_path, chats))
+    assert str(e.value) == (f"data_stages[0] (sft).data.dataset.text_column_name: 'text' is not a column of {chats}:1; "
+                            f"the columns there are: messages, which hold conversations: set data_stages[0] (sft)"
+                            f".data.dataset.sft: true")
+    (tmp_path / "afile").write_text("")
+    c = hf_config(tmp_path, source)
+    c.general.cache_dir = str(tmp_path / "afile" / "cache")
+    with pytest.raises(NanosetError) as e:
+        resolve_stage_folders(c)
+    assert str(e.value) == (f"data_stages[0] (sft).data.dataset: {tmp_path}/afile/cache: {tmp_path}/afile is a file, "
+                            f"not a folder; set general.cache_dir to a writable folder")
 
 
 HOLD = '''
 import sys, time
 sys.path.insert(0, {root!r})
 from pathlib import Path
-import runtime.data.hf_cache as hf_cache
-hf_cache.HEARTBEAT_SECONDS = 0.2
-with hf_cache._exclusive(Path(sys.argv[1]), Path("out")):
+import runtime.data.hf_datasets as hf_datasets
+hf_datasets.HEARTBEAT_SECONDS = 0.2
+with hf_datasets._exclusive(Path(sys.argv[1]), Path("out")):
     print("locked", flush=True)
     time.sleep(float(sys.argv[2]))
 '''
@@ -126,9 +141,9 @@ def test_the_cache_lock_waits_for_a_live_holder_however_long(tmp_path, monkeypat
     import signal
     import time
 
-    import runtime.data.hf_cache as hf_cache
+    import runtime.data.hf_datasets as hf_datasets
 
-    monkeypatch.setattr(hf_cache, "STALE_SECONDS", 1.0)
+    monkeypatch.setattr(hf_datasets, "STALE_SECONDS", 1.0)
     script, lock = tmp_path / "hold.py", tmp_path / ".cache.lock"
     script.write_text(HOLD.format(root=str(ROOT)))
 
@@ -140,13 +155,13 @@ def test_the_cache_lock_waits_for_a_live_holder_however_long(tmp_path, monkeypat
 
     proc = holder(3)
     start = time.monotonic()
-    with hf_cache._exclusive(lock, tmp_path / "out"):
+    with hf_datasets._exclusive(lock, tmp_path / "out"):
         assert time.monotonic() - start > 2  # waited three times the limit, then got the lock
     proc.wait(timeout=30)
     proc = holder(60)
     os.kill(proc.pid, signal.SIGSTOP)
     try:
-        with pytest.raises(TimeoutError) as e, hf_cache._exclusive(lock, tmp_path / "out"):
+        with pytest.raises(TimeoutError) as e, hf_datasets._exclusive(lock, tmp_path / "out"):
             pass
         assert str(e.value).startswith(f"{tmp_path / 'out'}: {os.uname().nodename} pid {proc.pid} holds {lock} but "
                                        f"has shown no sign of life for ")
@@ -160,13 +175,13 @@ def test_a_cache_dir_without_file_locks_is_one_clear_error(tmp_path, monkeypatch
     import errno
     import fcntl
 
-    import runtime.data.hf_cache as hf_cache
+    import runtime.data.hf_datasets as hf_datasets
 
     def no_locks(*args):
         raise OSError(errno.ENOSYS, "Function not implemented")
 
     monkeypatch.setattr(fcntl, "lockf", no_locks)
-    with pytest.raises(ConfigError) as e, hf_cache._exclusive(tmp_path / ".x.lock", tmp_path / "x"):
+    with pytest.raises(ConfigError) as e, hf_datasets._exclusive(tmp_path / ".x.lock", tmp_path / "x"):
         pass
     assert str(e.value) == (f"general.cache_dir: {tmp_path} does not support file locks (Function not implemented), "
                             f"which keep two processes from tokenizing into one cache; set cache_dir on a filesystem "
@@ -193,8 +208,8 @@ def test_a_stage_says_which_dataset_it_tokenizes_and_names_the_config_key_for_eo
     with pytest.raises(ConfigError) as e:
         resolve_stage_folders(c)
     assert str(e.value) == (f"data_stages[0] (sft).data.dataset: tokenizer {tmp_path / 'plain' / 'tokenizer.json'} "
-                            f"declares no EOS token; set tokenizer.eos_token: TOKEN in the config (its special tokens "
-                            f"are: none)")
+                            f"declares no EOS token; set tokenizer.eos_token: TOKEN in the config (it has no special "
+                            f"tokens)")
 
 
 def test_a_tokenizer_mistake_comes_before_any_tokenizing_line_and_names_the_config_key(tmp_path, capsys):
@@ -206,12 +221,16 @@ def test_a_tokenizer_mistake_comes_before_any_tokenizing_line_and_names_the_conf
     c.tokenizer.tokenizer_name_or_path = str(tmp_path / "nope")
     with pytest.raises(ConfigError) as e:
         resolve_stage_folders(c)
-    assert str(e.value).startswith(
-        f"tokenizer.tokenizer_name_or_path (the tokenizer of {where}): tokenizer {str(tmp_path / 'nope')!r}: not a "
-        f"file or folder, and not in the local Hugging Face cache (")
+    assert str(e.value) == (  # a path, not a hub name: no `huggingface-cli download /abs/path` to suggest
+        f"tokenizer.tokenizer_name_or_path (the tokenizer of {where}): tokenizer {str(tmp_path / 'nope')!r}: no such "
+        f"file or folder ({tmp_path} holds no tokenizer); set tokenizer.tokenizer_name_or_path to a tokenizer.json "
+        f"(or a folder holding one)")
+    c.tokenizer.tokenizer_name_or_path = "some-org/not-cached"
+    with pytest.raises(ConfigError) as e:
+        resolve_stage_folders(c)
     assert str(e.value).endswith(
-        f"); nothing is downloaded: set tokenizer.tokenizer_name_or_path to a tokenizer.json (or a folder holding "
-        f"one), or fetch it first with `huggingface-cli download {tmp_path / 'nope'} tokenizer.json`")
+        "); nothing is downloaded: set tokenizer.tokenizer_name_or_path to a tokenizer.json (or a folder holding "
+        "one), or fetch it first with `huggingface-cli download some-org/not-cached tokenizer.json`")
     (tmp_path / "empty").mkdir()
     c.tokenizer.tokenizer_name_or_path = str(tmp_path / "empty")
     with pytest.raises(ConfigError) as e:
@@ -251,7 +270,7 @@ def test_the_cache_folder_changes_with_the_registered_tokens_and_the_mask_rule(t
     registers nothing keep theirs)."""
     import shutil
 
-    import runtime.data.hf_cache as hf_cache
+    import runtime.data.hf_datasets as hf_datasets
 
     source = write_jsonl(tmp_path / "docs.jsonl", TEXTS)
     folder = tmp_path / "tok"
@@ -259,18 +278,20 @@ def test_the_cache_folder_changes_with_the_registered_tokens_and_the_mask_rule(t
     c = hf_config(tmp_path, source)
     c.tokenizer.tokenizer_name_or_path = str(folder)
     ds = c.data_stages[0].data.dataset
-    plain = hf_cache.cache_folder(c, ds)
+    plain = hf_datasets.cache_folder(c, ds)
     config_file = folder / "tokenizer_config.json"
     declared = json.loads(config_file.read_text())
     config_file.write_text(json.dumps({**declared, "additional_special_tokens": ["<tool>"]}))
-    registered = hf_cache.cache_folder(c, ds)
+    registered = hf_datasets.cache_folder(c, ds)
     assert registered != plain
     config_file.write_text(json.dumps(declared))
-    assert hf_cache.cache_folder(c, ds) == plain
+    assert hf_datasets.cache_folder(c, ds) == plain
     ds.sft = True
-    sft = hf_cache.cache_folder(c, ds)
-    monkeypatch.setattr(hf_cache, "MASK_RULE", hf_cache.MASK_RULE + 1)
-    assert len({plain, registered, sft, hf_cache.cache_folder(c, ds)}) == 4
+    sft = hf_datasets.cache_folder(c, ds)
+    from nanoset.tokenize import job
+
+    monkeypatch.setattr(job, "MASK_RULE", job.MASK_RULE + 1)  # the job's plan says which rule
+    assert len({plain, registered, sft, hf_datasets.cache_folder(c, ds)}) == 4
 
 
 def test_the_trainer_the_check_and_the_notes_name_a_stage_by_its_source(shards, tmp_path):
@@ -301,3 +322,52 @@ def test_the_trainer_the_check_and_the_notes_name_a_stage_by_its_source(shards, 
     (note,) = startup_notes(start_up(load_config(many), world=1, lock=False))
     assert note == (f"stage 'docs' reads {named} up to 8.23 epochs: its samples repeat (add data, or fewer steps or a "
                     f"lower weight for it)")
+
+
+def test_a_plan_of_an_unprepared_stage_names_the_function_that_prepares_it_under_both_its_paths(tmp_path):
+    """The module was named hf_cache, though runtime.hf is about models: the message names hf_datasets, and the
+    old path it named still imports the same function."""
+    from runtime.data import DataPlan
+    from runtime.data.hf_cache import resolve_stage_folders as old
+
+    assert old is resolve_stage_folders
+    with pytest.raises(ConfigError) as e:
+        DataPlan(hf_config(tmp_path, tmp_path / "texts.jsonl"))
+    assert str(e.value) == ("data_stages[0] (sft) uses a Hugging Face dataset; prepare it first with "
+                            "runtime.data.hf_datasets.resolve_stage_folders(config)")
+
+
+def test_the_stage_cache_knows_the_tokenize_job_by_its_plan_key_alone():
+    """The cache key hand-listed what the job puts in its plan, through five of its internals; a new option of
+    the job (one more thing that changes the bytes) would have been missed."""
+    import ast
+
+    import runtime.data.hf_datasets as module
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    assert sorted(m for m in imported if m.startswith("nanoset.tokenize")) == ["nanoset.tokenize"]
+    names = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module == "nanoset.tokenize" for a in node.names}
+    assert names == {"TokenizeOptions", "plan_key", "tokenize"}
+
+
+def test_a_checkpoint_of_a_stage_whose_cache_folder_was_renamed_resumes(tmp_path):
+    """A new cache key (a new name for the same tokenized dataset, as the change to the plan key gave every
+    existing folder) is tokenized again once, into another folder of the same content: the checkpoint's record
+    names the old folder, and the stage continues in the new one."""
+    import shutil
+
+    from runtime.data import DataPlan, training_metadata
+
+    source = write_jsonl(tmp_path / "docs.jsonl", TEXTS)
+    c = hf_config(tmp_path, source)
+    [[folder]] = resolve_stage_folders(c)
+    old = tmp_path / "cache" / "docs.jsonl-0123456789abcdef"  # the name an earlier key gave the same dataset
+    shutil.copytree(folder, old)
+    trained = DataPlan(c, [[str(old)]])
+    ckpt = {"training": json.loads(json.dumps(training_metadata(trained, 2).to_json()))}
+    resumed = DataPlan(c, [[folder]]).resumed_from("ckpt", ckpt)
+    assert resumed.stages[0].start_step == 1 and resumed.folders == [folder]
+    assert [resumed.data_hash(t) for t in range(1, 5)] == [trained.data_hash(t) for t in range(1, 5)]
