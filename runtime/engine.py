@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.config import Config
-from runtime.data.loading.collator import SOURCE_KEY
+from runtime.data.loading.contract import SOURCE_KEY
 from runtime.models.llama import LlamaChunk, init_weights
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.context_parallel import ContextParallel

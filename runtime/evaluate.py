@@ -1,8 +1,8 @@
-"""``python -m runtime.evaluate``: see ``runtime.cli.evaluate``."""
+"""``python -m runtime.evaluate``: the validation loss of a checkpoint; see ``runtime.cli.validate``."""
 
 import sys
 
-from runtime.cli.evaluate import main
+from runtime.cli.validate import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -36,10 +36,10 @@ from runtime.checkpoint.run_folder import (
 )
 from runtime.config import Config
 from runtime.config.load import load_config
-from runtime.data.heldout import HeldOutSet, open_heldout, training_readers
 from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.packing import shorter_sequence_length
 from runtime.data.order.plan import DataPlan
+from runtime.data.order.validation_sets import ValidationSet, open_validation_sets, training_readers
 from runtime.hf.preflight import check_init_from_hf
 
 
@@ -60,7 +60,7 @@ class Startup:
     config: Config
     plan: DataPlan  # the data order, the past taken from the checkpoint's record
     start: RunStart
-    heldout: list[HeldOutSet]  # validation sets, opened and checked
+    validation_sets: list[ValidationSet]  # opened and checked
 
 
 def world_size() -> int:
@@ -82,8 +82,8 @@ def start_up(config: Config | str | Path, world: int | None = None, lock: bool =
     start = plan_start(config, lock)
     plan = DataPlan(config, resolve_stage_folders(config)).resumed_from(start.checkpoint, start.metadata)
     check_init_from_hf(config, plan, fresh_start=start.checkpoint is None)
-    heldout = open_heldout(config, training_readers(plan))
-    return Startup(config, plan, start, heldout)
+    validation_sets = open_validation_sets(config, training_readers(plan))
+    return Startup(config, plan, start, validation_sets)
 
 
 def plan_start(config: Config, lock: bool = True) -> RunStart:

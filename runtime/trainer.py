@@ -7,11 +7,10 @@ from the config's stages), and ``trainer.train_dataloader = loader; trainer.fit(
 
 from __future__ import annotations
 
-import gc
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,12 +23,7 @@ from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
 from runtime.checkpoint.run_folder import Rewound, move_aside, rewind
 from runtime.checkpoint.store import SKIPPED, SKIPPED_IN_A_ROW, CheckpointManager
 from runtime.config import Config
-from runtime.data.loading.collator import check_micro_batch
-from runtime.data.loading.dataloader import from_loader_worker
-from runtime.data.loading.prefetch import PrefetchIterator, shutdown_workers
-from runtime.data.loading.same_plan import check_same_plan
-from runtime.data.loading.sources import DataSource, data_source
-from runtime.data.loading.tp_broadcast import broadcast_batches, check_same_batches, needs_broadcast
+from runtime.data.loading.feed import StepFeed, training_feed
 from runtime.data.order.plan import StagePlan, training_metadata
 from runtime.engine import Engine, StepResult
 from runtime.hf.export import export_checkpoint
@@ -71,7 +65,7 @@ class Trainer:
         startup = startup if startup is not None else start_up(config)
         self.config = config = startup.config
         self.plan, self.start = startup.plan, startup.start
-        self.validator = Validator(config, startup.heldout)
+        self.validator = Validator(config, startup.validation_sets)
         p = config.parallelism
         self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp)
         self.is_main = self.parallel_context.world_rank == 0
@@ -91,10 +85,7 @@ class Trainer:
         self.metrics.source_names = short_names(self.plan.source_names())
         self.train_dataloader: Any = None
         self.last_step = 0
-        self._source: DataSource | None = None
-        self._stage: StagePlan | None = None
-        self._iterator: Iterator | None = None
-        self._check_replica_batches = False  # compare the cp × tp ranks' batches at the next step
+        self._feed: StepFeed | None = None
         self._step_end = 0.0  # when the previous step ended (tokens/s)
         self._skipped_in_a_row = 0  # non-finite steps since the last finite one (kept in checkpoints)
         self._peak = peak_flops(self.parallel_context.device)
@@ -136,11 +127,11 @@ class Trainer:
             raise
 
     def _train(self, dataloader_or_dls: Any) -> TrainSummary:
-        self._source = data_source(dataloader_or_dls, self.plan, self.parallel_context,
-                                   self.config.tokens.micro_batch_size)
+        tokens = self.config.tokens
+        self._feed = training_feed(dataloader_or_dls, self.plan, self.parallel_context, tokens.micro_batch_size,
+                                   tokens.batch_accumulation_per_replica, self.metrics.info)
         self.checkpoints.clean_stale()
         self.last_step = self._resume()
-        check_same_plan(self.plan)  # no rank silently reads another dataset (e.g. another node's cwd)
         self._writing_metrics(lambda: self.metrics.truncate_after(self.last_step))  # no step logged twice
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config
@@ -150,11 +141,8 @@ class Trainer:
         with stop_on_signal() as stop:
             for step in range(self.last_step + 1, c.tokens.train_steps + 1):
                 stage = self.plan.stage_for_step(step)
-                if stage is not self._stage:
-                    self._switch_stage(stage, step)
-                t0 = time.perf_counter()
-                batches = self._next_batches(stage, step)
-                data_wait = time.perf_counter() - t0
+                batches = self._feed.batches(step)
+                data_wait = self._feed.wait
                 lr = self.lr_schedule.apply(self.engine.optimizer, step)
                 result = self.engine.train_step(batches, stage.sequence_length, num_sources=len(stage.dataset_ids))
                 self.last_step = step
@@ -214,7 +202,7 @@ class Trainer:
             "step": step, "stage": stage.name, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
             "skipped": result.skipped, "tokens_per_s": tokens_per_s, "data_wait_ms": 1000 * data_wait,
             "label_tokens": result.num_label_tokens,
-            "data_hash": self.plan.data_hash(step) if self._source.from_config and self.is_main else None,
+            "data_hash": self.plan.data_hash(step) if self._feed.from_config and self.is_main else None,
             "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
         }
         if result.sources is not None:  # per dataset of the stage; none from a loader without source ids
@@ -244,79 +232,9 @@ class Trainer:
         self.metrics.close()
         self.parallel_context.destroy()
 
-    # ------------------------------------------------------------------ data -------------------
-
-    def _switch_stage(self, stage: StagePlan, step: int) -> None:
-        """Release the previous stage's loader (and its workers), then build this stage's."""
-        source, ctx = self._source, self.parallel_context
-        if not (source.same_loader_for(stage) and self._iterator is not None):
-            self._release_loader()
-            if source.reads(ctx):
-                self._iterator = iter(source.loader(stage, step))
-                self._check_replica_batches = not source.from_config  # a user's loader: at its first step
-        self._stage = stage
-        consumed = stage.consumed_samples(step - 1)
-        named = self.plan.shown_names()
-        folders = ", ".join(f"{named[self.plan.datasets[d].folder]} ({w})"
-                            for d, w in zip(stage.dataset_ids, stage.weights_shown()))
-        self.metrics.info(f"stage {stage.name!r} at step {step} (steps {stage.start_step}-{stage.end_step - 1}): "
-                          f"datasets {folders}, sequence length {stage.sequence_length}, "
-                          f"{consumed} of {stage.num_samples} samples already consumed")
-        if stage.schedule is not None:
-            self.metrics.info(f"  weights by schedule: {stage.schedule.describe()}, linear in between")
-        for d in stage.dataset_ids:
-            if self.plan.datasets[d].packing == "documents":
-                self.metrics.info(f"  {self.plan.datasets[d].describe()}")
-
-    def _next_batches(self, stage: StagePlan, step: int) -> list[dict]:
-        ctx = self.parallel_context
-        if self._source.from_config:  # the config's loaders give the contract's batches on every rank
-            batches = self._read_batches(stage, step)
-        else:  # a user's loader runs on every rank and may fail on some: all stop with the same line
-            batches, error = None, None
-            try:
-                batches = self._read_batches(stage, step)
-            except NanosetError as e:
-                error = e
-            raise_together(error, ctx.device)
-        accum, mbs = self.config.tokens.batch_accumulation_per_replica, self.config.tokens.micro_batch_size
-        # full-length batches, also for cp ranks (the engine keeps each one's part of the sequences)
-        if self._check_replica_batches and needs_broadcast(ctx):  # a user's loader runs on every rank
-            check_same_batches(batches, ctx, f"stage {stage.name!r} step {step}")
-        self._check_replica_batches = False
-        if self._source.from_config and needs_broadcast(ctx):
-            batches = broadcast_batches(batches, accum, mbs, stage.sequence_length, stage.use_position_ids, ctx,
-                                        with_sources=True)
-        return batches
-
-    def _read_batches(self, stage: StagePlan, step: int) -> list[dict] | None:
-        """This rank's micro-batches of ``step`` (None where it reads none), checked against the batch contract."""
-        accum = self.config.tokens.batch_accumulation_per_replica
-        ctx = self.parallel_context
-        try:
-            batches = [next(self._iterator) for _ in range(accum)] if self._iterator is not None else None
-        except NanosetError as e:  # e.g. a shard removed mid-run, found by a loader worker
-            raise from_loader_worker(e) from None
-        except StopIteration:
-            raise NanosetError(f"the data loader of stage {stage.name!r} ran out at step {step}, but the stage runs "
-                               f"steps {stage.start_step}-{stage.end_step - 1}; give it more micro-batches (a larger "
-                               f"dataset or a looping sampler)") from None
-        rank = f" on rank {ctx.world_rank}" if torch.distributed.get_world_size() > 1 else ""  # said by every rank
-        for i, batch in enumerate(batches or []):
-            check_micro_batch(batch, ctx.is_first_pp_rank, ctx.is_last_pp_rank, self.config.tokens.micro_batch_size,
-                              stage.sequence_length, f"stage {stage.name!r} step {step} micro-batch {i}{rank}")
-        return batches
-
     def _release_loader(self) -> None:
-        it = self._iterator
-        if it is not None:
-            shutdown_workers(it)
-        if isinstance(it, PrefetchIterator):  # its thread stops and is joined (it shuts down the workers)
-            it.close()
-        self._iterator = None
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        if self._feed is not None:
+            self._feed.close()
 
     # ------------------------------------------------------------------ checkpoints -------------
 

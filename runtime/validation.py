@@ -1,8 +1,8 @@
-"""Validation loss: when to evaluate (``validation.interval``, stage ends) and the evaluation itself.
+"""Validation loss: when to validate (``validation.interval``, stage ends) and the validation itself.
 
-Each named held-out set is read in batches shaped like a training step (this rank's rows; with tp or
-cp > 1 one rank of the replica's cp × tp group reads and broadcasts) and run forward-only through the
-engine (``Engine.eval_step``). The loss is Σ token losses / label tokens over the whole set, with the
+Each named validation set comes through the feed in steps shaped like training steps (this rank's rows;
+with tp or cp > 1 one rank of the replica's cp × tp group reads and broadcasts) and runs forward-only
+through the engine (``Engine.eval_step``). The loss is Σ token losses / label tokens over the whole set, with the
 current stage's sequence length and position-id rule, so it is the same for every dp/cp/tp/pp layout and for
 ``python -m runtime.evaluate``.
 """
@@ -12,15 +12,15 @@ from __future__ import annotations
 import math
 
 from runtime.config import Config
-from runtime.data.heldout import HeldOutSet
-from runtime.data.loading.tp_broadcast import broadcast_batches, needs_broadcast, reads_for_replica
+from runtime.data.loading.feed import validation_batches
+from runtime.data.order.validation_sets import ValidationSet
 from runtime.engine import Engine
 
 
 class Validator:
-    """The validation sets of a run and the rule of when to evaluate them."""
+    """The validation sets of a run and the rule of when to validate them."""
 
-    def __init__(self, config: Config, sets: list[HeldOutSet]) -> None:
+    def __init__(self, config: Config, sets: list[ValidationSet]) -> None:
         self.config = config
         self.sets = sets
 
@@ -36,21 +36,16 @@ class Validator:
     def validate(self, engine: Engine, sequence_length: int, use_position_ids: bool
                  ) -> dict[str, dict[str, float | int | None]]:
         """``{name: {"loss", "ppl", "tokens"}}`` for every set, identical on every rank."""
-        ctx = engine.ctx
         tokens = self.config.tokens
-        reads = reads_for_replica(ctx)
         out = {}
-        for held in self.sets:
+        for vset in self.sets:
             loss_sum, count = 0.0, 0
-            for batches in held.batches(sequence_length, use_position_ids, ctx, tokens.micro_batch_size,
-                                        tokens.batch_accumulation_per_replica, reads):
-                if needs_broadcast(ctx):
-                    batches = broadcast_batches(batches, tokens.batch_accumulation_per_replica,
-                                                tokens.micro_batch_size, sequence_length, use_position_ids, ctx)
+            for batches in validation_batches(vset, sequence_length, use_position_ids, engine.ctx,
+                                              tokens.micro_batch_size, tokens.batch_accumulation_per_replica):
                 s, n = engine.eval_step(batches, sequence_length)
                 loss_sum += s
                 count += n
-            out[held.name] = summarize(loss_sum, count)
+            out[vset.name] = summarize(loss_sum, count)
         return out
 
 

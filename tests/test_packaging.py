@@ -22,8 +22,9 @@ def test_nanoset_never_imports_torch():
 def test_the_data_order_imports_without_torch():
     """The data order is numpy alone: the plan of a config (and explain's answers) need no torch; the batch
     contract's names are still importable from runtime.data, where they load torch on first use."""
-    order = tuple(f"runtime.data.order.{m}" for m in ("permutation", "blend", "scheduled_blend", "windows", "packing",
-                                                          "plan", "record", "provenance"))
+    order = tuple(f"runtime.data.order.{m}" for m in ("permutation", "blend", "scheduled_blend", "sample_space",
+                                                          "windows", "packing", "plan", "record", "provenance",
+                                                          "validation_sets"))
     proc = imports_without(("torch",), order + ("runtime.config.load", "runtime.checkpoint.layout", "runtime.compat"))
     assert proc.returncode == 0, proc.stderr
     code = ("import sys\nsys.modules['torch'] = None\nfrom runtime.data import DataPlan, get_stage_for_step\n"

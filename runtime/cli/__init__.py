@@ -1,1 +1,2 @@
-"""The runtime's command-line tools besides training: explain, evaluate, export (each parses, calls, reports)."""
+"""The runtime's command-line tools besides training: explain, export, and validate (``python -m runtime.evaluate``);
+each parses, calls, reports."""

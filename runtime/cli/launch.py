@@ -187,6 +187,8 @@ def workers_per_node(config, config_path: str, nproc: int | None, nodes: int) ->
 
 
 def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
+    import torch  # noqa: F401 - the workers need it: without it the run is one line saying so, before any other check
+
     from runtime.config.load import read_config
     from runtime.startup import describe_start, start_up, startup_notes
 

@@ -3,7 +3,8 @@
 ``runtime.data.order`` is the data order, a pure function of (config, step) in numpy alone:
 permutations, blends, windows, packing, the plan of stages and what a checkpoint records.
 ``runtime.data.loading`` turns it into torch batches: the stage dataset, the data-parallel
-sampler, the collators, loaders, prefetch and the tensor-parallel broadcast. The names of the
+sampler, the collators, loaders, prefetch, the tensor-parallel broadcast, and the feed that gives
+each rank its micro-batches of a step. The names of the
 batch contract are importable from here; they load on first use, so the data order imports
 without torch.
 """

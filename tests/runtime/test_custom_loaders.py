@@ -216,7 +216,7 @@ def test_the_micro_batch_check_names_a_missing_key_and_a_batch_that_is_no_dict()
     TensorPointer-free middle pipeline rank (it checks only that it got a dict)."""
     import torch
 
-    from runtime.data.loading.collator import check_micro_batch
+    from runtime.data.loading.contract import check_micro_batch
 
     ids, mask = torch.zeros((2, 8), dtype=torch.int64), torch.ones((2, 8), dtype=torch.bool)
     with pytest.raises(ConfigError) as e:

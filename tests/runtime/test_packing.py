@@ -373,3 +373,30 @@ def test_resume_tells_a_chat_folder_from_a_plain_copy_of_its_tokens(tmp_path):
     config.data_stages[0].data.dataset.dataset_folder = str(tmp_path / "moved")
     resumed = DataPlan(config, history=history, checkpoint="ckpt")
     assert resumed.folders == [str(tmp_path / "moved")]
+
+
+def test_windows_and_packed_documents_are_both_a_sample_space(tmp_path):
+    """The plan, the stage dataset and explain call only what SampleSpace declares: both classes have each of its
+    members, every method with its parameters, and ``packing`` tells them apart as the stage's data.packing."""
+    import inspect
+
+    from runtime.data.order.sample_space import SampleSpace
+
+    declared = {name for name in vars(SampleSpace) if not name.startswith("_")} | {"__len__"}
+    declared |= set(SampleSpace.__annotations__)
+    assert declared == {"packing", "folder", "reader", "sequence_length", "num_samples", "__len__", "sample_key",
+                        "has_label_mask", "token_range", "tokens", "position_ids", "label_mask", "read"}
+    windows = TokenWindows(tmp_path / "chat", 7, write_folder(tmp_path / "chat", DOCS, LOSS))
+    for space, packing in ((windows, "window"), (packed(tmp_path, 7), "documents")):
+        assert isinstance(space, SampleSpace) and space.packing == packing
+        for name in declared:
+            assert hasattr(space, name), (type(space).__name__, name)
+            member = inspect.getattr_static(SampleSpace, name, None)
+            if inspect.isfunction(member):
+                assert (list(inspect.signature(getattr(type(space), name)).parameters)
+                        == list(inspect.signature(member).parameters)), (type(space).__name__, name)
+        tokens = np.empty((2, 8), dtype=np.int64)
+        positions = np.empty_like(tokens)
+        space.read(np.array([1, 0]), tokens, positions)  # the batch path the stage dataset takes for both
+        assert tokens.tolist() == space.tokens(np.array([1, 0])).tolist()
+        assert positions.tolist() == space.position_ids(np.array([1, 0])).tolist()

@@ -104,18 +104,19 @@ TRAIN = r'''
 import json, sys, threading
 sys.path.insert(0, {root!r})
 from runtime.data.loading.dataset import StageDataset
+from runtime.data.loading.feed import StepFeed
 from runtime.trainer import Trainer
 
 def alive():
     return sum(t.name == "nanoset-prefetch" and t.is_alive() for t in threading.enumerate())
 
 seen = []
-switch = Trainer._switch_stage
+switch = StepFeed._switch
 def spy(self, stage, step):
     old = self._iterator
     switch(self, stage, step)  # the previous stage's thread is joined before the new one starts
     seen.append((step, old is not None and old._thread.is_alive(), type(self._iterator).__name__))
-Trainer._switch_stage = spy
+StepFeed._switch = spy
 if "--fail" in sys.argv:
     calls = []
     original = StageDataset.__getitems__

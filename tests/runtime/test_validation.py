@@ -19,8 +19,9 @@ import yaml
 from nanoset import open_dataset
 from runtime.config import ConfigError
 from runtime.config.load import load_config
-from runtime.data.heldout import open_heldout
+from runtime.data.loading.feed import validation_batches
 from runtime.data.order.permutation import FeistelPermutation
+from runtime.data.order.validation_sets import open_validation_sets
 from runtime.metrics import MetricsLogger
 from runtime.validation import describe
 from tests.support import TOKENIZER, run_cli
@@ -44,6 +45,12 @@ def evaluate_cli(cfg: Path, checkpoint: Path, cwd: Path, *extra: str, nproc: int
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+def rank_of(dp_rank: int, dp_size: int, pp_rank: int = 0, pp_size: int = 1) -> SimpleNamespace:
+    """A rank of a layout without tp or cp: it reads its replica's rows itself."""
+    return SimpleNamespace(dp_rank=dp_rank, dp_size=dp_size, pp_rank=pp_rank, pp_size=pp_size, tp_rank=0, tp_size=1,
+                           cp_rank=0, cp_size=1)
+
+
 # ---------------------------------------------------------------- the sample set -------------------
 
 
@@ -51,7 +58,7 @@ def test_sample_set_is_the_seeded_permutation_prefix_whatever_the_stages(shards,
     monkeypatch.chdir(shards)
     cfg = with_validation(small_config(tmp_path, tmp_path / "run"), samples=5,
                           datasets={"mix": ["shards/sft", "shards/code"]})
-    (held,) = open_heldout(load_config(cfg))
+    (held,) = open_validation_sets(load_config(cfg))
     sft, code = open_dataset("shards/sft"), open_dataset("shards/code")
     n_sft, n_code = (sft.num_tokens - 1) // 16, (code.num_tokens - 1) // 16
     ids = held.sample_ids(16)
@@ -70,24 +77,23 @@ def test_sample_set_is_the_seeded_permutation_prefix_whatever_the_stages(shards,
     d = yaml.safe_load(other.read_text())
     d["data_stages"][0]["data"].update(seed=7, dataset={"dataset_folder": "shards/web"})
     other.write_text(yaml.safe_dump(d))
-    (held9,) = open_heldout(load_config(other))
+    (held9,) = open_validation_sets(load_config(other))
     assert held9.sample_ids(16)[:5].tolist() == ids.tolist()
     # the validation seed changes the set
     reseeded = with_validation(small_config(tmp_path, tmp_path / "run3", name="seeded.yaml"), samples=5, seed=1,
                                datasets={"mix": ["shards/sft", "shards/code"]})
-    assert open_heldout(load_config(reseeded))[0].sample_ids(16).tolist() != ids.tolist()
+    assert open_validation_sets(load_config(reseeded))[0].sample_ids(16).tolist() != ids.tolist()
 
 
 def test_batches_follow_the_contract_and_pad_with_masked_labels(shards, tmp_path, monkeypatch):
     """5 samples, dp 2 × micro-batch 2 × accumulation 2 = 8 rows per step: one step, 3 padding rows."""
     monkeypatch.chdir(shards)
     cfg = with_validation(small_config(tmp_path, tmp_path / "run"), samples=5, datasets={"sft": "shards/sft"})
-    (held,) = open_heldout(load_config(cfg))
+    (held,) = open_validation_sets(load_config(cfg))
     ids = held.sample_ids(16)
     rows, masks = {}, {}
     for dp_rank in (0, 1):
-        ctx = SimpleNamespace(dp_rank=dp_rank, dp_size=2, pp_rank=0, pp_size=1)
-        (step,) = list(held.batches(16, True, ctx, micro_batch_size=2, accumulation=2, reads=True))
+        (step,) = list(validation_batches(held, 16, True, rank_of(dp_rank, 2), micro_batch_size=2, accumulation=2))
         for m, batch in enumerate(step):
             for i in range(2):
                 g = m * 4 + dp_rank * 2 + i  # the row's place in the global batch
@@ -96,8 +102,8 @@ def test_batches_follow_the_contract_and_pad_with_masked_labels(shards, tmp_path
     expected = [ex["input_ids"][1:].tolist() for ex in held.examples(16, ids, True)]
     assert [rows[g] for g in range(5)] == expected
     assert [any(masks[g]) for g in range(8)] == [True] * 5 + [False] * 3
-    middle = SimpleNamespace(dp_rank=0, dp_size=2, pp_rank=1, pp_size=3)  # owns no data: pointers only
-    (step,) = list(held.batches(16, True, middle, micro_batch_size=2, accumulation=2, reads=True))
+    middle = rank_of(0, 2, pp_rank=1, pp_size=3)  # owns no data: pointers only
+    (step,) = list(validation_batches(held, 16, True, middle, micro_batch_size=2, accumulation=2))
     assert {type(v).__name__ for b in step for v in b.values()} == {"TensorPointer"}
 
 
@@ -110,13 +116,12 @@ def test_loss_masks_of_chat_folders_count_as_in_training(shards, tmp_path, monke
     monkeypatch.chdir(shards)
     cfg = with_validation(small_config(tmp_path, tmp_path / "run"), samples=6,
                           datasets={"mixed": [str(tmp_path / "chat"), "shards/sft"]})
-    (held,) = open_heldout(load_config(cfg))
+    (held,) = open_validation_sets(load_config(cfg))
     chat, sft = open_dataset(tmp_path / "chat"), open_dataset("shards/sft")
     n_chat = (chat.num_tokens - 1) // 16
     ids = held.sample_ids(16)
     assert 0 < (ids < n_chat).sum() < 6  # windows of both folders
-    ctx = SimpleNamespace(dp_rank=0, dp_size=1, pp_rank=0, pp_size=1)
-    (step,) = list(held.batches(16, True, ctx, micro_batch_size=3, accumulation=2, reads=True))
+    (step,) = list(validation_batches(held, 16, True, rank_of(0, 1), micro_batch_size=3, accumulation=2))
     got = np.concatenate([b["label_mask"].numpy() for b in step])
     for row, i in zip(got, ids.tolist()):
         reader, w = (chat, i) if i < n_chat else (sft, i - n_chat)
@@ -159,7 +164,7 @@ def single_process(layout_config, tmp_path_factory):
 def test_single_process_values(layout_config, single_process):
     # 7 windows of 32 tokens, position ids on: the labels that do not start a new document count
     assert list(single_process) == ["sft", "web"]
-    for held in open_heldout(load_config(layout_config)):
+    for held in open_validation_sets(load_config(layout_config)):
         r = single_process[held.name]
         examples = held.examples(32, held.sample_ids(32), use_position_ids=True)
         assert len(examples) == 7 and r["tokens"] == sum(int((ex["position_ids"][1:] != 0).sum()) for ex in examples)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.data.loading.collator import LABEL_KEYS
+from runtime.data.loading.contract import LABEL_KEYS
 from runtime.parallel.tensor_pointer import TensorPointer
 from tests.support.configs import tiny_config
 

@@ -12,7 +12,7 @@ from runtime.config.rules import validate_config
 
 def evaluate_in_layout(rank: int, world: int, config_path: str, layout: dict, out_path: str,
                        without_schedule_eval: bool) -> None:
-    from runtime.data.heldout import open_heldout
+    from runtime.data.order.validation_sets import open_validation_sets
     from runtime.engine import Engine
     from runtime.parallel.context import ParallelContext
     from runtime.validation import Validator
@@ -32,7 +32,7 @@ def evaluate_in_layout(rank: int, world: int, config_path: str, layout: dict, ou
     p = config.parallelism
     engine = Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp))
     stage = config.data_stages[0]
-    results = Validator(config, open_heldout(config)).validate(engine, config.stage_sequence_length(stage),
+    results = Validator(config, open_validation_sets(config)).validate(engine, config.stage_sequence_length(stage),
                                                                stage.data.use_position_ids)
     with open(f"{out_path}.rank{rank}", "w") as f:
         json.dump(results, f)

@@ -1,10 +1,7 @@
-"""Collators: windows of ``L + 1`` tokens → the batch dict of the batch contract (docs/parallelism.md).
+"""Collators: windows of ``L + 1`` tokens → the batch dict of the batch contract (``contract.py``).
 
-On the pipeline rank that owns the inputs the input keys are tensors; on the rank that owns the
-loss the label keys are; every other value is a ``TensorPointer`` to its owner. Ids are int64,
-masks bool, shapes ``[micro_batch_size, sequence_length]``. Examples that carry a ``source_id``
-(``StageDataset``'s: the index of the row's dataset in the stage) add ``source_ids``, int64
-``[micro_batch_size]``, a label key: the loss is then also counted per source.
+Examples that carry a ``source_id`` (``StageDataset``'s: the index of the row's dataset in the
+stage) add ``source_ids``, so the loss is also counted per source.
 """
 
 from __future__ import annotations
@@ -14,20 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from nanoset.errors import ConfigError
+from runtime.data.loading.contract import INPUT_KEYS, SOURCE_KEY, pointer_batch
 from runtime.parallel.tensor_pointer import TensorPointer
-
-INPUT_KEYS = ("input_ids", "input_mask")
-LABEL_KEYS = ("label_ids", "label_mask")
-SOURCE_KEY = "source_ids"  # optional, with the label keys: each row's source (dataset of the stage)
-
-
-def pointer_batch(input_pp_rank: int, output_pp_rank: int, use_position_ids: bool) -> dict[str, TensorPointer]:
-    """A batch of TensorPointers only: inputs on ``input_pp_rank``, labels on ``output_pp_rank``."""
-    keys = INPUT_KEYS + (("position_ids",) if use_position_ids else ())
-    batch = {k: TensorPointer(input_pp_rank) for k in keys}
-    batch.update({k: TensorPointer(output_pp_rank) for k in LABEL_KEYS})
-    return batch
 
 
 def _pp_rank(parallel_context: Any, pp_rank: int | None) -> int:
@@ -120,28 +105,3 @@ class DataCollatorForCLMWithPositionIds(DataCollatorForCLM):
 def collator_class(use_position_ids: bool) -> type[DataCollatorForCLM]:
     """The collator of a stage: with ``position_ids`` (documents restart their positions) or without."""
     return DataCollatorForCLMWithPositionIds if use_position_ids else DataCollatorForCLM
-
-
-def check_micro_batch(batch: Any, owns_inputs: bool, owns_labels: bool, rows: int, length: int, where: str) -> None:
-    """Refuse a micro-batch that breaks the contract for this pipeline rank: a missing key, another shape than
-    ``[rows, length]`` (``[micro_batch_size, sequence_length]``) or dtype. A loader's batch of another size would
-    train silently on other rows and record other consumed samples, so a resume would replay or skip data."""
-    if not isinstance(batch, dict):
-        raise ConfigError(f"{where}: the data loader yielded a {type(batch).__name__}, not a batch dict of "
-                          f"{', '.join(INPUT_KEYS + LABEL_KEYS)} (see docs/parallelism.md)")
-    expected = {"input_ids": torch.int64, "position_ids": torch.int64} if owns_inputs else {}
-    if owns_labels:
-        expected.update(label_ids=torch.int64, label_mask=torch.bool)
-    for key_name, dtype in expected.items():
-        value = batch.get(key_name)
-        if value is None and key_name == "position_ids":
-            continue  # optional: positions count from 0 in every row without it
-        if not isinstance(value, torch.Tensor):
-            got = "no such key" if value is None else type(value).__name__
-            raise ConfigError(f"{where}: the data loader's batch has no tensor {key_name!r} ({got}); the batches of "
-                              f"this pipeline rank hold {', '.join(sorted(expected))} (see docs/parallelism.md)")
-        if tuple(value.shape) != (rows, length):
-            raise ConfigError(f"{where}: the data loader's {key_name} has shape {list(value.shape)}, expected "
-                              f"[micro_batch_size, sequence_length] = [{rows}, {length}]")
-        if value.dtype != dtype:
-            raise ConfigError(f"{where}: the data loader's {key_name} is {value.dtype}, expected {dtype}")

@@ -66,16 +66,12 @@ class StageDataset:
         for d in [int(dataset[0])] if one else np.unique(dataset).tolist():
             rows = slice(None) if one else np.flatnonzero(dataset == d)
             windows = self.plan.datasets[d]
-            if one and hasattr(windows, "read"):  # straight into the buffer
+            if one:  # straight into the buffer
                 windows.read(sample, tokens, positions)
-            elif hasattr(windows, "read"):  # a blend: this dataset's rows together, then in place
+            else:  # a blend: this dataset's rows together, then in place
                 part = np.empty((len(ids), len(rows), width), dtype=np.int64)
                 windows.read(sample[rows], part[0], part[1] if positions is not None else None)
                 ids[:, rows] = part
-            else:
-                tokens[rows] = windows.tokens(sample[rows])
-                if positions is not None:
-                    positions[rows] = windows.position_ids(sample[rows])
             if masks is not None and windows.has_label_mask:
                 masks[rows] = windows.label_mask(sample[rows], positions[rows] if positions is not None else None)
         return Examples(ids, masks, np.asarray(source, dtype=np.int64).reshape(-1))

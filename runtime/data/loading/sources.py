@@ -1,9 +1,9 @@
-"""Where each stage's micro-batches come from: the config's datasets, or the user's loaders.
+"""Where each stage's micro-batches come from: the config's datasets, the user's loaders, or a validation set.
 
 ``trainer.train(dataloader_or_dls=...)`` takes nothing (the config's stages), one loader for the
 whole run, or a dict of stage name → loader (or callable returning one). Each is a
-``DataSource`` that builds the loader of a stage when the trainer starts it; this rank may read
-nothing at all (a tp rank that receives by broadcast, a pipeline rank of TensorPointers only).
+``DataSource`` that says which stage a step belongs to and builds the loader of a stage when the
+feed (feed.py) starts it; the feed decides which ranks read.
 
 A resumed run must not feed a custom loader's first samples again while the log says they were
 consumed. The protocol, in order:
@@ -20,14 +20,19 @@ consumed. The protocol, in order:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
 
 from nanoset.errors import ConfigError
+from runtime.data.loading.collator import collator_class
 from runtime.data.loading.dataloader import get_train_dataloader
 from runtime.data.loading.dataset import StageDataset
-from runtime.data.loading.tp_broadcast import reads_for_replica
 from runtime.data.order.plan import DataPlan, StagePlan
+from runtime.data.order.validation_sets import ValidationSet
 
 CONSUMED = "consumed_train_samples"
 
@@ -57,29 +62,68 @@ def loader_from_source(source: Any, consumed: int, what: str, step: int) -> Any:
                       f"{CONSUMED} attribute")
 
 
+class Stage(Protocol):
+    """What the feed needs of the stage a step belongs to: a ``StagePlan``, or a pass over a validation set."""
+
+    name: str
+    start_step: int
+    end_step: int
+    sequence_length: int
+    use_position_ids: bool
+
+
 class DataSource:
-    """The loaders of a run's stages. ``from_config``: built from the config's datasets (so the data order,
-    ``data_hash`` and ``explain`` describe them, and tp rank 0 reads for its replica)."""
+    """The loaders of a run's stages. ``from_config``: the runtime's own loaders, of the config's datasets (so the
+    data order, ``data_hash`` and ``explain`` describe them, and one rank of a replica reads for it); else a
+    user's, which run on every rank. ``with_sources``: the batches carry ``source_ids``."""
 
     from_config = False
+    with_sources = False
 
-    def loader(self, stage: StagePlan, step: int) -> Any:
+    def stage_for(self, step: int) -> Stage:
+        """The stage global ``step`` belongs to; a new one (``is not`` the last) starts a new loader."""
+        raise NotImplementedError
+
+    def loader(self, stage: Stage, step: int) -> Any:
         """The loader of ``stage``, resuming at global ``step``."""
         raise NotImplementedError
 
-    def same_loader_for(self, stage: StagePlan) -> bool:
+    def same_loader_for(self, stage: Stage) -> bool:
         """Whether the loader built for an earlier stage also serves ``stage`` (one loader for the run)."""
         return False
 
-    def reads(self, ctx: Any) -> bool:
-        """Whether this rank iterates a loader (a user's loaders run on every rank)."""
-        return True
+    def describe(self, stage: Stage, step: int) -> list[str]:
+        """The lines logged when ``stage`` starts at ``step``."""
+        return []
 
 
-class ConfigStages(DataSource):
+class PlanStages(DataSource):
+    """The stages of a ``DataPlan``: a step's stage is the plan's, and each start is logged with what it reads."""
+
+    plan: DataPlan
+
+    def stage_for(self, step: int) -> StagePlan:
+        return self.plan.stage_for_step(step)
+
+    def describe(self, stage: StagePlan, step: int) -> list[str]:
+        plan = self.plan
+        named = plan.shown_names()
+        folders = ", ".join(f"{named[plan.datasets[d].folder]} ({w})"
+                            for d, w in zip(stage.dataset_ids, stage.weights_shown()))
+        lines = [f"stage {stage.name!r} at step {step} (steps {stage.start_step}-{stage.end_step - 1}): "
+                 f"datasets {folders}, sequence length {stage.sequence_length}, "
+                 f"{stage.consumed_samples(step - 1)} of {stage.num_samples} samples already consumed"]
+        if stage.schedule is not None:
+            lines.append(f"  weights by schedule: {stage.schedule.describe()}, linear in between")
+        packed = [plan.datasets[d] for d in stage.dataset_ids if plan.datasets[d].packing == "documents"]
+        return lines + [f"  {dataset.describe()}" for dataset in packed]
+
+
+class ConfigStages(PlanStages):
     """The config's stages through the canonical loader (DP sampler, collator, prefetch)."""
 
     from_config = True
+    with_sources = True  # StageDataset's examples carry each row's source
 
     def __init__(self, plan: DataPlan, ctx: Any, micro_batch_size: int) -> None:
         self.plan, self.ctx, self.micro_batch_size = plan, ctx, micro_batch_size
@@ -91,13 +135,8 @@ class ConfigStages(DataSource):
             consumed_train_samples=stage.consumed_samples(step - 1), dataloader_num_workers=stage.num_loading_workers,
             use_position_ids=stage.use_position_ids, prefetch=stage.prefetch)
 
-    def reads(self, ctx: Any) -> bool:
-        """With tp or cp > 1 one rank of a replica's cp × tp group reads (and broadcasts); pipeline ranks that
-        own no data build a loader of TensorPointers, which reads nothing."""
-        return reads_for_replica(ctx) or not (ctx.is_first_pp_rank or ctx.is_last_pp_rank)
 
-
-class LoadersByStage(DataSource):
+class LoadersByStage(PlanStages):
     """A loader (or a callable building one) per stage name."""
 
     def __init__(self, loaders: dict, plan: DataPlan) -> None:
@@ -115,7 +154,7 @@ class LoadersByStage(DataSource):
         return loader_from_source(self.loaders[stage.name], consumed, f"stage {stage.name!r}", step)
 
 
-class OneLoader(DataSource):
+class OneLoader(PlanStages):
     """One loader for the whole run: it has delivered the samples of every stage so far."""
 
     def __init__(self, source: Any, plan: DataPlan) -> None:
@@ -135,3 +174,50 @@ def data_source(given: Any, plan: DataPlan, ctx: Any, micro_batch_size: int) -> 
     if isinstance(given, dict):
         return LoadersByStage(given, plan)
     return OneLoader(given, plan)
+
+
+@dataclass(frozen=True)
+class ValidationPass:
+    """One validation of a set, as the feed's stage: evaluation steps ``[0, end_step)``."""
+
+    name: str
+    sequence_length: int
+    use_position_ids: bool
+    end_step: int
+    start_step: int = 0
+
+
+class ValidationSource(DataSource):
+    """A validation set at one sequence length in steps shaped like training steps: global rows split by
+    micro-batch, then dp rank. Rows past the end of the set are padding whose labels are all masked, so the loss
+    and the token count are the same whatever the layout."""
+
+    from_config = True
+
+    def __init__(self, vset: ValidationSet, sequence_length: int, use_position_ids: bool, ctx: Any,
+                 micro_batch_size: int, accumulation: int) -> None:
+        self.vset, self.ctx = vset, ctx
+        self.micro_batch_size, self.accumulation = micro_batch_size, accumulation
+        self.ids = vset.sample_ids(sequence_length)
+        self.rows_per_step = ctx.dp_size * micro_batch_size * accumulation
+        self.stage = ValidationPass(vset.name, sequence_length, use_position_ids,
+                                    end_step=-(-len(self.ids) // self.rows_per_step))
+
+    def stage_for(self, step: int) -> ValidationPass:
+        return self.stage
+
+    def loader(self, stage: ValidationPass, step: int) -> Iterator[dict]:
+        """This dp rank's micro-batches of the set from evaluation step ``step`` on."""
+        ctx, rows = self.ctx, self.micro_batch_size
+        last = ctx.pp_size - 1
+        length, positions = stage.sequence_length, stage.use_position_ids
+        collate = collator_class(positions)(length, 0, last, pp_rank=ctx.pp_rank)
+        for s in range(step, stage.end_step):
+            for m in range(self.accumulation):
+                first = s * self.rows_per_step + (m * ctx.dp_size + ctx.dp_rank) * rows
+                at = np.arange(first, first + rows)
+                pad = at >= len(self.ids)
+                batch = collate(self.vset.examples(length, self.ids[np.where(pad, 0, at)], positions))
+                if ctx.pp_rank == last and pad.any():
+                    batch["label_mask"][torch.from_numpy(pad)] = False  # padding rows count no label
+                yield batch

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from nanoset.errors import ConfigError
-from runtime.data.loading.collator import INPUT_KEYS, LABEL_KEYS, SOURCE_KEY, pointer_batch
+from runtime.data.loading.contract import SOURCE_KEY, owned_keys, pointer_batch
 from runtime.parallel.tensor_pointer import TensorPointer
 
 INT_KEYS = ("input_ids", "label_ids", "position_ids")
@@ -58,15 +58,6 @@ def check_same_batches(batches: list[dict], ctx, where: str) -> None:
                           f"replica needs the replica's full-length batches; shard a custom loader by ctx.dp_rank "
                           f"and ctx.dp_size, not by the process's rank as torch's DistributedSampler does (see "
                           f"docs/parallelism.md)")
-
-
-def owned_keys(pp_rank: int, pp_size: int, use_position_ids: bool) -> list[str]:
-    keys = []
-    if pp_rank == 0:
-        keys += list(INPUT_KEYS) + (["position_ids"] if use_position_ids else [])
-    if pp_rank == pp_size - 1:
-        keys += list(LABEL_KEYS)
-    return keys
 
 
 def broadcast_batches(batches: list[dict] | None, num: int, rows: int, length: int, use_position_ids: bool,

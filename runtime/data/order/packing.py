@@ -8,7 +8,7 @@ isolates them. A document longer than ``L + 1`` fills a sample alone, truncated 
 
 A packed sample is one contiguous token range ``[start, stop)`` of the stream (the documents of
 a sample are consecutive; a dropped document ends the sample before it), so ``PackedDocuments``
-has the interface of ``TokenWindows`` and the sample permutation, blending, stages, DP sharding,
+is a ``SampleSpace`` as ``TokenWindows`` is, and the sample permutation, blending, stages, DP sharding,
 resume and ``explain`` work on it unchanged. The packing is computed once per (dataset
 fingerprint, L, mode) with numpy and cached (``nanoset.cache``, under ``general.cache_dir``).
 """
@@ -52,8 +52,7 @@ def pack_documents(lengths: np.ndarray, capacity: int) -> np.ndarray:
 class PackedDocuments:
     """The packed samples of a dataset folder: sample ``i`` is tokens ``[starts[i], stops[i])`` then padding.
 
-    Same interface as ``TokenWindows`` (``token_range``, ``tokens``, ``position_ids``,
-    ``label_mask``, ``num_samples``), plus ``num_long_documents`` (truncated or dropped).
+    A ``SampleSpace``, plus ``num_long_documents`` (truncated or dropped), ``describe`` and ``lengths``.
     """
 
     packing = "documents"

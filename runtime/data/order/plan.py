@@ -40,6 +40,7 @@ from runtime.data.order.record import (
     refuse,
     started_stages,
 )
+from runtime.data.order.sample_space import SampleSpace
 from runtime.data.order.scheduled_blend import ScheduledBlend, WeightSchedule
 from runtime.data.order.vocab import Known, check_tokenizer, check_unknown_beside_known, check_vocab
 from runtime.data.order.windows import TokenWindows
@@ -148,7 +149,7 @@ class DataPlan:
         self.stage_folders = stage_folders
         self.history = history
         self.checkpoint = str(checkpoint) if history is not None else None
-        self.datasets: list[TokenWindows | PackedDocuments] = []
+        self.datasets: list[SampleSpace] = []
         self.folders: list[str] = []  # resolved folder of each dataset
         self._keys: dict[tuple[str, int, str, bool], int] = {}
         self._seeds: dict[int, int] = {}  # the first part to draw from a dataset keys its order
@@ -397,7 +398,7 @@ class DataPlan:
         check_unknown_beside_known([(w.reader, w.folder) for w in self.datasets], known, "data_stages")
 
 
-def _draws_key(folder: str, dataset: TokenWindows | PackedDocuments) -> str:
+def _draws_key(folder: str, dataset: SampleSpace) -> str:
     """``folder@L`` for windows, ``folder@L/documents-MODE`` for packed samples (another sample space)."""
     suffix = "" if dataset.packing == "window" else f"/{dataset.mode}"
     return f"{folder}@{dataset.sequence_length}{suffix}"

@@ -15,6 +15,7 @@ import numpy as np
 
 from runtime.config import ConfigError, HFDatasetArgs
 from runtime.data.order.plan import DataPlan, resolved
+from runtime.data.order.sample_space import SampleSpace
 
 
 def parse_document(text: str, where: str = "--document") -> tuple[str, int]:
@@ -41,7 +42,7 @@ def datasets_of(plan: DataPlan, folder: str) -> list[int]:
     return ids
 
 
-def samples_touching(windows, start: int, stop: int) -> np.ndarray:
+def samples_touching(windows: SampleSpace, start: int, stop: int) -> np.ndarray:
     """The samples of ``windows`` (windows or packed samples) holding any token of ``[start, stop)``."""
     if stop <= start:
         return np.zeros(0, dtype=np.int64)

@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 
 from nanoset import NanosetReader, open_dataset
+from runtime.data.order.sample_space import SampleSpace
 
 
 class TokenWindows:
-    """The ``(num_tokens - 1) // L`` windows of ``L + 1`` tokens of a dataset folder."""
+    """The ``(num_tokens - 1) // L`` windows of ``L + 1`` tokens of a dataset folder (a ``SampleSpace``)."""
 
     packing = "window"
 
@@ -73,7 +74,7 @@ class TokenWindows:
 
     def label_mask(self, indices: np.ndarray | int, positions: np.ndarray | None = None) -> np.ndarray | None:
         """``loss[1:]`` of each window (the loss mask of each label's target token), ``[*shape, L]`` bool;
-        None for a folder without loss masks. (``positions`` is unused: the interface of PackedDocuments.)"""
+        None for a folder without loss masks. (``positions`` is unused: SampleSpace's signature.)"""
         if not self.has_label_mask:
             return None
         idx = self._check(indices)
@@ -228,7 +229,7 @@ def _ramp(width: int) -> np.ndarray:
     return ramp
 
 
-def label_mask(windows, samples: np.ndarray, use_position_ids: bool) -> np.ndarray:
+def label_mask(windows: SampleSpace, samples: np.ndarray, use_position_ids: bool) -> np.ndarray:
     """The ``label_mask`` the collator gives samples ``samples`` of one dataset (``[n, L]`` bool): the
     dataset's own mask (loss masks, packing) and, with position ids, no label across a document start."""
     samples = np.asarray(samples, dtype=np.int64).reshape(-1)

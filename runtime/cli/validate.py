@@ -1,8 +1,8 @@
 """Validation loss of a saved checkpoint: ``python -m runtime.evaluate --config CFG --checkpoint CKPT [--json]``.
 
-The same evaluation as during training (``validation`` section of the config, the sequence length and
+The same validation as during training (``validation`` section of the config, the sequence length and
 position-id rule of the stage the checkpoint's step belongs to), so it prints the value the run logged
-at that step. One process evaluates on its own (the checkpoint is resharded to it); under torchrun the
+at that step. One process validates on its own (the checkpoint is resharded to it); under torchrun the
 config's parallelism is used. ``CKPT`` is a ``step-N`` folder or a checkpoints folder with ``latest``.
 """
 
@@ -25,7 +25,7 @@ from runtime.checkpoint.layout import (
 from runtime.config import Config, ParallelismArgs
 from runtime.config.load import load_config
 from runtime.config.overrides import add_set_option
-from runtime.data.heldout import HeldOutSet, open_heldout
+from runtime.data.order.validation_sets import ValidationSet, open_validation_sets
 from runtime.startup import world_size
 
 
@@ -38,7 +38,7 @@ def layout_for_world(config: Config, world: int) -> Config:
 
 
 def prepare(config_path: str, checkpoint: str, overrides: list[str] | None = None
-            ) -> tuple[Config, Path, dict, list[HeldOutSet]]:
+            ) -> tuple[Config, Path, dict, list[ValidationSet]]:
     """Everything that can be a user mistake, checked before any process group."""
     config = layout_for_world(load_config(config_path, overrides or ()), world_size())
     if not config.validation.datasets:
@@ -46,11 +46,11 @@ def prepare(config_path: str, checkpoint: str, overrides: list[str] | None = Non
     path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
     metadata = read_metadata(path)
     check_same_model(config, metadata, path, CHECKPOINT_OPTION)
-    return config, path, metadata, open_heldout(config)
+    return config, path, metadata, open_validation_sets(config)
 
 
-def run(config: Config, path: Path, metadata: dict, heldout: list[HeldOutSet]) -> dict:
-    """Build the engine in this layout, load the checkpoint's weights, evaluate: the metrics row."""
+def run(config: Config, path: Path, metadata: dict, validation_sets: list[ValidationSet]) -> dict:
+    """Build the engine in this layout, load the checkpoint's weights, validate: the metrics row."""
     from runtime.checkpoint.store import load_dcp, model_state
     from runtime.engine import Engine
     from runtime.parallel.context import ParallelContext
@@ -61,19 +61,19 @@ def run(config: Config, path: Path, metadata: dict, heldout: list[HeldOutSet]) -
     load_dcp({"model": model_state(engine)}, path, "choose another checkpoint")  # only the weights, in this layout
     step = last_step(metadata)
     stage = config.stage_at(max(step, 1))
-    results = Validator(config, heldout).validate(engine, config.stage_sequence_length(stage),
-                                                  stage.data.use_position_ids)
+    results = Validator(config, validation_sets).validate(engine, config.stage_sequence_length(stage),
+                                                          stage.data.use_position_ids)
     return {"step": step, "stage": stage.name, "val": results}
 
 
-def evaluate(config_path: str, checkpoint: str, as_json: bool, overrides: list[str] | None = None) -> int:
-    config, path, metadata, heldout = prepare(config_path, checkpoint, overrides)
+def validate_checkpoint(config_path: str, checkpoint: str, as_json: bool, overrides: list[str] | None = None) -> int:
+    config, path, metadata, validation_sets = prepare(config_path, checkpoint, overrides)
     import torch.distributed as dist
 
     from runtime.validation import describe
 
     try:
-        row = run(config, path, metadata, heldout)
+        row = run(config, path, metadata, validation_sets)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -91,5 +91,5 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     # every rank finds a mistake (a damaged checkpoint too): the first rank of each node says it
     first_of_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
-    return report_user_errors(lambda: evaluate(args.config, args.checkpoint, args.json, args.overrides),
+    return report_user_errors(lambda: validate_checkpoint(args.config, args.checkpoint, args.json, args.overrides),
                               report=lambda message: first_of_node and print_error(message))
