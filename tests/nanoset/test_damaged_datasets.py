@@ -42,7 +42,7 @@ def test_inspect_of_a_folder_without_documents(tmp_path):
 def test_explicit_tokenizer_that_cannot_be_loaded_is_an_error(tmp_path, fixture_dataset):
     missing = tmp_path / "nope" / "tokenizer.json"
     one_line_error(run_cli("inspect", fixture_dataset, "--tokenizer", missing, check=False),
-                   f"tokenizer '{missing}': not a file or folder")
+                   f"tokenizer '{missing}': no such file or folder")
     moved = tmp_path / "copy"
     shutil.copytree(fixture_dataset, moved)  # the recorded tokenizer, when gone, only means no decoding
     manifest = json.loads((moved / "nanoset.json").read_text())
