@@ -40,6 +40,7 @@ from runtime.config.load import load_config
 from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.packing import shorter_sequence_length
 from runtime.data.order.plan import DataPlan
+from runtime.data.order.surgery import Surgery
 from runtime.data.order.validation_sets import ValidationSet, open_validation_sets, training_readers
 from runtime.hf.preflight import check_init_from_hf
 
@@ -85,7 +86,8 @@ def start_up(config: Config | str | Path, world: int | None = None, lock: bool =
     start = plan_start(config, lock)
     resumed = last_step(start.metadata) if start.checkpoint is not None else 0
     surgery = surgery_at_resume(run_surgery(config, pending), start.metadata, resumed, start.checkpoint)
-    plan = DataPlan(config, resolve_stage_folders(config)).resumed_from(start.checkpoint, start.metadata)
+    plan = DataPlan(config, resolve_stage_folders(config), surgery=Surgery()).resumed_from(start.checkpoint,
+                                                                                             start.metadata)
     if surgery:
         plan = plan.with_surgery(surgery)
     check_init_from_hf(config, plan, fresh_start=start.checkpoint is None)

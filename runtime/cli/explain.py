@@ -92,7 +92,7 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
     config = load_config(config_path, overrides or ())
     queries = _queries(document, documents)  # before any data is opened: a typo costs nothing
     first, last = parse_steps(steps, config.tokens.train_steps) if steps is not None else (step, step)
-    plan = DataPlan(config, resolve_stage_folders(config))
+    plan = DataPlan(config, resolve_stage_folders(config), surgery=Surgery())
     surgery = run_surgery(config)  # the config's and what the run folder records: the order the run trains
     if checkpoint:
         path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)

@@ -43,7 +43,7 @@ from runtime.data.order.record import (
 )
 from runtime.data.order.sample_space import SampleSpace
 from runtime.data.order.scheduled_blend import ScheduledBlend, WeightSchedule
-from runtime.data.order.surgery import Surgery
+from runtime.data.order.surgery import Surgery, config_surgery
 from runtime.data.order.vocab import Known, check_tokenizer, check_unknown_beside_known, check_vocab
 from runtime.data.order.windows import TokenWindows
 
@@ -140,14 +140,15 @@ class DataPlan:
 
     ``history`` is the record of the checkpoint a run resumes from (``checkpoint`` names it in
     errors); without it the whole order comes from the config. ``surgery``: the steps skipped and the
-    documents excised (``runtime.data.order.surgery``), an input of the order like the config.
+    documents excised (``runtime.data.order.surgery``), an input of the order like the config; by default the
+    config's ``surgery:`` section (a run also adds what its run folder and checkpoint record).
     """
 
     def __init__(self, config: Config, stage_folders: list[list[str]] | None = None,
                  history: TrainingMetadata | None = None, checkpoint: str | None = None,
                  readers: dict[str, object] | None = None, surgery: Surgery | None = None) -> None:
         self.config = config
-        self.surgery = surgery if surgery is not None else Surgery()
+        self.surgery = surgery if surgery is not None else config_surgery(config)
         if stage_folders is None:
             stage_folders = [_nanoset_folders(s, i) for i, s in enumerate(config.data_stages)]
         self.stage_folders = stage_folders
@@ -317,7 +318,7 @@ class DataPlan:
                 _add_draws(totals, part, part.consumed_samples(step - 1))
         return totals
 
-    def datasets_named(self, folder: str, where: str) -> list[int]:
+    def datasets_named(self, folder: str, where: str = "") -> list[int]:
         """The plan's datasets (one per sequence length and packing) read from ``folder``: a folder of a stage, or
         the Hugging Face source of a stage (whose tokenized copy the plan reads); ``where`` names the asking key."""
         target = resolved(folder)
@@ -329,7 +330,8 @@ class DataPlan:
         ids = [d for d, f in enumerate(self.folders) if f in folders]
         if not ids:
             known = ", ".join(sorted({w.folder for w in self.datasets}))
-            raise ConfigError(f"{where}: {folder}: not a dataset of this run; its datasets are: {known}")
+            prefix = f"{where}: " if where else ""
+            raise ConfigError(f"{prefix}{folder}: not a dataset of this run; its datasets are: {known}")
         return ids
 
     def _moved(self, record: PartRecord, ids: list[int]) -> list[str]:

@@ -27,7 +27,7 @@ def parse_document(text: str, where: str = "--document") -> tuple[str, int]:
 def datasets_of(plan: DataPlan, folder: str) -> list[int]:
     """The plan's datasets (one per sequence length and packing) read from ``folder``: a folder of a stage, or
     the Hugging Face source of a stage (whose tokenized copy the plan reads)."""
-    return plan.datasets_named(folder, folder)
+    return plan.datasets_named(folder)
 
 
 def samples_touching(windows: SampleSpace, start: int, stop: int) -> np.ndarray:
