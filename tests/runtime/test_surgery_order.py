@@ -190,3 +190,25 @@ def test_the_loaders_of_every_dp_layout_deliver_the_excised_order():
                                     surgery=surgery))
         got = global_batches(plan, plan.stages[0], 15)
         assert all(np.array_equal(g, e) for g, e in zip(got, expected)), (dp, mbs, accum)
+
+
+def test_the_audit_walk_through_excises_300_reported_documents(tmp_path):
+    """docs/data-order.md: a contamination report names 300 documents; excised from step 16, no later step holds
+    them, and every earlier hit stays as it was."""
+    base = DataPlan(web_and_code())
+    trained = sorted({d for s in range(1, 31) for r in explain_step(base, s) if r["dataset"] == "shards/web"
+                      for d in r["documents"]})
+    never = sorted(set(range(base.datasets[0].reader.num_documents)) - set(trained))
+    report = sorted(trained[:200] + never[:100])  # a report names documents whether the run trained them or not
+    assert len(report) == 300
+    leaked = tmp_path / "leaked.txt"
+    leaked.write_text("".join(f"shards/web:{d}\n" for d in report))
+    cut = DataPlan(web_and_code(exclude_documents_file=str(leaked), exclude_from_step=16))
+    queries = [("shards/web", d) for d in report]
+    hits = document_steps(cut, queries)
+    assert hits and max(h["step"] for h in hits) < 16
+    assert hits == [h for h in document_steps(base, queries) if h["step"] < 16]
+    for step in range(16, 31):
+        held = {d for r in explain_step(cut, step) if r["dataset"] == "shards/web" for d in r["documents"]}
+        assert not held & set(report), step
+    assert cut.passed_over(cut.stages[0])[0][:2] == (0, 300)
