@@ -97,6 +97,8 @@ class Trainer:
             self.metrics.info(f"note: {note}")
         if rewound is not None:
             self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): {rewound.describe()}")
+        for line in self.plan.surgery.describe():
+            self.metrics.info(f"surgery: {line}")
 
     def _prepare_run_folder(self, resumed: int) -> tuple[list[Path], Rewound | None]:
         """Global rank 0 moves an old run aside (``replace_run``) or rewinds to the resumed checkpoint, and makes the
