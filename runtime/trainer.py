@@ -263,7 +263,8 @@ class Trainer:
         meta = {"training": training_metadata(self.plan, step).to_json(),
                 "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict(),
                 "tokenizer": asdict(tokenizer) if tokenizer is not None else None,
-                SKIPPED: self._skipped_in_a_row > 0, SKIPPED_IN_A_ROW: self._skipped_in_a_row,
+                SKIPPED: self._skipped_in_a_row > 0 and not self.plan.surgery.skips(step),  # a surgery skip: finite
+                SKIPPED_IN_A_ROW: self._skipped_in_a_row,
                 SURGERY_KEY: surgery_record(self.plan.surgery)}
         return self.checkpoints.save(self.engine, step, meta)
 
