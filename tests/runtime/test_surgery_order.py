@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -88,6 +89,8 @@ def test_excised_documents_are_absent_from_every_later_step_and_nothing_else_cha
     holding = {i for i in range(w.num_samples) if set(w.reader.document_ids(*w.token_range(i)).tolist()) & set(docs)}
     assert excised == holding  # every window holding one of them, no other
     assert any(cut.data_hash(s) != base.data_hash(s) for s in range(13, 31))
+    again = pickle.loads(pickle.dumps(cut))  # as a loader worker started by spawn receives it
+    assert [again.data_hash(s) for s in range(13, 31)] == [cut.data_hash(s) for s in range(13, 31)]
     # the reverse lookup agrees: each excised document is listed before step 13 only (step 12 held them all)
     hits = document_steps(cut, [("shards/web", d) for d in docs])
     assert {h["step"] for h in hits} >= {12} and all(h["step"] < 13 for h in hits)

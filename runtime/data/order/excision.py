@@ -76,7 +76,7 @@ class DrawIndex:
         """The sorted positions in ``epoch`` of segment ``g``'s excluded samples, and ``E_i - i``."""
         key = (g, epoch)
         if key not in self._passed:
-            if len(self._passed) > 64:  # a long run walks its epochs in order: keep memory bounded
+            if len(self._passed) > 16:  # a long run walks its epochs in order: keep memory bounded
                 self._passed.clear()
             excluded = self.segments[g].excluded
             passed = np.sort(self._permutation(epoch).inverse(excluded)) if len(excluded) else excluded

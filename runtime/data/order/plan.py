@@ -17,6 +17,7 @@ resume changed (with ``allow_data_change``) is split into two parts at the resum
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -305,7 +306,7 @@ class DataPlan:
             exclusions = [(self._draws_before(step).get(d, 0), excised_samples(w, docs))
                           for step, docs in sorted(by_dataset.get(d, {}).items())]
             try:
-                indexes.append(DrawIndex(w.num_samples, lambda e, d=d: self.permutation(d, e), exclusions))
+                indexes.append(DrawIndex(w.num_samples, functools.partial(self.permutation, d), exclusions))
             except ValueError:
                 raise ConfigError(f"surgery: every sample of {w.folder} (sequence length {w.sequence_length}) holds a "
                                   f"token of an excluded document, so nothing of it is left to train on; exclude "
