@@ -25,12 +25,14 @@ from runtime.checkpoint.store import SKIPPED, SKIPPED_IN_A_ROW, CheckpointManage
 from runtime.config import Config
 from runtime.data.loading.feed import StepFeed, training_feed
 from runtime.data.order.plan import StagePlan, training_metadata
+from runtime.data.order.surgery import SURGERY_KEY, surgery_record
 from runtime.engine import Engine, StepResult
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
 from runtime.hf.preflight import data_tokenizer
 from runtime.lr_schedule import LRSchedule
 from runtime.metrics import (
+    SURGERY_SKIP,
     MetricsLogger,
     model_flops_utilization,
     peak_flops,
@@ -95,6 +97,8 @@ class Trainer:
             self.metrics.info(f"note: {note}")
         if rewound is not None:
             self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): {rewound.describe()}")
+        for line in self.plan.surgery.describe():
+            self.metrics.info(f"surgery: {line}")
 
     def _prepare_run_folder(self, resumed: int) -> tuple[list[Path], Rewound | None]:
         """Global rank 0 moves an old run aside (``replace_run``) or rewinds to the resumed checkpoint, and makes the
@@ -144,10 +148,15 @@ class Trainer:
                 batches = self._feed.batches(step)
                 data_wait = self._feed.wait
                 lr = self.lr_schedule.apply(self.engine.optimizer, step)
-                result = self.engine.train_step(batches, stage.sequence_length, num_sources=len(stage.dataset_ids))
-                self.last_step = step
-                self._log_and_validate(step, stage, result, lr, data_wait, summary)
-                self._count_skips(step, result)
+                if self.plan.surgery.skips(step):  # read (the order goes on), never trained: no engine call at all
+                    self.last_step = step
+                    self._log_surgery_skip(step, stage, lr)
+                else:
+                    result = self.engine.train_step(batches, stage.sequence_length,
+                                                    num_sources=len(stage.dataset_ids))
+                    self.last_step = step
+                    self._log_and_validate(step, stage, result, lr, data_wait, summary)
+                    self._count_skips(step, result)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
                 # every rank stops after the same step; a signal during the last one changes nothing
@@ -209,6 +218,15 @@ class Trainer:
             row["sources"] = source_metrics([self.plan.datasets[d].folder for d in stage.dataset_ids], result.sources)
         self.metrics.log(row)
 
+    def _log_surgery_skip(self, step: int, stage: StagePlan, lr: float) -> None:
+        """The row of a step that surgery skips: its step, stage and data hash, ``skipped: "surgery"``, no loss."""
+        self._step_end = time.perf_counter()
+        row = {"step": step, "stage": stage.name, "loss": None, "lr": lr, "grad_norm": None, "skipped": SURGERY_SKIP,
+               "data_hash": self.plan.data_hash(step) if self._feed.from_config and self.is_main else None,
+               "time": time.time()}
+        validate = self.validator.should_validate(step, stage.index)
+        self._writing_metrics(lambda: self.metrics.log(row), lambda: self._validate(step, stage) if validate else None)
+
     def _validate(self, step: int, stage: StagePlan) -> None:
         results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
         self.metrics.log_validation(step, stage.name, results, describe(results))
@@ -245,7 +263,9 @@ class Trainer:
         meta = {"training": training_metadata(self.plan, step).to_json(),
                 "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict(),
                 "tokenizer": asdict(tokenizer) if tokenizer is not None else None,
-                SKIPPED: self._skipped_in_a_row > 0, SKIPPED_IN_A_ROW: self._skipped_in_a_row}
+                SKIPPED: self._skipped_in_a_row > 0 and not self.plan.surgery.skips(step),  # a surgery skip: finite
+                SKIPPED_IN_A_ROW: self._skipped_in_a_row,
+                SURGERY_KEY: surgery_record(self.plan.surgery)}
         return self.checkpoints.save(self.engine, step, meta)
 
     def _resume(self) -> int:
