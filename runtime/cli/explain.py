@@ -23,7 +23,8 @@ import sys
 import numpy as np
 
 from nanoset.errors import report_user_errors
-from runtime.checkpoint.layout import CHECKPOINT_OPTION, find_checkpoint, read_metadata
+from runtime.checkpoint.layout import CHECKPOINT_OPTION, find_checkpoint
+from runtime.checkpoint.record import read_metadata
 from runtime.config import ConfigError
 from runtime.config.load import load_config
 from runtime.config.overrides import add_set_option
@@ -92,7 +93,7 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
     plan = DataPlan(config, resolve_stage_folders(config))
     if checkpoint:
         path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
-        plan = plan.resumed_from(path, read_metadata(path, model=False))
+        plan = plan.resumed_from(path, read_metadata(path, model=False).training)
     try:
         if queries is not None:
             return _print_hits(document_steps(plan, queries), queries, config.tokens.train_steps, as_json)

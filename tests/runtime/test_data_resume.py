@@ -13,9 +13,11 @@ import sys
 import numpy as np
 import pytest
 
+from runtime.checkpoint.record import read_metadata
 from runtime.config import ConfigError
 from runtime.config.load import load_config
 from runtime.data import DataPlan, training_metadata
+from runtime.data.order.record import TrainingMetadata
 from tests.support.configs import make_config, small_config
 from tests.support.harness import metrics, torchrun
 
@@ -41,8 +43,8 @@ def config(g, allow=False, **kw):
 
 
 def record(plan, step):
-    """What a checkpoint after ``step`` holds, through JSON as on disk."""
-    return {"training": json.loads(json.dumps(training_metadata(plan, step).to_json()))}
+    """What a checkpoint after ``step`` records of the data, through JSON as on disk."""
+    return TrainingMetadata.from_json(json.loads(json.dumps(training_metadata(plan, step).to_json())))
 
 
 def windows(plan, steps):
@@ -77,7 +79,7 @@ def test_explain_with_checkpoint_shows_the_resumed_data(tmp_path):
     before = DataPlan(config(8))
     ckpt = tmp_path / "step-000010"
     ckpt.mkdir()
-    (ckpt / "metadata.json").write_text(json.dumps(record(before, 10)))
+    (ckpt / "metadata.json").write_text(json.dumps({"training": record(before, 10).to_json()}))  # a version 1 file
     new = tmp_path / "new.yaml"
     import yaml
     new.write_text(yaml.safe_dump(config(4).to_dict()))
@@ -221,7 +223,7 @@ def test_trainer_resumed_with_a_new_batch_size_matches_explain(shards, tmp_path)
                              check=True)
         assert {r["data_hash"] for r in json.loads(out.stdout)} == {rows[step - 1]["data_hash"]}
     first = DataPlan(load_config(cfg))
-    resumed = DataPlan(load_config(new)).resumed_from(ckpt, json.loads((ckpt / "metadata.json").read_text()))
+    resumed = DataPlan(load_config(new)).resumed_from(ckpt, read_metadata(ckpt).training)
     stage1, stage2 = windows(first, range(1, 5)), windows(resumed, range(5, 9))
     web = str(shards / "shards" / "web")
     assert len(stage2) == 8 and {f for f, _ in stage2} == {web} and not set(stage1) & set(stage2)

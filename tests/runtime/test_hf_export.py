@@ -143,7 +143,7 @@ def test_export_reads_metadata_of_another_version_or_refuses_it_in_one_line(save
     copy = tmp_path / "step-000000"
     shutil.copytree(ckpt, copy)
     meta = json.loads((copy / "metadata.json").read_text())
-    meta["tokenizer"]["added_in_a_later_version"] = 1
+    meta["tokenizer"]["info"]["added_in_a_later_version"] = 1
     (copy / "metadata.json").write_text(json.dumps(meta))
     out = export_checkpoint(copy, tmp_path / "out")
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == 0
@@ -164,7 +164,7 @@ def test_an_export_without_the_datas_tokenizer_says_why(saved_from_hf, tmp_path)
     copy = tmp_path / "step-000000"
     shutil.copytree(ckpt, copy)
     meta = json.loads((copy / "metadata.json").read_text())
-    meta["tokenizer"]["path"] = "data_fixtures/tokenizer/tokenizer.json"
+    meta["tokenizer"]["info"]["path"] = "data_fixtures/tokenizer/tokenizer.json"
     (copy / "metadata.json").write_text(json.dumps(meta))
     proc = subprocess.run([sys.executable, "-m", "runtime.export", str(copy), str(tmp_path / "out")],
                           capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -172,7 +172,8 @@ def test_an_export_without_the_datas_tokenizer_says_why(saved_from_hf, tmp_path)
     assert proc.stdout == (f"exported {copy} to {tmp_path / 'out'} (the data's tokenizer "
                            f"data_fixtures/tokenizer/tokenizer.json is recorded relative to the directory the data was "
                            f"tokenized in, and not found from {tmp_path}: tokenizer files not written; copy its "
-                           f"tokenizer.json (and tokenizer_config.json) into the output folder)\n")
+                           f"tokenizer.json (and tokenizer_config.json) into the output folder, or pass --tokenizer "
+                           f"DIR)\n")
     assert not (tmp_path / "out" / "tokenizer.json").exists()
 
 
