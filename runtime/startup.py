@@ -79,10 +79,15 @@ def start_up(config: Config | str | Path, world: int | None = None, lock: bool =
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}" if path is not None else str(e)) from None
     start = plan_start(config, lock)
-    plan = DataPlan(config, resolve_stage_folders(config)).resumed_from(
-        start.checkpoint, start.record.training if start.record is not None else None)
-    check_init_from_hf(config, plan, fresh_start=start.checkpoint is None)
-    validation_sets = open_validation_sets(config, training_readers(plan))
+    try:
+        plan = DataPlan(config, resolve_stage_folders(config)).resumed_from(
+            start.checkpoint, start.record.training if start.record is not None else None)
+        check_init_from_hf(config, plan, fresh_start=start.checkpoint is None)
+        validation_sets = open_validation_sets(config, training_readers(plan))
+    except BaseException:  # nothing starts: the lock goes, and the run folder it made if nothing else is in it
+        if start.lock is not None:
+            start.lock.close()
+        raise
     return Startup(config, plan, start, validation_sets)
 
 
@@ -92,6 +97,15 @@ def plan_start(config: Config, lock: bool = True) -> RunStart:
     if not lock and held is not None:  # a launcher checking for its workers: they take it
         held.close()
         held = None
+    try:
+        return _start(config, held)
+    except BaseException:
+        if held is not None:
+            held.close()
+        raise
+
+
+def _start(config: Config, held: RunLock | None) -> RunStart:
     folder = checkpoints_folder(config)
     path = resolve_resume(folder, config.checkpoints.resume)
     continues = config.checkpoints.resume == LATEST or (

@@ -96,8 +96,12 @@ class CheckpointRecord:
             raise TypeError(f"skipped_in_a_row is {in_a_row!r}, not a count")
         world = data.get("world_size")
         tokenizer = data.get("tokenizer")
+        try:
+            history = TrainingMetadata.from_json(training)
+        except KeyError as e:  # a missing field, said where it is missing
+            raise KeyError(f"training.{e.args[0]}") from None
         return CheckpointRecord(
-            training=TrainingMetadata.from_json(training), config=config, lr_schedule=lr_schedule,
+            training=history, config=config, lr_schedule=lr_schedule,
             tokenizer=TokenizerRecord.from_json(tokenizer, version) if tokenizer else None, step_skipped=skipped,
             skipped_in_a_row=in_a_row, world_size=world if isinstance(world, int) else None, extensions=extensions,
             version=version)

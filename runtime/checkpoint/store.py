@@ -281,9 +281,9 @@ def unreadable_because(error: BaseException) -> str:
     text = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
     if text.startswith("Weights only load failed"):
         return "a shard file holds no tensors torch saved: damaged or overwritten"
-    if not text:
-        return f"{type(error).__name__}: a damaged file"
-    return text
+    if not text and isinstance(error, EOFError):
+        return "a shard file ends before its data: torn or truncated"
+    return text or f"{type(error).__name__} without a message: a damaged file"
 
 
 def _cause(error: BaseException) -> str:
