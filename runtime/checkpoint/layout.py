@@ -210,4 +210,4 @@ def earlier_checkpoints_hint(checkpoint: Path, named: NamedBy = RESUME) -> str:
         return "no earlier checkpoint is there: start over (checkpoints.resume: null, checkpoints.replace_run: true)"
     if earlier:
         return f"{named.another(str(earlier[-1]))} (the newest complete checkpoint before it)"
-    return "choose another checkpoint" if step is None else "no earlier checkpoint is there: choose another one"
+    return "choose another checkpoint"  # none before it (or a folder not named step-N)

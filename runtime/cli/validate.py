@@ -18,6 +18,7 @@ from nanoset.errors import ConfigError, print_error, report_user_errors
 from runtime.checkpoint.layout import (
     CHECKPOINT_OPTION,
     check_same_model,
+    earlier_checkpoints_hint,
     find_checkpoint,
 )
 from runtime.checkpoint.record import CheckpointRecord, read_metadata
@@ -57,7 +58,8 @@ def run(config: Config, path: Path, record: CheckpointRecord, validation_sets: l
 
     p = config.parallelism
     engine = Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp), initialize=False)
-    load_dcp({"model": model_state(engine)}, path, "choose another checkpoint")  # only the weights, in this layout
+    # only the weights, in this layout; a damaged checkpoint names the one before it, as training and export do
+    load_dcp({"model": model_state(engine)}, path, earlier_checkpoints_hint(path, CHECKPOINT_OPTION))
     step = record.last_step
     stage = config.stage_at(max(step, 1))
     results = Validator(config, validation_sets).validate(engine, config.stage_sequence_length(stage),
