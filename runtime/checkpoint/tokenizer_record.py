@@ -1,6 +1,6 @@
 """The tokenizer a checkpoint records: that of the data its step's stage trained on, with the chat template that
 rendered the stage's conversations and the named special tokens, so that an export of an SFT checkpoint is a
-chat model (``apply_chat_template`` works on it) and an export of a pretraining checkpoint is not dressed as one.
+chat model (``apply_chat_template`` works on it) even when the pretraining data's tokenizer folder had no template.
 """
 
 from __future__ import annotations
