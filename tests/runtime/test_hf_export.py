@@ -22,6 +22,7 @@ from tests.support.hf_workers import logits_worker
 pytest.importorskip("transformers")
 
 from nanoset import NanosetError, TokenizerInfo  # noqa: E402
+from runtime.checkpoint.record import read_metadata  # noqa: E402
 from runtime.config import ConfigError  # noqa: E402
 from runtime.config.load import load_config
 from runtime.hf.export import export_checkpoint  # noqa: E402
@@ -236,8 +237,8 @@ def test_training_starts_from_hf_and_exports_at_the_end(tmp_path, tokenizer):
     eos = tokenizer.token_to_id("<|endoftext|>")
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == eos
     assert (out / "tokenizer.json").read_bytes() == (TOKENIZER / "tokenizer.json").read_bytes()
-    meta = json.loads((tmp_path / "run" / "checkpoints" / "step-000002" / "metadata.json").read_text())
-    assert (meta["tokenizer"]["eos_id"], meta["tokenizer"]["path"]) == (eos, str(TOKENIZER / "tokenizer.json"))
+    info = read_metadata(tmp_path / "run" / "checkpoints" / "step-000002").tokenizer.info
+    assert (info.eos_id, info.path) == (eos, str(TOKENIZER / "tokenizer.json"))
     gen = subprocess.run([sys.executable, "tools/hf_generate.py", str(out), "The history of", "--tokens", "3"],
                          capture_output=True, text=True, cwd=ROOT)
     assert gen.returncode == 0 and gen.stdout.startswith(f"transformers loaded {out}: 'The history of' → "), gen.stderr
