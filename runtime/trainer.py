@@ -12,24 +12,24 @@ import signal
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from nanoset.errors import NanosetError, WriteFailed
-from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
+from runtime.checkpoint.layout import LATEST, checkpoints_folder
+from runtime.checkpoint.record import CheckpointRecord
 from runtime.checkpoint.run_folder import Rewound, move_aside, rewind
-from runtime.checkpoint.store import SKIPPED, SKIPPED_IN_A_ROW, CheckpointManager
+from runtime.checkpoint.store import CheckpointManager
 from runtime.config import Config
 from runtime.data.loading.feed import StepFeed, training_feed
-from runtime.data.order.plan import StagePlan, training_metadata
+from runtime.data.order.plan import StagePlan
 from runtime.data.order.surgery import SURGERY_KEY, surgery_record
 from runtime.engine import Engine, StepResult
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
-from runtime.hf.preflight import data_tokenizer
 from runtime.lr_schedule import LRSchedule
 from runtime.metrics import (
     SURGERY_SKIP,
@@ -72,7 +72,7 @@ class Trainer:
         self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp)
         self.is_main = self.parallel_context.world_rank == 0
         self.run_dir = config.general.run_path
-        resumed = last_step(self.start.metadata) if self.start.checkpoint is not None else 0
+        resumed = self.start.record.last_step if self.start.record is not None else 0
         stop = installed()
         with stop.held() if stop is not None else nullcontext():  # a Ctrl-C here waits for the moves' end
             moved, rewound = self._prepare_run_folder(resumed)
@@ -257,16 +257,12 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints -------------
 
     def _save(self, step: int) -> Path:
-        """A checkpoint of ``step``; one of a skipped (non-finite) step is not one to return to, and carries the count
-        of skipped steps in a row, so that a resumed diverging run stops where an uninterrupted one would."""
-        tokenizer = data_tokenizer(self.plan)  # for runtime.export: bos/eos ids and the tokenizer files
-        meta = {"training": training_metadata(self.plan, step).to_json(),
-                "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict(),
-                "tokenizer": asdict(tokenizer) if tokenizer is not None else None,
-                SKIPPED: self._skipped_in_a_row > 0 and not self.plan.surgery.skips(step),  # a surgery skip: finite
-                SKIPPED_IN_A_ROW: self._skipped_in_a_row,
-                SURGERY_KEY: surgery_record(self.plan.surgery)}
-        return self.checkpoints.save(self.engine, step, meta)
+        """A checkpoint of ``step`` (with the count of skipped steps in a row, so that a resumed diverging run stops
+        where an uninterrupted one would; a surgery skip is finite, not a state to avoid)."""
+        record = CheckpointRecord.of_run(self.plan, step, self.lr_schedule.state_dict(), self._skipped_in_a_row)
+        record.step_skipped = record.step_skipped and not self.plan.surgery.skips(step)
+        record.extensions[SURGERY_KEY] = surgery_record(self.plan.surgery)
+        return self.checkpoints.save(self.engine, step, record)
 
     def _resume(self) -> int:
         path = self.start.checkpoint
@@ -275,10 +271,9 @@ class Trainer:
                 load_hf_weights(self.engine.chunks, self.config.model.init_from_hf)
                 self.metrics.info(f"weights from {self.config.model.init_from_hf} (model.init_from_hf)")
             return 0
-        metadata = self.checkpoints.load(self.engine, path)
-        last = last_step(metadata)
-        # a checkpoint from before the count was saved: its own step's skip, if any
-        self._skipped_in_a_row = metadata.get(SKIPPED_IN_A_ROW, int(bool(metadata.get(SKIPPED, False))))
+        record = self.checkpoints.load(self.engine, path)
+        last = record.last_step
+        self._skipped_in_a_row = record.skipped_in_a_row
         self.metrics.info(f"resumed from {path} at step {last}")
         return last
 

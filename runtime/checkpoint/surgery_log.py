@@ -56,7 +56,7 @@ def recorded_entries(config: Config) -> list[RewindEntry]:
                 for e in data["rewinds"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{path}: cannot read the run's recorded surgery ({e}); restore the file (a copy is in "
-                          f"every checkpoint's metadata.json under {SURGERY_KEY!r})") from None
+                          f"every checkpoint's metadata.json, extensions.{SURGERY_KEY})") from None
 
 
 def record_entry(config: Config, entry: RewindEntry) -> None:

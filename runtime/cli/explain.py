@@ -23,7 +23,8 @@ import sys
 import numpy as np
 
 from nanoset.errors import report_user_errors
-from runtime.checkpoint.layout import CHECKPOINT_OPTION, find_checkpoint, read_metadata
+from runtime.checkpoint.layout import CHECKPOINT_OPTION, find_checkpoint
+from runtime.checkpoint.record import read_metadata
 from runtime.checkpoint.surgery_log import run_surgery
 from runtime.config import ConfigError
 from runtime.config.load import load_config
@@ -96,9 +97,9 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
     surgery = run_surgery(config)  # the config's and what the run folder records: the order the run trains
     if checkpoint:
         path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
-        metadata = read_metadata(path, model=False)
-        plan = plan.resumed_from(path, metadata)
-        surgery = surgery.union(Surgery.from_json(metadata.get(SURGERY_KEY), f"{path}: surgery"))
+        record = read_metadata(path, model=False)
+        plan = plan.resumed_from(path, record.training)
+        surgery = surgery.union(Surgery.from_json(record.extensions.get(SURGERY_KEY), f"{path}: surgery"))
     if surgery:
         plan = plan.with_surgery(surgery)
     try:

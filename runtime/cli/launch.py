@@ -237,12 +237,10 @@ def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
 def finished_run(startup: Startup) -> str | None:
     """The line for a run whose checkpoint is already at ``tokens.train_steps`` (a rerun of a finished run), said
     before any worker starts; None when there is something to train."""
-    from runtime.checkpoint.layout import last_step
-
     c, start = startup.config, startup.start
-    if start.checkpoint is None or last_step(start.metadata) < c.tokens.train_steps:
+    if start.checkpoint is None or start.record.last_step < c.tokens.train_steps:
         return None
-    return (f"done: {start.checkpoint} is at step {last_step(start.metadata)} = tokens.train_steps: nothing left to "
+    return (f"done: {start.checkpoint} is at step {start.record.last_step} = tokens.train_steps: nothing left to "
             f"train, no worker started (raise tokens.train_steps to train on)")
 
 

@@ -181,12 +181,12 @@ class DataPlan:
         self._check_tokenizers()
         self.draw_indexes = self._excise()
 
-    def resumed_from(self, checkpoint: str | Path | None, metadata: dict | None) -> DataPlan:
-        """This plan for a run resuming from ``checkpoint`` (``metadata``: what it records), the past taken
-        from the checkpoint's record; itself when there is no checkpoint or it has this one already."""
+    def resumed_from(self, checkpoint: str | Path | None, history: TrainingMetadata | None) -> DataPlan:
+        """This plan for a run resuming from ``checkpoint`` (``history``: its record of the data, the ``training``
+        of its ``CheckpointRecord``), the past taken from it; itself when there is no checkpoint or it has this one
+        already."""
         if checkpoint is None or self.checkpoint == str(checkpoint):
             return self
-        history = TrainingMetadata.from_json(metadata["training"])
         return DataPlan(self.config, self.stage_folders, history, str(checkpoint), self._readers, self.surgery)
 
     def with_surgery(self, surgery: Surgery) -> DataPlan:
