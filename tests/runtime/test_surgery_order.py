@@ -15,6 +15,7 @@ from runtime.data import DataPlan, training_metadata
 from runtime.data.order.excision import DrawIndex, excised_samples
 from runtime.data.order.permutation import FeistelPermutation
 from runtime.data.order.provenance import document_steps
+from runtime.data.order.record import TrainingMetadata
 from runtime.data.order.surgery import Surgery, resumed_surgery, surgery_of
 from tests.support.configs import make_config
 from tests.support.data import global_batches
@@ -104,7 +105,7 @@ def test_the_order_with_surgery_is_the_same_for_any_layout_and_any_resume():
     stages = one.config.to_dict()["data_stages"]
     layouts = [make_config(dp=2, mbs=4, train_steps=30, seq=64, stages=stages, surgery=surgery),
                make_config(dp=4, mbs=1, accum=2, train_steps=30, seq=64, stages=stages, surgery=surgery)]
-    history = {"training": json.loads(json.dumps(training_metadata(one, 7).to_json()))}
+    history = TrainingMetadata.from_json(json.loads(json.dumps(training_metadata(one, 7).to_json())))
     for other in [DataPlan(c) for c in layouts] + [DataPlan(layouts[0]).resumed_from("ckpt", history)]:
         assert [other.data_hash(s) for s in range(1, 31)] == [one.data_hash(s) for s in range(1, 31)]
     # draws_per_dataset counts the passed-over positions: later stages sharing web start after them

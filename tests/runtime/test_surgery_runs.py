@@ -12,8 +12,7 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from runtime.checkpoint.layout import read_metadata
-from runtime.checkpoint.store import SKIPPED
+from runtime.checkpoint.record import read_metadata
 from runtime.cli.explain import explain_step
 from runtime.config.load import load_config
 from runtime.data import DataPlan
@@ -64,7 +63,7 @@ def test_skipped_steps_read_the_data_but_update_nothing(shards, tmp_path):
     steps = [v for k, v in four.items() if k.endswith(".step")]
     assert steps and all(float(v) == 2.0 for v in steps)
     meta = read_metadata(run / "checkpoints" / "step-000004")
-    assert meta[SKIPPED] is False and meta[SURGERY_KEY] == {"skip_steps": ["3:4"], "exclusions": []}
+    assert meta.step_skipped is False and meta.extensions[SURGERY_KEY] == {"skip_steps": ["3:4"], "exclusions": []}
 
 
 def test_a_resume_with_surgery_continues_exactly(shards, tmp_path):
@@ -136,7 +135,7 @@ def test_rewind_to_rewinds_records_trains_on_and_runs_again_without_rewinding(sh
     for step in range(5, 9):
         held = {(str(shards / r["dataset"]), str(doc)) for r in explain_step(plan, step) for doc in r["documents"]}
         assert not held & excluded, step
-    assert read_metadata(run / "checkpoints" / "step-000008")[SURGERY_KEY]["exclusions"] == [
+    assert read_metadata(run / "checkpoints" / "step-000008").extensions[SURGERY_KEY]["exclusions"] == [
         {"from_step": 5, "documents": by_folder}]
 
     again = nanoset_train("--config", cfg, *surgery, cwd=shards)
