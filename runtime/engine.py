@@ -33,7 +33,7 @@ from runtime.data.loading.contract import SOURCE_KEY
 from runtime.models.llama import LlamaChunk, init_weights
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.context_parallel import ContextParallel
-from runtime.parallel.parallelize import parallelize
+from runtime.parallel.parallelize import compile_variants, parallelize, set_recompile_limit
 from runtime.parallel.pipeline import build_schedule, chunk_layer_ranges, chunks_of_rank, forward_only, num_chunks
 from runtime.parallel.step_reduction import StepReduction
 from runtime.parallel.tied_embedding import TiedEmbeddingSync
@@ -77,6 +77,9 @@ class Engine:
         # FSDP's mixed-precision policy is what casts to the compute dtype, so bf16 needs it even with dp = 1;
         # cp ranks hold the same parameters as replicas do: FSDP shards and reduces them over dp × cp
         self.use_fsdp = ctx.dp_cp_size > 1 or self.device.type == "cuda" or self.dtype != torch.float32
+        if args.compile:
+            lengths = {config.stage_sequence_length(s) for s in config.data_stages} | {config.tokens.sequence_length}
+            set_recompile_limit(compile_variants(lengths, args.activation_checkpointing != "none"))
         self.chunks: list[LlamaChunk] = []
         for c in self.stage_ids:
             with torch.device("meta"):  # no memory until sharded: only this rank's shards are ever allocated
@@ -296,9 +299,10 @@ class Engine:
         targets = self._targets(batches, sources)
         ids, pos = self._inputs(batches)
         rows = batches[0]["input_ids"].shape[0]
+        every = self.config.parallelism.gradient_sync == "every_micro_batch"
         for i in range(len(batches)):
-            if self.use_fsdp:
-                chunk.set_requires_gradient_sync(i == len(batches) - 1)
+            if self.use_fsdp:  # reduce-scatter per micro-batch (sharded gradients between), or at the last only
+                chunk.set_requires_gradient_sync(every or i == len(batches) - 1)
             sl = slice(i * rows, (i + 1) * rows)
             loss = self._loss(chunk(ids[sl], pos[sl]), targets[sl])
             loss.backward()
