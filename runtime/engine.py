@@ -6,8 +6,8 @@ The loss is the mean cross-entropy over the unmasked label tokens of the whole g
 every micro-batch contributes ``sum / N`` with ``N`` counted over all micro-batches and dp
 ranks, so the value (and the gradient) is the same whatever the layout. When the batches carry
 ``source_ids``, the last pipeline stage also sums its per-token losses, label tokens and rows per
-source; those few numbers ride in the step's one all-reduce of the loss, so they cost no extra
-collective and no extra host sync.
+source; those few numbers ride in the step's one reduction (``runtime/parallel/step_reduction.py``) with
+the loss sum and the label tokens, so they cost no extra collective and no extra host read.
 
 With context parallelism the engine takes full-length micro-batches, like every other layout, and
 keeps this cp rank's chunks of the inputs and targets once they are on the device

@@ -79,6 +79,7 @@ def _counts(shards, tmp_path, dp: int, accum: int) -> list[dict]:
 @pytest.mark.parametrize("dp", [1, 2])
 def test_host_reads_per_step_are_few_and_none_per_micro_batch(shards, tmp_path, dp):
     by_accum = {accum: _counts(shards, tmp_path, dp, accum) for accum in (4, 8)}
+    print(json.dumps({f"dp{dp}-accum{a}": [r["per_step"] for r in ranks] for a, ranks in by_accum.items()}))
     for accum, ranks in by_accum.items():
         for rank in ranks:
             assert rank["micro_batch_loop"] == [0] * STEPS, (accum, rank)
