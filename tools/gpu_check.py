@@ -31,7 +31,7 @@ BUDGET_S = 600  # the whole check, set-up (python, pip) included
 SETUP_S = 40  # what gpu_check.sh may spend before this script (the pip step is capped at 25 s)
 # (part, timeout in seconds), most important first: a slow machine loses the last ones
 PARTS = [
-    ("cuda_tests", 100),
+    ("cuda_tests", 90),
     ("bench_compiled_document", 70),
     ("bench_compiled_causal", 55),
     ("bench_eager_causal", 40),
@@ -40,7 +40,7 @@ PARTS = [
     ("attention_kernels", 50),
     ("cp_simulation", 45),
     ("bf16_vs_fp32", 40),
-    ("pipeline_on_installed_torch", 35),
+    ("pipeline_on_installed_torch", 45),
 ]
 STEPS = 6  # timed steps per benchmark row (after 2 warm-up steps, which compile)
 
@@ -154,7 +154,7 @@ def gpu_idle_share(step) -> float | None:
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     kernels = [e for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
-    busy = sum(e.device_time for e in kernels) / 1e6 if kernels else 0.0  # µs → s (one stream: no overlap)
+    busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6  # µs → s (one stream: kernels do not overlap)
     return round(max(0.0, 1.0 - busy / wall), 3) if wall > 0 else None
 
 
