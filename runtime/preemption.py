@@ -9,7 +9,7 @@ has one answer:
   been trained: a signal ends the process at once with one line (see ``StopRequested``);
 * while training, the handler only sets a flag. A signal can reach the ranks at different steps (or only
   some of them), so after every step the ranks take the MAX of their signal numbers over the world group —
-  one scalar all-reduce — and all stop after the same step, save one checkpoint together and exit with
+  one part of the step's one reduction — and all stop after the same step, save one checkpoint together and exit with
   128 + that signal (130 after Ctrl-C, 143 after SIGTERM), what a shell reports for a process the signal
   ended: a stopped run has not finished, so ``nanoset train ... && next`` does not go on and
   ``sbatch --dependency=afternotok:JOB`` can resubmit it;
@@ -121,7 +121,7 @@ _installed: StopOnSignal | None = None
 
 class StopOnSignal:
     """A process's stop state: ``install()`` once at its start; ``training()`` around the training loop,
-    where ``agreed()`` is called once per step on every rank."""
+    where every rank agrees once per step (``add_to`` and ``agree_from``, in the step's reduction)."""
 
     def __init__(self, launcher: int | None = None) -> None:
         self.launcher = launcher
