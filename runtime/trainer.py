@@ -42,10 +42,12 @@ from runtime.metrics import (
 )
 from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
+from runtime.parallel.step_reduction import StepReduction
 from runtime.preemption import installed, stop_on_signal
 from runtime.startup import Startup, start_up, startup_notes
 from runtime.validation import Validator, describe
 
+WRITE_FAILED = "write_failed"  # the step reduction's count of ranks whose metrics write failed
 KILL_AT_STEP_ENV = "NANOSET_FAULT_KILL_AT_STEP"  # fault injection for tests: SIGKILL rank 0 after this step
 
 
@@ -90,6 +92,7 @@ class Trainer:
         self._feed: StepFeed | None = None
         self._step_end = 0.0  # when the previous step ended (tokens/s)
         self._skipped_in_a_row = 0  # non-finite steps since the last finite one (kept in checkpoints)
+        self._write_failure: WriteFailed | None = None  # this rank's failed metrics write, not yet raised
         self._peak = peak_flops(self.parallel_context.device)
         if moved:
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
@@ -137,6 +140,7 @@ class Trainer:
         self.checkpoints.clean_stale()
         self.last_step = self._resume()
         self._writing_metrics(lambda: self.metrics.truncate_after(self.last_step))  # no step logged twice
+        self._raise_write_failure()
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config
         last_save = self.last_step
@@ -148,26 +152,37 @@ class Trainer:
                 batches = self._feed.batches(step)
                 data_wait = self._feed.wait
                 lr = self.lr_schedule.apply(self.engine.optimizer, step)
+                # the stop and write-failure flags ride in the step's one reduction of the numbers it logs
+                reduction = StepReduction(device)
+                stop.add_to(reduction)
+                reduction.add(WRITE_FAILED, 1.0 if self._write_failure is not None else 0.0)
                 if self.plan.surgery.skips(step):  # read (the order goes on), never trained: no engine call at all
-                    self.last_step = step
-                    self._log_surgery_skip(step, stage, lr)
+                    reduction.read()
+                    result = None
                 else:
                     result = self.engine.train_step(batches, stage.sequence_length,
-                                                    num_sources=len(stage.dataset_ids))
-                    self.last_step = step
+                                                    num_sources=len(stage.dataset_ids), reduction=reduction)
+                if reduction.value(WRITE_FAILED):  # a rank could not write the previous step's metrics
+                    self._raise_write_failure()
+                self.last_step = step
+                if result is None:
+                    self._log_surgery_skip(step, stage, lr)
+                else:
                     self._log_and_validate(step, stage, result, lr, data_wait, summary)
                     self._count_skips(step, result)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
                 # every rank stops after the same step; a signal during the last one changes nothing
-                summary.stopped_by_signal = stop.agreed(device) and step < c.tokens.train_steps
+                summary.stopped_by_signal = stop.agree_from(reduction) and step < c.tokens.train_steps
                 interval = c.checkpoints.checkpoint_interval
                 if summary.stopped_by_signal or interval and step % interval == 0 and step < c.tokens.train_steps:
+                    self._raise_write_failure()
                     self._save(step)
                     last_save = step
                     summary.stopped_by_signal = stop.agreed(device)  # a signal during the save: this checkpoint is it
                 if summary.stopped_by_signal:
                     break
+            self._raise_write_failure()
             # the final checkpoint; with train_steps 0, of the weights loaded (an exact HF → checkpoint → HF trip)
             loaded_only = c.tokens.train_steps == 0 and self.start.checkpoint is None
             if c.checkpoints.save_final and (self.last_step > last_save or loaded_only):
@@ -190,14 +205,18 @@ class Trainer:
 
     def _writing_metrics(self, *parts: Callable[[], None]) -> None:
         """Run every part on every rank. Rank 0 alone writes metrics.jsonl: a write that fails there (a full disk)
-        is raised on every rank once all parts ran (validation's collectives included), so that no rank goes on
-        alone or dies in the next collective with a traceback."""
-        failure = None
+        is kept until every rank learns of it — in the next step's reduction, or before a checkpoint, or at the
+        loop's end (``_raise_write_failure``) — so that no rank goes on alone or dies in the next collective with a
+        traceback, and no step pays a collective of its own for it."""
         for part in parts:
             try:
                 part()
             except WriteFailed as e:
-                failure = failure or e
+                self._write_failure = self._write_failure or e
+
+    def _raise_write_failure(self) -> None:
+        """Raise on every rank the failed metrics write of the lowest rank that has one, or return on every rank."""
+        failure, self._write_failure = self._write_failure, None
         raise_together(failure, self.parallel_context.device)
 
     def _log_step(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,

@@ -86,7 +86,7 @@ def bare_loop(config: Config, data: list[list[dict]]) -> float:
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps, foreach=True)
+                            lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps, fused=True)
     t0 = time.perf_counter()
     for step in data:
         n = sum(int(b["label_mask"].sum()) for b in step)
