@@ -142,6 +142,8 @@ class MetricsLogger:
                 if s["loss"] is not None:
                     self.tb.add_scalar(f"loss/{name}", s["loss"], record["step"])
                 self.tb.add_scalar(f"mix/{name}", s["samples"] / samples if samples else 0.0, record["step"])
+            for folder, w in (record.get("weights") or {}).items():  # the weights the step was drawn with
+                self.tb.add_scalar(f"mix/weight/{self.source_names.get(folder, folder)}", w, record["step"])
         if record["step"] % self.log_interval == 0 or record.get("skipped"):
             mfu = f" | mfu {100 * record['mfu']:.1f}%" if record.get("mfu") is not None else ""
             skipped = " (skipped: not finite, no update)" if record.get("skipped") else ""

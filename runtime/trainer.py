@@ -38,6 +38,7 @@ from runtime.metrics import (
     source_metrics,
     tokens_per_second,
 )
+from runtime.mixing import CHECKPOINT_KEY, RunMixing
 from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
 from runtime.preemption import installed, stop_on_signal
@@ -83,6 +84,8 @@ class Trainer:
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
                                      config.logging.log_interval)
         self.metrics.source_names = short_names(self.plan.source_names())
+        saved = self.start.metadata.get(CHECKPOINT_KEY) if self.start.checkpoint is not None else None
+        self.mixing = RunMixing(self.plan, self.run_dir, self.is_main, saved)
         self.train_dataloader: Any = None
         self.last_step = 0
         self._feed: StepFeed | None = None
@@ -132,7 +135,8 @@ class Trainer:
                                    tokens.batch_accumulation_per_replica, self.metrics.info)
         self.checkpoints.clean_stale()
         self.last_step = self._resume()
-        self._writing_metrics(lambda: self.metrics.truncate_after(self.last_step))  # no step logged twice
+        self._writing_metrics(lambda: self.metrics.truncate_after(self.last_step),  # no step logged twice
+                              lambda: self.mixing.start(self.last_step))  # nor decided twice
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config
         last_save = self.last_step
@@ -176,7 +180,8 @@ class Trainer:
                           summary: TrainSummary) -> None:
         """Log the step, then validate when due (before this step's checkpoint: never repeated)."""
         validate = self.validator.should_validate(step, stage.index)
-        self._writing_metrics(lambda: self._log_step(step, stage, result, lr, data_wait, summary),
+        self._writing_metrics(lambda: self.mixing.after_step(step, stage, result.sources),
+                              lambda: self._log_step(step, stage, result, lr, data_wait, summary),
                               lambda: self._validate(step, stage) if validate else None)
 
     def _writing_metrics(self, *parts: Callable[[], None]) -> None:
@@ -207,6 +212,9 @@ class Trainer:
         }
         if result.sources is not None:  # per dataset of the stage; none from a loader without source ids
             row["sources"] = source_metrics([self.plan.datasets[d].folder for d in stage.dataset_ids], result.sources)
+        if self._feed.from_config:  # the weights the step was drawn with (adaptive: as decided)
+            folders = [self.plan.datasets[d].folder for d in stage.dataset_ids]
+            row["weights"] = dict(zip(folders, stage.weights_at(step)))
         self.metrics.log(row)
 
     def _validate(self, step: int, stage: StagePlan) -> None:
@@ -245,7 +253,8 @@ class Trainer:
         meta = {"training": training_metadata(self.plan, step).to_json(),
                 "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict(),
                 "tokenizer": asdict(tokenizer) if tokenizer is not None else None,
-                SKIPPED: self._skipped_in_a_row > 0, SKIPPED_IN_A_ROW: self._skipped_in_a_row}
+                SKIPPED: self._skipped_in_a_row > 0, SKIPPED_IN_A_ROW: self._skipped_in_a_row,
+                CHECKPOINT_KEY: self.mixing.checkpoint_state()}
         return self.checkpoints.save(self.engine, step, meta)
 
     def _resume(self) -> int:
