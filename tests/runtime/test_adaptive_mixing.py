@@ -346,10 +346,11 @@ def test_a_resume_at_another_layout_replays_the_logged_decisions(runs):
     assert [r["step"] for r in before] == [2, 4] and [r["step"] for r in after] == [2, 4, 6]
     assert after[0] == before[0]  # made by the checkpoint's step 3: replayed exactly, from the record
     resumed = {r["step"]: r for r in metrics(root / "dp2")}
-    for step in (1, 2, 3):  # the steps the checkpoint holds, trained at dp 2
-        assert resumed[step]["data_hash"] == runs["dp2 metrics"][step - 1]["data_hash"]
-    for step in (5, 6):  # block 3, decided at step 2 before the kill: the same samples at dp 1
-        assert resumed[step]["data_hash"] == runs["dp2 metrics"][step - 1]["data_hash"]
+    killed = {r["step"]: r for r in runs["dp2 metrics"]}
+    assert sorted(killed) == [1, 2, 3, 4, 5]
+    for step in (1, 2, 3, 4, 5):  # to step 4 the initial weights, step 5 block 3's: decided at step 2, at dp 2
+        assert resumed[step]["data_hash"] == killed[step]["data_hash"]
+    for step in (5, 6):
         assert resumed[step]["weights"] == dict(zip(before[0]["datasets"], before[0]["weights"]))
 
 
@@ -370,3 +371,57 @@ def test_explain_without_the_log_says_where_it_should_be(runs, mixed, tmp_path):
         f"error: step 5 of an adaptive stage is not decided: the weights are known for blocks 1-2 (steps up to 4); "
         f"its decisions are read from {tmp_path / 'never-trained' / 'mixing.jsonl'} (it does not exist): explain a "
         f"run after it trained those steps, with its run folder (general.run_dir)"]
+
+
+# ------------------------------------------------------------------ record, resume rules, --check -------------
+
+
+def single_stage(shards, monkeypatch, run_dir, adaptive=None, steps=10):
+    monkeypatch.chdir(shards)
+    d = adaptive_config(adaptive or {"rule": "odm", "every": 2, "min_weight": 0.05})
+    d["tokens"].update(train_steps=steps)
+    d["general"]["run_dir"] = str(run_dir)
+    d["data_stages"] = d["data_stages"][:1]
+    return build(d)
+
+
+def test_the_record_holds_the_decisions_and_a_changed_rule_is_refused(shards, tmp_path, monkeypatch):
+    from runtime.data.order.plan import training_metadata
+    from runtime.data.order.record import TrainingMetadata
+
+    config = single_stage(shards, monkeypatch, tmp_path)
+    plan = DataPlan(config)
+    mixer = StageMixer(plan, plan.stages[0])
+    for step in range(1, 6):
+        mixer.observe(step, [(4, 120, 800.0 + step), (4, 121, 700.0)])
+    record = TrainingMetadata.from_json(json.loads(json.dumps(training_metadata(plan, 5).to_json())))
+    part = record.data_stages[0].parts[0]
+    assert part.blend == "adaptive" and part.weights is None
+    assert part.decisions == plan.stages[0].blend.block_weights[2:4]  # blocks 3 and 4, decided at steps 2 and 4
+    resumed = DataPlan(config, history=record, checkpoint="ckpt")
+    assert resumed.stages[0].blend.block_weights == plan.stages[0].blend.block_weights[:4]
+    assert [resumed.data_hash(s) for s in range(1, 9)] == [plan.data_hash(s) for s in range(1, 9)]
+    with pytest.raises(NotDecided):
+        resumed.data_hash(9)  # block 5 is decided at step 6, after the checkpoint
+    for changed in ({"rule": "loss_proportional", "every": 2, "min_weight": 0.05},
+                    {"rule": "odm", "every": 3, "min_weight": 0.05}):
+        other = single_stage(shards, monkeypatch, tmp_path, changed)
+        for allow in (False, True):
+            other.checkpoints.allow_data_change = allow
+            with pytest.raises(ConfigError, match="dataset_weights is adaptive rule") as e:
+                DataPlan(other, history=record, checkpoint="ckpt")
+            assert ("even with allow_data_change" in str(e.value)) == allow
+
+
+def test_check_says_the_rule_and_the_last_decision(shards, tmp_path, monkeypatch):
+    from runtime.cli.launch import plan_report
+
+    config = single_stage(shards, monkeypatch, tmp_path)
+    plan = DataPlan(config)
+    assert plan_report(plan)[-1] == ("  adaptive (odm, every 2): samples above are of the decided steps 1-4; no "
+                                     "decision logged yet")
+    append_decision(log_path(tmp_path), {"stage": "pretrain", "step": 2, "block": 1, "decides_block": 3,
+                                         "steps": [5, 6], "weights": [0.25, 0.75]})
+    plan = DataPlan(config, decisions=read_decisions(log_path(tmp_path)))
+    assert plan_report(plan)[-1] == ("  adaptive (odm, every 2): samples above are of the decided steps 1-6; last "
+                                     "decision at step 2 (block 1 → block 3, steps 5-6): [0.2500, 0.7500]")
