@@ -110,10 +110,10 @@ class PlanStages(DataSource):
         return self.plan.stage_for_step(step)
 
     def restarts_at(self, stage: StagePlan, step: int) -> bool:
-        """An adaptive stage's loader is built at each block's first step: it reads the block's decided weights
-        (decided a block before, so the loader may read ahead to the end of the next block)."""
+        """An adaptive stage's loader is built every two blocks: at the first step of block b the weights of blocks
+        b and b + 1 are decided (b + 1's at the end of block b − 1), so it reads both, ahead as far as it likes."""
         return stage.adaptive is not None and step > stage.start_step and (
-            (step - stage.start_step) % stage.adaptive["every"] == 0)
+            (step - stage.start_step) % (2 * stage.adaptive["every"]) == 0)
 
     def describe(self, stage: StagePlan, step: int) -> list[str]:
         plan = self.plan
