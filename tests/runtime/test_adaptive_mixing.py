@@ -324,10 +324,24 @@ def test_the_weights_move_as_the_rule_says(runs):
 
 
 def test_explain_after_the_run_equals_every_step_trained(runs, mixed, monkeypatch):
+    from runtime.data.order.provenance import document_steps
+
     for cfg, run in [(runs["cfg"], "whole"), (runs["same cfg"], "same"), (runs["dp2 cfg"], "dp2")]:
         hashes = {r["step"]: r["data_hash"] for r in metrics(runs["root"] / run)}
         assert sorted(hashes) == list(range(1, 11))
         assert explained_hashes(cfg, mixed, monkeypatch) == hashes
+    config = load_config(runs["cfg"])  # --document through the log: every (step, position) explain shows
+    plan = DataPlan(config, decisions=read_decisions(log_path(config.general.run_path)))
+    held: dict[tuple[str, int], set] = {}
+    for step in range(1, 11):
+        for r in explain_step(plan, step):
+            for doc in r["documents"]:
+                held.setdefault((r["dataset"], doc), set()).add((step, r["position"]))
+    queries = sorted(held)[::7]
+    found: dict[str, set] = {}
+    for hit in document_steps(plan, queries):
+        found.setdefault(hit["document"], set()).add((hit["step"], hit["position"]))
+    assert found == {f"{folder}:{doc}": held[folder, doc] for folder, doc in queries}
 
 
 def test_a_resume_at_the_same_layout_is_bit_identical(runs):
