@@ -152,6 +152,8 @@ class MetricsLogger:
                 if s["loss"] is not None:
                     self.tb.add_scalar(f"loss/{name}", s["loss"], record["step"])
                 self.tb.add_scalar(f"mix/{name}", s["samples"] / samples if samples else 0.0, record["step"])
+            for folder, w in (record.get("weights") or {}).items():  # the weights the step was drawn with
+                self.tb.add_scalar(f"mix/weight/{self.source_names.get(folder, folder)}", w, record["step"])
         if record.get("skipped") == SURGERY_SKIP:
             self.info(f"step {record['step']:>6} | {record['stage']} | skipped by surgery: read, not trained "
                       f"| lr {record['lr']:.3e}")

@@ -40,6 +40,8 @@ from runtime.metrics import (
     source_metrics,
     tokens_per_second,
 )
+from runtime.mixing import CHECKPOINT_KEY as MIXING_KEY
+from runtime.mixing import RunMixing
 from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.step_reduction import StepReduction
@@ -87,6 +89,8 @@ class Trainer:
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
                                      config.logging.log_interval)
         self.metrics.source_names = short_names(self.plan.source_names())
+        saved = self.start.record.extensions.get(MIXING_KEY) if self.start.record is not None else None
+        self.mixing = RunMixing(self.plan, self.run_dir, self.is_main, saved)
         self.train_dataloader: Any = None
         self.last_step = 0
         self._feed: StepFeed | None = None
@@ -139,7 +143,8 @@ class Trainer:
                                    tokens.batch_accumulation_per_replica, self.metrics.info)
         self.checkpoints.clean_stale()
         self.last_step = self._resume()
-        self._writing_metrics(lambda: self.metrics.truncate_after(self.last_step))  # no step logged twice
+        self._writing_metrics(lambda: self.metrics.truncate_after(self.last_step),  # no step logged twice
+                              lambda: self.mixing.start(self.last_step))  # nor decided twice
         self._raise_write_failure()
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config
@@ -200,7 +205,8 @@ class Trainer:
                           summary: TrainSummary) -> None:
         """Log the step, then validate when due (before this step's checkpoint: never repeated)."""
         validate = self.validator.should_validate(step, stage.index)
-        self._writing_metrics(lambda: self._log_step(step, stage, result, lr, data_wait, summary),
+        self._writing_metrics(lambda: self.mixing.after_step(step, stage, result.sources),
+                              lambda: self._log_step(step, stage, result, lr, data_wait, summary),
                               lambda: self._validate(step, stage) if validate else None)
 
     def _writing_metrics(self, *parts: Callable[[], None]) -> None:
@@ -235,6 +241,9 @@ class Trainer:
         }
         if result.sources is not None:  # per dataset of the stage; none from a loader without source ids
             row["sources"] = source_metrics([self.plan.datasets[d].folder for d in stage.dataset_ids], result.sources)
+        if self._feed.from_config:  # the weights the step was drawn with (adaptive: as decided)
+            folders = [self.plan.datasets[d].folder for d in stage.dataset_ids]
+            row["weights"] = dict(zip(folders, stage.weights_at(step)))
         self.metrics.log(row)
 
     def _log_surgery_skip(self, step: int, stage: StagePlan, lr: float) -> None:
@@ -244,7 +253,8 @@ class Trainer:
                "data_hash": self.plan.data_hash(step) if self._feed.from_config and self.is_main else None,
                "time": time.time()}
         validate = self.validator.should_validate(step, stage.index)
-        self._writing_metrics(lambda: self.metrics.log(row), lambda: self._validate(step, stage) if validate else None)
+        self._writing_metrics(lambda: self.mixing.after_step(step, stage, None),  # a block's decision is still due
+                              lambda: self.metrics.log(row), lambda: self._validate(step, stage) if validate else None)
 
     def _validate(self, step: int, stage: StagePlan) -> None:
         results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
@@ -281,6 +291,7 @@ class Trainer:
         record = CheckpointRecord.of_run(self.plan, step, self.lr_schedule.state_dict(), self._skipped_in_a_row)
         record.step_skipped = record.step_skipped and not self.plan.surgery.skips(step)
         record.extensions[SURGERY_KEY] = surgery_record(self.plan.surgery)
+        record.extensions[MIXING_KEY] = self.mixing.checkpoint_state()
         return self.checkpoints.save(self.engine, step, record)
 
     def _resume(self) -> int:

@@ -234,9 +234,9 @@ def rewind(config: Config, checkpoint: Path, step: int) -> Rewound | None:
     moved = 0
     try:
         aside.mkdir(parents=True)
-        metrics = config.general.run_path / "metrics.jsonl"
-        if metrics.is_file():
-            shutil.copy2(metrics, aside / metrics.name)
+        for log in ("metrics.jsonl", "mixing.jsonl"):  # the steps and adaptive decisions the rewound run redoes
+            if (config.general.run_path / log).is_file():
+                shutil.copy2(config.general.run_path / log, aside / log)
         checkpoints.mkdir()
         for p in later:
             p.rename(checkpoints / p.name)

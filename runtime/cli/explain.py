@@ -30,6 +30,8 @@ from runtime.config import ConfigError
 from runtime.config.load import load_config
 from runtime.config.overrides import add_set_option
 from runtime.data.hf_datasets import resolve_stage_folders
+from runtime.data.order.adaptive_blend import NotDecided
+from runtime.data.order.mixing_log import log_path, read_decisions
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import document_steps, parse_document
 from runtime.data.order.surgery import SURGERY_KEY, Surgery
@@ -93,7 +95,8 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
     config = load_config(config_path, overrides or ())
     queries = _queries(document, documents)  # before any data is opened: a typo costs nothing
     first, last = parse_steps(steps, config.tokens.train_steps) if steps is not None else (step, step)
-    plan = DataPlan(config, resolve_stage_folders(config), surgery=Surgery())
+    log = log_path(config.general.run_path)  # an adaptive stage's decisions: the run's log
+    plan = DataPlan(config, resolve_stage_folders(config), surgery=Surgery(), decisions=read_decisions(log))
     surgery = run_surgery(config)  # the config's and what the run folder records: the order the run trains
     if checkpoint:
         path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
@@ -104,8 +107,15 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
         plan = plan.with_surgery(surgery)
     try:
         if queries is not None:
+            open_part = plan.undecided()
+            if open_part is not None:
+                raise NotDecided(f"stage {open_part[0].name!r} is adaptive and decided up to step {open_part[1] - 1}")
             return _print_hits(document_steps(plan, queries), queries, config.tokens.train_steps, as_json)
         return _print_steps(plan, first, last, as_json)
+    except NotDecided as e:
+        where = "it does not exist" if not log.is_file() else "it holds no later decision"
+        raise ConfigError(f"{e}; its decisions are read from {log} ({where}): explain a run after it trained "
+                          f"those steps, with its run folder (general.run_dir)") from None
     except BrokenPipeError:  # the reader went away (`| head`): stop, as a process a closed pipe ends does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush has nowhere to fail
         return 128 + signal.SIGPIPE

@@ -43,7 +43,7 @@ from runtime.preemption import (
 )
 
 if TYPE_CHECKING:
-    from runtime.data.order.plan import DataPlan
+    from runtime.data.order.plan import DataPlan, StagePlan
     from runtime.startup import Startup
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent.parent / "train.py"
@@ -342,4 +342,23 @@ def plan_report(plan: DataPlan) -> list[str]:
             lines.append(f"  {named[w.folder]} (weight {weight}): {reads.samples:,} of its {w.num_samples:,} "
                          f"samples, {reads.samples * w.sequence_length:,} tokens{padding}, {reads.epochs:.2f} "
                          f"epochs{repeat}")
+        if part.adaptive is not None:
+            lines.append(adaptive_report(plan, part))
     return lines
+
+
+def adaptive_report(plan: DataPlan, part: StagePlan) -> str:
+    """An adaptive part in one line: its rule and block, what is decided, and the run's last decision (its log)."""
+    from runtime.data.order.mixing_log import log_path, read_rows
+
+    a, blend = part.adaptive, part.blend
+    decided = part.start_step + blend.decided_steps - 1
+    line = (f"  adaptive ({a['rule']}, every {a['every']}): samples above are of the decided steps "
+            f"{part.start_step}-{decided}")
+    last = [r for r in read_rows(log_path(plan.config.general.run_path)) if r["stage"] == part.name]
+    if not last:
+        return line + "; no decision logged yet"
+    r = last[-1]
+    weights = ", ".join(f"{w:.4f}" for w in r["weights"])
+    return (line + f"; last decision at step {r['step']} (block {r['block']} → block {r['decides_block']}, steps "
+            f"{r['steps'][0]}-{r['steps'][1]}): [{weights}]")

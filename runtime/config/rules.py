@@ -12,6 +12,7 @@ from typing import Any
 from nanoset.errors import ConfigError
 from runtime.config.schema import (
     SIZE_KEYS,
+    AdaptiveMixingArgs,
     Config,
     DatasetStageArgs,
     HFDatasetArgs,
@@ -180,7 +181,9 @@ def _validate_stages(c: Config) -> None:
         if isinstance(ds, NanosetDatasetsArgs):
             if not ds.folders:
                 raise ConfigError(f"{where}.data.dataset.dataset_folder: give at least one folder")
-            if ds.schedule is not None:
+            if ds.adaptive is not None:
+                _validate_adaptive(f"{where}.data.dataset.dataset_weights.adaptive", ds.adaptive, len(ds.folders))
+            elif ds.schedule is not None:
                 _validate_schedule(c, s, f"{where}.data.dataset.dataset_weights", ds.schedule, len(ds.folders))
             elif len(ds.weights) != len(ds.folders):
                 raise ConfigError(f"{where}.data.dataset.dataset_weights: {len(ds.weights)} weights for "
@@ -208,6 +211,24 @@ def _validate_stages(c: Config) -> None:
         raise ConfigError("data_stages: one stage must start at step 1 (start_training_step: 1)")
     if starts != sorted(starts):
         raise ConfigError(f"data_stages: stages must be listed in order of start_training_step, got {starts}")
+
+
+def _validate_adaptive(key: str, adaptive: AdaptiveMixingArgs, num_folders: int) -> None:
+    """Adaptive weights: a known rule (or an importable ``module:function``), one initial weight per folder, and a
+    floor that leaves room for the weights to move."""
+    from runtime.data.order.mixing_rules import resolve_rule
+
+    resolve_rule(adaptive.rule, f"{key}.rule")
+    if adaptive.initial is not None:
+        if len(adaptive.initial) != num_folders:
+            raise ConfigError(f"{key}.initial: {len(adaptive.initial)} weights for {num_folders} folders; give one "
+                              f"weight per folder")
+        if any(not (w > 0 and math.isfinite(w)) for w in adaptive.initial):
+            raise ConfigError(f"{key}.initial: weights must be positive and finite, got {adaptive.initial}")
+        _check_sum(f"{key}.initial", adaptive.initial)
+    if adaptive.min_weight * num_folders >= 1:
+        raise ConfigError(f"{key}.min_weight: {adaptive.min_weight:g} × {num_folders} folders is ≥ 1, which leaves "
+                          f"the weights nothing to decide; give less than {1 / num_folders:g}")
 
 
 def _validate_schedule(c: Config, stage: DatasetStageArgs, key: str, schedule: list[WeightsAtStep],

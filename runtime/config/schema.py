@@ -248,10 +248,29 @@ class WeightsAtStep:
 
 
 @dataclass
+class AdaptiveMixingArgs:
+    """Weights decided during the run, every ``every`` steps, from the per-source loss (docs/data-order.md)."""
+
+    rule: str  # loss_proportional | odm | a user's module:function
+    every: int = key()  # steps per block: the statistics of block b decide the weights of block b + 2
+    initial: list[float] | None = None  # the weights of blocks 1 and 2, one per folder; default: equal
+    min_weight: float = key(0.0, Range(0, 1, high_open=True))  # the floor of every decided weight
+    temperature: float = key(1.0)  # loss_proportional: w ∝ loss ** temperature
+    smoothing: float | None = key(None, Range(0, 1, high_open=True))  # default 0 (loss_proportional), 0.9 (odm)
+    exploration: float | None = key(None, Range(0, 1))  # odm: a fixed ε; default the decaying min(1/k, √(ln k/(k·t)))
+
+
+@dataclass
+class AdaptiveWeights:
+    adaptive: AdaptiveMixingArgs
+
+
+@dataclass
 class NanosetDatasetsArgs:
     dataset_folder: str | list[str]  # dataset folders (Nanoset, datatrove or Megatron) blended in the stage
-    # one weight per folder (default: equal), or a schedule: [{step, weights}, ...] linear in between
-    dataset_weights: list[float] | list[WeightsAtStep] | None = None
+    # one weight per folder (default: equal), a schedule: [{step, weights}, ...] linear in between, or
+    # {adaptive: {rule, every, ...}}: decided during the run
+    dataset_weights: list[float] | list[WeightsAtStep] | AdaptiveWeights | None = None
 
     @property
     def folders(self) -> list[str]:
@@ -261,12 +280,18 @@ class NanosetDatasetsArgs:
     def schedule(self) -> list[WeightsAtStep] | None:
         """The weight schedule, when ``dataset_weights`` is one."""
         w = self.dataset_weights
-        return list(w) if w and isinstance(w[0], WeightsAtStep) else None
+        return list(w) if isinstance(w, list) and w and isinstance(w[0], WeightsAtStep) else None
+
+    @property
+    def adaptive(self) -> AdaptiveMixingArgs | None:
+        """The adaptive mixing, when ``dataset_weights`` is one."""
+        w = self.dataset_weights
+        return w.adaptive if isinstance(w, AdaptiveWeights) else None
 
     @property
     def weights(self) -> list[float] | None:
-        """Constant weights (equal by default); None for a schedule."""
-        if self.schedule is not None:
+        """Constant weights (equal by default); None for a schedule or adaptive weights."""
+        if self.schedule is not None or self.adaptive is not None:
             return None
         return list(self.dataset_weights) if self.dataset_weights is not None else [1.0] * len(self.folders)
 

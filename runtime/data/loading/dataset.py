@@ -23,9 +23,11 @@ class StageDataset:
 
     BLOCK = 4096  # stage samples located at once; samplers walk the stage in order
 
-    def __init__(self, plan: DataPlan, stage: StagePlan) -> None:
+    def __init__(self, plan: DataPlan, stage: StagePlan, end: int | None = None) -> None:
+        """``end``: the samples the stream stops at (an adaptive stage's decided ones; default: the whole stage)."""
         self.plan = plan
         self.stage = stage
+        self.end = stage.num_samples if end is None else min(end, stage.num_samples)
         self._block: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._masked: bool | None = None
 
@@ -43,7 +45,7 @@ class StageDataset:
         return dataset[j - b * self.BLOCK], sample[j - b * self.BLOCK], source[j - b * self.BLOCK]
 
     def __len__(self) -> int:
-        return self.stage.num_samples
+        return self.end
 
     def __getitem__(self, j: int) -> dict[str, np.ndarray]:
         return self.__getitems__([j])[0]

@@ -60,7 +60,7 @@ class StepFeed:
     def batches(self, step: int) -> list[dict]:
         """The micro-batches of ``step`` on this rank: tensors of the keys it owns, TensorPointers elsewhere."""
         stage = self.source.stage_for(step)
-        if stage is not self.stage:
+        if stage is not self.stage or self.source.restarts_at(stage, step):
             self._switch(stage, step)
         start = time.perf_counter()
         batches = self._runtime_batches(stage, step) if self.source.from_config else self._user_batches(stage, step)
@@ -161,7 +161,7 @@ def plan_signature(plan: DataPlan) -> str:
     """A hash of what the plan draws, by content (dataset fingerprints, not folder names), and its surgery."""
     parts = [(p.start_step, p.end_step, p.global_batch_size, p.seed, list(p.weights), p.draw_offsets.tolist(),
               [(plan.datasets[d].reader.fingerprint, plan.datasets[d].sequence_length) for d in p.dataset_ids],
-              p.schedule.to_json() if p.schedule is not None else None)
+              p.schedule.to_json() if p.schedule is not None else None, p.adaptive)
              for p in plan.stages]
     excised = [[(g.first_draw, hashlib.sha256(g.excluded.tobytes()).hexdigest()) for g in index.segments]
                for index in plan.draw_indexes]  # by content too: folders may be mounted elsewhere on other nodes

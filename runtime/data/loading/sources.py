@@ -92,6 +92,10 @@ class DataSource:
         """Whether the loader built for an earlier stage also serves ``stage`` (one loader for the run)."""
         return False
 
+    def restarts_at(self, stage: Stage, step: int) -> bool:
+        """Whether ``stage``'s loader is built anew at ``step`` inside it (an adaptive stage's next block)."""
+        return False
+
     def describe(self, stage: Stage, step: int) -> list[str]:
         """The lines logged when ``stage`` starts at ``step``."""
         return []
@@ -105,8 +109,18 @@ class PlanStages(DataSource):
     def stage_for(self, step: int) -> StagePlan:
         return self.plan.stage_for_step(step)
 
+    def restarts_at(self, stage: StagePlan, step: int) -> bool:
+        """An adaptive stage's loader is built every two blocks: at the first step of block b the weights of blocks
+        b and b + 1 are decided (b + 1's at the end of block b − 1), so it reads both, ahead as far as it likes."""
+        return stage.adaptive is not None and step > stage.start_step and (
+            (step - stage.start_step) % (2 * stage.adaptive["every"]) == 0)
+
     def describe(self, stage: StagePlan, step: int) -> list[str]:
         plan = self.plan
+        if self.restarts_at(stage, step):
+            weights = ", ".join(f"{w:.4f}" for w in stage.weights_at(step))
+            return [f"stage {stage.name!r} block {stage.blend.block_of(step)} at step {step}: weights [{weights}] "
+                    f"(adaptive, {stage.adaptive['rule']})"]
         named = plan.shown_names()
         folders = ", ".join(f"{named[plan.datasets[d].folder]} ({w})"
                             for d, w in zip(stage.dataset_ids, stage.weights_shown()))
@@ -115,6 +129,10 @@ class PlanStages(DataSource):
                  f"{stage.consumed_samples(step - 1)} of {stage.num_samples} samples already consumed"]
         if stage.schedule is not None:
             lines.append(f"  weights by schedule: {stage.schedule.describe()}, linear in between")
+        if stage.adaptive is not None:
+            a = stage.adaptive
+            lines.append(f"  weights adaptive ({a['rule']}, every {a['every']} steps): now "
+                         f"[{', '.join(f'{w:.4f}' for w in stage.weights_at(step))}]")
         packed = [plan.datasets[d] for d in stage.dataset_ids if plan.datasets[d].packing == "documents"]
         return lines + [f"  {dataset.describe()}" for dataset in packed]
 
@@ -129,8 +147,9 @@ class ConfigStages(PlanStages):
         self.plan, self.ctx, self.micro_batch_size = plan, ctx, micro_batch_size
 
     def loader(self, stage: StagePlan, step: int) -> Any:
+        decided = stage.blend.decided_samples() if stage.adaptive is not None else None  # no read past a decision
         return get_train_dataloader(
-            StageDataset(self.plan, stage), stage.sequence_length, self.ctx, input_pp_rank=0,
+            StageDataset(self.plan, stage, decided), stage.sequence_length, self.ctx, input_pp_rank=0,
             output_pp_rank=self.ctx.pp_size - 1, micro_batch_size=self.micro_batch_size,
             consumed_train_samples=stage.consumed_samples(step - 1), dataloader_num_workers=stage.num_loading_workers,
             use_position_ids=stage.use_position_ids, prefetch=stage.prefetch)
@@ -171,6 +190,10 @@ def data_source(given: Any, plan: DataPlan, ctx: Any, micro_batch_size: int) -> 
     """``dataloader_or_dls`` as a ``DataSource``: None (the config's stages), a dict by stage name, or one loader."""
     if given is None:
         return ConfigStages(plan, ctx, micro_batch_size)
+    adaptive = [s.name for s in plan.stages if s.adaptive is not None]
+    if adaptive:
+        raise ConfigError(f"dataloader_or_dls: stage {adaptive[0]!r} has adaptive weights, which only the runtime's "
+                          f"own loaders follow; train it with dataloader_or_dls=None, or give it constant weights")
     if isinstance(given, dict):
         return LoadersByStage(given, plan)
     return OneLoader(given, plan)

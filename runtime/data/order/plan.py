@@ -28,6 +28,7 @@ import numpy as np
 
 from nanoset import NanosetError, open_dataset
 from runtime.config import Config, ConfigError, DatasetStageArgs, HFDatasetArgs, NanosetDatasetsArgs
+from runtime.data.order.adaptive_blend import AdaptiveBlend, NotDecided
 from runtime.data.order.blend import BlendSchedule
 from runtime.data.order.excision import DrawIndex, excised_samples
 from runtime.data.order.packing import PackedDocuments
@@ -37,6 +38,7 @@ from runtime.data.order.record import (
     PartRecord,
     PartSpec,
     TrainingMetadata,
+    adaptive_options,
     differences,
     packing_mode,
     refuse,
@@ -69,9 +71,10 @@ class StagePlan:
     prefetch: int
     dataset_ids: list[int]  # indices into DataPlan.datasets, in the stage's folder order
     weights: list[float]  # constant weights; with a schedule, its normalised weights at start_step
-    blend: BlendSchedule | ScheduledBlend
+    blend: BlendSchedule | ScheduledBlend | AdaptiveBlend
     draw_offsets: np.ndarray = field(repr=False)  # draws taken by earlier stages, per stage dataset
     schedule: WeightSchedule | None = None  # the weight schedule of a scheduled blend
+    adaptive: dict | None = None  # adaptive mixing's options (record.adaptive_options) of an adaptive blend
 
     @property
     def num_steps(self) -> int:
@@ -86,9 +89,20 @@ class StagePlan:
         done = min(max(last_step - self.start_step + 1, 0), self.num_steps)
         return done * self.global_batch_size
 
+    def weights_at(self, step: int) -> list[float]:
+        """The normalised weights the blend draws with at global ``step`` (constant, scheduled or decided)."""
+        if isinstance(self.blend, AdaptiveBlend):
+            return list(self.blend.block_weights[self.blend.block_of(step) - 1])
+        if self.schedule is not None:
+            return self.schedule.shares(np.array([step]))[0].tolist()
+        total = float(sum(self.weights))
+        return [float(w) / total for w in self.weights]
+
     def weights_shown(self) -> list[str]:
         """Each dataset's weight as the plan and the log show it; with a schedule, its weights at the part's first
         and last steps (``0.9 → 0.2 by schedule``)."""
+        if self.adaptive is not None:
+            return [f"{w:g} then adaptive" for w in self.weights]
         if self.schedule is None:
             return [f"{w:g}" for w in self.weights]
         first, last = self.schedule.shares(np.array([self.start_step, self.end_step - 1]))
@@ -147,9 +161,14 @@ class DataPlan:
 
     def __init__(self, config: Config, stage_folders: list[list[str]] | None = None,
                  history: TrainingMetadata | None = None, checkpoint: str | None = None,
-                 readers: dict[str, object] | None = None, surgery: Surgery | None = None) -> None:
+                 readers: dict[str, object] | None = None, surgery: Surgery | None = None,
+                 decisions: dict[str, list[list[float]]] | None = None) -> None:
+        """``surgery``: the data surgery in force (default: the config's); ``decisions``: per adaptive stage (by
+        name), the decided weights of its blocks 3, 4, ... (a mixing log's, see ``mixing_log``); the checkpoint's
+        record holds those decided by its step."""
         self.config = config
         self.surgery = surgery if surgery is not None else config_surgery(config)
+        self.decisions = decisions or {}
         if stage_folders is None:
             stage_folders = [_nanoset_folders(s, i) for i, s in enumerate(config.data_stages)]
         self.stage_folders = stage_folders
@@ -168,8 +187,9 @@ class DataPlan:
             ids = [self._dataset(folder, i, stage) for folder in stage_folders[i]]
             _check_unique(ids, [self.datasets[d].reader.fingerprint for d in ids], stage_folders[i], i, stage)
             weights, schedule = _weights(stage)
+            adaptive = _adaptive(stage, len(ids))
             spec = PartSpec([self.folders[d] for d in ids], weights, config.stage_seed(stage),
-                            config.global_batch_size, schedule)
+                            config.global_batch_size, schedule, adaptive)
             if i in records:
                 parts = self._recorded_parts(i, stage, records[i], spec, ids, totals)
             else:
@@ -187,11 +207,13 @@ class DataPlan:
         already."""
         if checkpoint is None or self.checkpoint == str(checkpoint):
             return self
-        return DataPlan(self.config, self.stage_folders, history, str(checkpoint), self._readers, self.surgery)
+        return DataPlan(self.config, self.stage_folders, history, str(checkpoint), self._readers, self.surgery,
+                        self.decisions)
 
     def with_surgery(self, surgery: Surgery) -> DataPlan:
-        """This plan with ``surgery`` in force instead of its own (the same past, datasets and readers)."""
-        return DataPlan(self.config, self.stage_folders, self.history, self.checkpoint, self._readers, surgery)
+        """This plan with ``surgery`` in force instead of its own (the same past, datasets, readers and decisions)."""
+        return DataPlan(self.config, self.stage_folders, self.history, self.checkpoint, self._readers, surgery,
+                        self.decisions)
 
     # ---------------------------------------------------------------- construction --------------
 
@@ -223,13 +245,20 @@ class DataPlan:
         return self._keys[key]
 
     def _part(self, i: int, stage: DatasetStageArgs, start: int, end: int, spec: PartSpec, ids: list[int],
-              offsets: list[int], before: StagePlan | None = None) -> StagePlan:
+              offsets: list[int], before: StagePlan | None = None, decided: list[list[float]] | None = None
+              ) -> StagePlan:
         """A part of stage ``i``; ``before``: the stage's previous part, whose deviation from its schedule's
         targets a scheduled part over the same datasets carries on (so the rule holds across a resume that
-        changed the global batch size)."""
+        changed the global batch size); ``decided``: an adaptive part's decisions as a checkpoint recorded them."""
         for d in ids:
             self._seeds.setdefault(d, spec.seed)
-        if spec.schedule is None:
+        if spec.adaptive is not None:
+            blend = AdaptiveBlend(spec.adaptive["initial"], spec.adaptive["every"], start, end - start,
+                                  spec.global_batch_size)
+            weights = list(spec.adaptive["initial"])
+            for w in _merged_decisions(decided or [], self.decisions.get(stage.name, []), stage.name):
+                blend.add_block(w)
+        elif spec.schedule is None:
             blend, weights = BlendSchedule(spec.weights), spec.weights
         else:
             carried = before is not None and before.schedule is not None and before.dataset_ids == ids
@@ -242,7 +271,7 @@ class DataPlan:
             seed=spec.seed, use_position_ids=stage.data.use_position_ids,
             num_loading_workers=stage.data.num_loading_workers, prefetch=stage.data.prefetch,
             dataset_ids=ids, weights=weights, blend=blend, draw_offsets=np.array(offsets, dtype=np.int64),
-            schedule=spec.schedule)
+            schedule=spec.schedule, adaptive=spec.adaptive)
 
     def _recorded_parts(self, i: int, stage: DatasetStageArgs, record: DataStageMetadata, spec: PartSpec,
                         ids: list[int], totals: dict[int, int]) -> list[StagePlan]:
@@ -263,7 +292,7 @@ class DataPlan:
                     content[d] = f"{self.folders[d]} has other content (fingerprint {old} → {new})"
             offsets = r.draw_offsets if r.draw_offsets else [after.get(d, 0) for d in part_ids]
             part = self._part(i, stage, r.start_step, stop, PartSpec.of_record(r, folders[k]), part_ids, offsets,
-                              parts[-1] if parts else None)
+                              parts[-1] if parts else None, r.decisions)
             parts.append(part)
             _add_draws(after, part)
         in_progress = end > last + 1
@@ -273,6 +302,10 @@ class DataPlan:
             raise refuse(self.checkpoint, list(content.values()) + changes, stage.start_training_step,
                          min(end - 1, last), in_progress)
         last_part = parts[-1]
+        if changes and in_progress and (old.adaptive is not None or spec.adaptive is not None):
+            raise ConfigError(f"{self.checkpoint}: data_stages[{i}] ({stage.name}) is adaptive and in progress: "
+                              f"{'; '.join(changes)}; an adaptive stage cannot change mid-stage, even with "
+                              f"allow_data_change: restore it, or add a new stage from step {last + 1}")
         if changes and in_progress:  # continue the stage from the resume step with the config's values
             parts[-1] = self._part(i, stage, last_part.start_step, last + 1, old, last_part.dataset_ids,
                                    last_part.draw_offsets.tolist(), parts[-2] if len(parts) > 1 else None)
@@ -361,8 +394,22 @@ class DataPlan:
                                                   w.sequence_length, epoch)
         return self._perms[key]
 
+    def undecided(self, before_step: int | None = None) -> tuple[StagePlan, int] | None:
+        """The first adaptive part (starting before ``before_step``, default any) with steps not decided yet, and its
+        first such step; None when every adaptive step is decided."""
+        for part in self.stages:
+            blend = part.blend
+            if isinstance(blend, AdaptiveBlend) and blend.decided_steps < part.num_steps and (
+                    before_step is None or part.start_step < before_step):
+                return part, part.start_step + blend.decided_steps
+        return None
+
     def locate(self, stage: StagePlan, j: np.ndarray | int) -> SampleLocation:
         """Dataset, window index, epoch and source of stage samples ``j`` (a scalar or an array; same shape out)."""
+        open_part = self.undecided(stage.start_step)
+        if open_part is not None:  # a later stage's draws continue from an adaptive stage's, not all known
+            raise NotDecided(f"stage {stage.name!r} follows adaptive stage {open_part[0].name!r}, whose steps from "
+                             f"{open_part[1]} are not decided yet")
         shape = np.shape(j)
         j = np.asarray(j, dtype=np.int64).reshape(-1)
         local, draw = stage.blend.locate(j)
@@ -407,9 +454,21 @@ class DataPlan:
                 hf.update({resolved(f): stage.data.dataset.hf_dataset_or_datasets for f in self.stage_folders[i]})
         return {w.folder: hf.get(f, w.folder) for f, w in zip(self.folders, self.datasets)}
 
+    def decide(self, stage: StagePlan, weights: list[float]) -> None:
+        """The weights of the next block of adaptive ``stage`` (decided at the end of the block two before); later
+        stages' draws continue from the draws it now has."""
+        stage.blend.add_block(weights)
+        totals: dict[int, int] = {}
+        for part in self.stages:
+            if part.start_step > stage.start_step:
+                part.draw_offsets = np.array([totals.get(d, 0) for d in part.dataset_ids], dtype=np.int64)
+            _add_draws(totals, part)
+
     def reads(self, part: StagePlan) -> list[DatasetReads]:
-        """Per dataset of ``part``, in its folder order: what the part draws from it, and whether that repeats."""
-        draws = part.blend.draws(part.num_samples).tolist()
+        """Per dataset of ``part``, in its folder order: what the part draws from it, and whether that repeats (of an
+        adaptive part: over its decided steps)."""
+        samples = part.blend.decided_samples() if isinstance(part.blend, AdaptiveBlend) else part.num_samples
+        draws = part.blend.draws(samples).tolist()
         return [DatasetReads(d, offset, n, self.datasets[d].num_samples)
                 for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), draws)]
 
@@ -458,8 +517,10 @@ class DataPlan:
                 parts[0].sequence_length,
                 [PartRecord(p.start_step, p.global_batch_size, [self.folders[d] for d in p.dataset_ids],
                             [self.datasets[d].reader.fingerprint for d in p.dataset_ids],
-                            list(p.weights) if p.schedule is None else None, p.seed, p.draw_offsets.tolist(),
-                            p.blend.kind, p.schedule.to_json() if p.schedule is not None else None)
+                            list(p.weights) if p.schedule is None and p.adaptive is None else None, p.seed,
+                            p.draw_offsets.tolist(), p.blend.kind,
+                            p.schedule.to_json() if p.schedule is not None else None, p.adaptive,
+                            _decided_by(p, last_step))
                  for p in parts if p.start_step <= last_step],
                 packing_mode(stage)))
         return out
@@ -480,6 +541,15 @@ class DataPlan:
         check_unknown_beside_known([(w.reader, w.folder) for w in self.datasets], known, "data_stages")
 
 
+def _decided_by(part: StagePlan, last_step: int) -> list[list[float]] | None:
+    """An adaptive part's decisions made by the end of ``last_step`` (block b's, at its last step, for block b + 2)."""
+    if not isinstance(part.blend, AdaptiveBlend):
+        return None
+    blend = part.blend
+    finished = max(0, min(last_step - part.start_step + 1, part.num_steps)) // blend.every
+    return [list(w) for w in blend.block_weights[2 : 2 + finished]]
+
+
 def _draws_key(folder: str, dataset: SampleSpace) -> str:
     """``folder@L`` for windows, ``folder@L/documents-MODE`` for packed samples (another sample space)."""
     suffix = "" if dataset.packing == "window" else f"/{dataset.mode}"
@@ -487,8 +557,12 @@ def _draws_key(folder: str, dataset: SampleSpace) -> str:
 
 
 def _add_draws(totals: dict[int, int], part: StagePlan, samples: int | None = None) -> None:
-    """Set ``totals`` to the draws of each dataset of ``part`` after its first ``samples`` samples (default all)."""
-    counts = part.blend.draws(part.num_samples if samples is None else samples)
+    """Set ``totals`` to the draws of each dataset of ``part`` after its first ``samples`` samples (default all; of an
+    adaptive part, at most its decided samples: a later stage's offsets follow once the stage is decided)."""
+    samples = part.num_samples if samples is None else samples
+    if isinstance(part.blend, AdaptiveBlend):
+        samples = min(samples, part.blend.decided_samples())
+    counts = part.blend.draws(samples)
     for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), counts.tolist()):
         totals[d] = offset + n
 
@@ -519,6 +593,23 @@ def _legacy_part(record: DataStageMetadata, spec: PartSpec, history: TrainingMet
                       spec.schedule.to_json() if spec.schedule is not None else None)
 
 
+def _merged_decisions(recorded: list[list[float]], logged: list[list[float]], name: str) -> list[list[float]]:
+    """A checkpoint's decisions, continued by a mixing log's later ones; a log that disagrees with the record is
+    not the log of this run."""
+    n = min(len(recorded), len(logged))
+    if [list(map(float, w)) for w in recorded[:n]] != [list(map(float, w)) for w in logged[:n]]:
+        raise ConfigError(f"stage {name!r}: the mixing log's decisions differ from the checkpoint's record; the log "
+                          f"belongs to another run (or was edited): give this run's mixing.jsonl")
+    return list(recorded) + list(logged[n:])
+
+
+def _adaptive(stage: DatasetStageArgs, num_folders: int) -> dict | None:
+    """The recorded options of an adaptive stage (None for constant weights or a schedule)."""
+    ds = stage.data.dataset
+    args = ds.adaptive if isinstance(ds, NanosetDatasetsArgs) else None
+    return adaptive_options(args, num_folders) if args is not None else None
+
+
 def _weights(stage: DatasetStageArgs) -> tuple[list[float] | None, WeightSchedule | None]:
     """(constant weights, None) or (None, the weight schedule) of a stage; one dataset of a Hugging Face stage."""
     ds = stage.data.dataset
@@ -526,6 +617,8 @@ def _weights(stage: DatasetStageArgs) -> tuple[list[float] | None, WeightSchedul
         return [1.0], None
     if ds.schedule is not None:
         return None, WeightSchedule.from_entries(ds.schedule)
+    if ds.adaptive is not None:
+        return None, None
     return list(ds.weights), None
 
 

@@ -41,6 +41,8 @@ class PartRecord:
     draw_offsets: list[int]  # draws each dataset had taken before this part
     blend: str = "periodic"  # periodic (constant weights: the greedy period) | scheduled (a weight schedule)
     schedule: list[dict] | None = None  # the weight schedule, [{step, weights}], for a scheduled blend
+    adaptive: dict | None = None  # adaptive mixing's options (rule, every, initial, ...), for an adaptive blend
+    decisions: list[list[float]] | None = None  # adaptive: the decided weights of blocks 3, 4, ... by the checkpoint
 
 
 @dataclass
@@ -132,14 +134,26 @@ class PartSpec:
     seed: int
     global_batch_size: int
     schedule: WeightSchedule | None = None
+    adaptive: dict | None = None  # adaptive mixing's options, as recorded (``adaptive_options``)
 
     @staticmethod
     def of_record(record: PartRecord, folders: list[str]) -> PartSpec:
         schedule = WeightSchedule.from_entries(record.schedule) if record.schedule else None
-        return PartSpec(folders, record.weights, record.seed, record.global_batch_size, schedule)
+        return PartSpec(folders, record.weights, record.seed, record.global_batch_size, schedule, record.adaptive)
 
     def describe_weights(self) -> str:
+        if self.adaptive is not None:
+            return "adaptive " + ", ".join(f"{k} {v}" for k, v in self.adaptive.items())
         return f"the schedule {self.schedule.describe()}" if self.schedule is not None else str(self.weights)
+
+
+def adaptive_options(args, num_folders: int) -> dict:
+    """An adaptive stage's options as recorded and compared: every key, ``initial`` normalised (equal by default)."""
+    initial = list(args.initial) if args.initial is not None else [1.0] * num_folders
+    total = float(sum(initial))
+    return {"rule": args.rule, "every": args.every, "initial": [float(w) / total for w in initial],
+            "min_weight": args.min_weight, "temperature": args.temperature, "smoothing": args.smoothing,
+            "exploration": args.exploration}
 
 
 def differences(config: Config, i: int, new: PartSpec, old: PartSpec, in_progress: bool,
@@ -153,6 +167,9 @@ def differences(config: Config, i: int, new: PartSpec, old: PartSpec, in_progres
     if new.folders != old.folders:
         key = "dataset_folder" if nanoset else "hf_dataset_or_datasets"
         out.append(f"{where}.data.dataset.{key} reads {new.folders}, the checkpoint {old.folders}")
+    elif new.adaptive != old.adaptive and (new.adaptive is not None or old.adaptive is not None):
+        out.append(f"{where}.data.dataset.dataset_weights is {new.describe_weights()}, the checkpoint's "
+                   f"{old.describe_weights()}")
     elif (new.schedule is None) != (old.schedule is None) or new.weights != old.weights:
         out.append(f"{where}.data.dataset.dataset_weights is {new.describe_weights()}, the checkpoint's "
                    f"{old.describe_weights()}")
