@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from nanoset.env import env_number
-from nanoset.errors import print_error, report_user_errors
+from nanoset.errors import NEEDS_TORCH, print_error, report_user_errors
 from nanoset.tokenize.backends import BACKENDS
 
 
@@ -160,8 +160,8 @@ def train(ctx: click.Context) -> None:
               help="A second run to compare with (e.g. a rewound branch): where the losses part, both summaries, "
                    "overlaid in the plot.")
 def metrics(run_dir: Path, as_json: bool, plot: Path | None, compare: Path | None) -> None:
-    """A run's summary from RUN_DIR/metrics.jsonl (running or finished): per stage steps, tokens, time, losses,
-    sources, validation, skipped steps."""
+    """A run's summary (and plot) from its metrics.jsonl: per stage steps, tokens, time, losses, sources,
+    validation, skipped steps. RUN_DIR: the run's general.run_dir, running or finished."""
     from runtime.metrics_summary import first_difference, render, render_difference, summarize
 
     runs = [run_dir] + ([compare] if compare is not None else [])
@@ -185,31 +185,40 @@ def metrics(run_dir: Path, as_json: bool, plot: Path | None, compare: Path | Non
 _PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
 
 
+def _run_tool(ctx: click.Context, module: str) -> None:
+    """Run ``runtime.cli.MODULE``'s own ``main`` on the rest of the command line (its options, its output): the
+    runtime, and torch, are imported only now; without torch, one line."""
+    import importlib
+
+    try:
+        status = importlib.import_module(f"runtime.cli.{module}").main(ctx.args, prog=f"nanoset {ctx.info_name}")
+    except ImportError as e:
+        if e.name is None or e.name.split(".")[0] != "torch":
+            raise
+        print_error(f"nanoset {ctx.info_name} {NEEDS_TORCH}")
+        status = 1
+    ctx.exit(status)
+
+
 @cli.command(context_settings=_PASS_THROUGH)
 @click.pass_context
 def explain(ctx: click.Context) -> None:
-    """Where a step's data comes from (python -m runtime.explain; --help for its options)."""
-    from runtime.cli.explain import main as run
-
-    ctx.exit(run(ctx.args, prog="nanoset explain"))
+    """Where each sample of a step comes from, or which steps held a document (--help: its options)."""
+    _run_tool(ctx, "explain")
 
 
 @cli.command(context_settings=_PASS_THROUGH)
 @click.pass_context
 def evaluate(ctx: click.Context) -> None:
-    """The validation loss of a checkpoint (python -m runtime.evaluate; --help for its options)."""
-    from runtime.cli.validate import main as run
-
-    ctx.exit(run(ctx.args, prog="nanoset evaluate"))
+    """The validation loss of a checkpoint (--help: its options)."""
+    _run_tool(ctx, "validate")
 
 
 @cli.command(context_settings=_PASS_THROUGH)
 @click.pass_context
 def export(ctx: click.Context) -> None:
-    """A checkpoint as a Hugging Face folder (python -m runtime.export; --help for its options)."""
-    from runtime.cli.export import main as run
-
-    ctx.exit(run(ctx.args, prog="nanoset export"))
+    """A checkpoint as a Hugging Face folder (--help: its options)."""
+    _run_tool(ctx, "export")
 
 
 class Terminated(Exception):

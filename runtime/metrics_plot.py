@@ -58,12 +58,13 @@ def _draw(axes, run: str, train: list[dict], val: list[dict], style: str, label_
                      color=line.get_color(), linewidth=1.8, label=f"{label_prefix}loss (smoothed)")
     sources: dict[str, list[tuple[int, float]]] = {}
     for r in train:
-        for folder, s in (r.get("sources") or {}).items():
+        if len(r.get("sources") or {}) < 2:  # one source's loss is the loss itself
+            continue
+        for folder, s in r["sources"].items():
             if s.get("loss") is not None:
                 sources.setdefault(folder, []).append((r["step"], s["loss"]))
-    if len(sources) > 1:  # one source's loss is the loss itself
-        for folder, pts in sources.items():
-            loss_ax.plot(*zip(*pts), style, linewidth=0.9, label=f"{label_prefix}loss {folder}")
+    for folder, pts in sources.items():
+        loss_ax.plot(*zip(*pts), style, linewidth=0.9, label=f"{label_prefix}loss {folder}")
     names = list(dict.fromkeys(n for r in val for n in r["val"]))
     for name in names:
         pts = [(r["step"], r["val"][name]["loss"]) for r in val if (r["val"].get(name) or {}).get("loss") is not None]
@@ -100,9 +101,10 @@ def plot(run: str | Path, out: str | Path, compare: str | Path | None = None) ->
                              gridspec_kw={"height_ratios": [3, 1, 1] if weighted else [3, 1]})
     for i, (name, train, val) in enumerate(runs):
         _draw(axes, name, train, val, "-" if i == 0 else "--", f"{name}: " if compare is not None else "")
-    for step, stage in _stage_starts(runs[0][1])[1:]:
-        for ax in axes:
-            ax.axvline(step - 0.5, color="grey", linestyle=":", linewidth=1)
+    for i, (step, stage) in enumerate(_stage_starts(runs[0][1])):
+        if i:
+            for ax in axes:
+                ax.axvline(step - 0.5, color="grey", linestyle=":", linewidth=1)
         axes[0].text(step - 0.5, 1.0, f" {stage}", transform=axes[0].get_xaxis_transform(), va="top", fontsize=8)
     axes[0].set_title(f"{runs[0][0]}" + (f" vs {runs[1][0]} (dashed)" if compare is not None else ""))
     axes[0].set_ylabel("loss")
