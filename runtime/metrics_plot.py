@@ -18,7 +18,8 @@ INSTALL = "pip install -e '.[plot]' in the checkout (or pip install matplotlib)"
 
 
 def smoothed(values: list[float], window: int) -> list[float]:
-    """The trailing mean of the last ``window`` values at each point (fewer at the start)."""
+    """The trailing mean of the last ``window`` values at each point (fewer at the start); the plot smooths each
+    stage apart, so a stage's first steps show its own level, not the previous stage's."""
     out, total = [], 0.0
     for i, v in enumerate(values):
         total += v
@@ -50,12 +51,16 @@ def _weights(train: list[dict]) -> dict[str, list[tuple[int, float]]]:
 
 def _draw(axes, run: str, train: list[dict], val: list[dict], style: str, label_prefix: str) -> None:
     loss_ax, lr_ax = axes[0], axes[1]
-    points = [(r["step"], loss) for r in train if (loss := finite_loss(r)) is not None]
+    points = [(r["step"], loss, r["stage"]) for r in train if (loss := finite_loss(r)) is not None]
     if points:
-        steps, losses = zip(*points)
-        line = loss_ax.plot(steps, losses, style, alpha=0.3, linewidth=0.8, label=f"{label_prefix}loss")[0]
-        loss_ax.plot(steps, smoothed(list(losses), max(1, min(25, len(losses) // 10))), style,
-                     color=line.get_color(), linewidth=1.8, label=f"{label_prefix}loss (smoothed)")
+        steps, losses, _ = zip(*points)
+        line = loss_ax.plot(steps, losses, style, alpha=0.45, linewidth=0.8, label=f"{label_prefix}loss")[0]
+        window = max(1, min(25, len(losses) // 10))
+        for i, stage in enumerate(dict.fromkeys(st for _, _, st in points)):  # a stage's level is its own
+            part = [(s, loss) for s, loss, st in points if st == stage]
+            loss_ax.plot([s for s, _ in part], smoothed([loss for _, loss in part], window), style,
+                         color=line.get_color(), linewidth=1.8,
+                         label=None if i else f"{label_prefix}loss (smoothed)")
     sources: dict[str, list[tuple[int, float]]] = {}
     for r in train:
         if len(r.get("sources") or {}) < 2:  # one source's loss is the loss itself
