@@ -2,7 +2,8 @@
 
 Per stage: steps, tokens, training time (the steps' own durations, ``tokens / tokens_per_s``: validation and
 checkpoint saves left out), tokens/s, first/last/min loss, per-source last loss and share of the samples, the
-last validation losses, skipped steps. Plain ``json``, no torch: the toolkit command imports it as it is.
+last validation losses, skipped steps, and the last mixing weights where the rows carry ``weights``. Plain
+``json``, no torch: the toolkit command imports it as it is.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def _stage(name: str, rows: list[dict], val_rows: list[dict]) -> dict[str, Any]:
     for e in sources.values():
         e["share"] = e["samples"] / samples if samples else None
     last_val = val_rows[-1] if val_rows else None
+    weighted = [r for r in rows if isinstance(r.get("weights"), dict)]  # rows of a stage that logs its mix weights
     return {
         "name": name, "first_step": rows[0]["step"] if rows else None, "last_step": rows[-1]["step"] if rows else None,
         "steps": len(rows), "tokens": tokens, "time_s": seconds,
@@ -87,6 +89,7 @@ def _stage(name: str, rows: list[dict], val_rows: list[dict]) -> dict[str, Any]:
                  "min": low[1] if low else None, "min_step": low[0] if low else None},
         "skipped_steps": [r["step"] for r in rows if r.get("skipped")],
         "sources": sources,
+        "weights": {"step": weighted[-1]["step"], "weights": weighted[-1]["weights"]} if weighted else None,
         "validation": ({"step": last_val["step"], "loss": {n: v.get("loss") for n, v in last_val["val"].items()}}
                        if last_val else None),
     }
@@ -149,6 +152,10 @@ def render(summary: dict[str, Any]) -> str:
         for folder, s in st["sources"].items():
             share = "n/a" if s["share"] is None else f"{100 * s['share']:.1f}%"
             out.append(f"  source {folder}: last loss {_loss(s['last_loss'])}, {share} of the samples")
+        if st["weights"]:
+            weights = ", ".join(f"{n} {w:.4g}" if isinstance(w, (int, float)) else f"{n} {w}"
+                                for n, w in st["weights"]["weights"].items())
+            out.append(f"  weights at step {st['weights']['step']}: {weights}")
         if st["validation"]:
             vals = ", ".join(f"{n} {_loss(v)}" for n, v in st["validation"]["loss"].items())
             out.append(f"  validation at step {st['validation']['step']}: {vals}")

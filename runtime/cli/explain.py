@@ -10,6 +10,9 @@ checkpoint with this config: the past comes from the checkpoint's record, as in 
 ``--steps A:B`` explains every step of a range at once; ``--document FOLDER:DOC`` (or ``--documents
 FILE``, one ``FOLDER:DOC`` a line) answers the reverse question: which steps, positions and samples
 held any token of document ``DOC`` of ``FOLDER``, in the whole run.
+
+``--decode`` adds each sample's text (its ids decoded with its dataset's recorded tokenizer; ``--max-chars N``
+cuts it). ``nanoset explain`` is this command, with the same options and output.
 """
 
 from __future__ import annotations

@@ -87,9 +87,12 @@ def test_metrics_plot_and_compare(run, shards, tmp_path):
     assert both["difference"] == {"common_steps": STEPS, "first_common_step": 1, "last_common_step": STEPS,
                                   "first_different_step": 4}
     assert both["runs"][1]["stages"][1]["loss"]["first"] == both["runs"][0]["stages"][1]["loss"]["first"] + 0.5
+    assert both["runs"][0]["stages"][0]["weights"] is None
+    assert both["runs"][1]["stages"][0]["weights"] == {"step": 3, "weights": {"shards/web": 0.7, "shards/code": 0.3}}
     assert proc.stderr == f"plot written to {out}\n"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     text = run_cli("metrics", run_dir, "--compare", branch, cwd=shards).stdout
+    assert "  weights at step 3: shards/web 0.7, shards/code 0.3" in text.splitlines()
     assert text.splitlines()[-1] == (f"{run_dir} and {branch}: {STEPS} steps in common (1-{STEPS}); the losses "
                                      f"first differ at step 4")
 
