@@ -19,10 +19,9 @@ from runtime.checkpoint.layout import (
     RESUME,
     check_same_model,
     checkpoints_folder,
-    last_step,
-    read_metadata,
     resolve_resume,
 )
+from runtime.checkpoint.record import CheckpointRecord, read_metadata
 from runtime.checkpoint.run_folder import (
     REWOUND,
     RunLock,
@@ -34,11 +33,13 @@ from runtime.checkpoint.run_folder import (
     refuse_a_checkpoint_inside_the_run,
     run_lock,
 )
+from runtime.checkpoint.surgery_log import RewindEntry, run_surgery, surgery_at_resume
 from runtime.config import Config
 from runtime.config.load import load_config
 from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.packing import shorter_sequence_length
 from runtime.data.order.plan import DataPlan
+from runtime.data.order.surgery import Surgery
 from runtime.data.order.validation_sets import ValidationSet, open_validation_sets, training_readers
 from runtime.hf.preflight import check_init_from_hf
 
@@ -48,7 +49,7 @@ class RunStart:
     """Where a run starts: a checkpoint to resume from, or step 0 (moving an old run aside first)."""
 
     checkpoint: Path | None  # the checkpoint to resume from; None: step 0
-    metadata: dict | None  # what it records (checkpoint.layout.read_metadata)
+    record: CheckpointRecord | None  # what it records
     replace_old_run: bool = False  # a fresh start where a run exists: global rank 0 moves the old one aside
     lock: RunLock | None = field(default=None, repr=False)  # global rank 0: held while the run lives (see run_lock)
 
@@ -67,11 +68,13 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def start_up(config: Config | str | Path, world: int | None = None, lock: bool = True) -> Startup:
+def start_up(config: Config | str | Path, world: int | None = None, lock: bool = True,
+             pending: RewindEntry | None = None) -> Startup:
     """Load (a path) and check the config, its data, the checkpoint it resumes and the run folder.
 
     ``world``: the processes the launcher starts (default: ``WORLD_SIZE``); ``lock``: hold the run folder's
-    lock (global rank 0 of the workers does; a launcher checking for them only tries it)."""
+    lock (global rank 0 of the workers does; a launcher checking for them only tries it); ``pending``: a rewind
+    ``--check`` shows, not recorded yet."""
     path = None if isinstance(config, Config) else config
     if path is not None:
         config = load_config(path)
@@ -80,9 +83,21 @@ def start_up(config: Config | str | Path, world: int | None = None, lock: bool =
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}" if path is not None else str(e)) from None
     start = plan_start(config, lock)
-    plan = DataPlan(config, resolve_stage_folders(config)).resumed_from(start.checkpoint, start.metadata)
-    check_init_from_hf(config, plan, fresh_start=start.checkpoint is None)
-    validation_sets = open_validation_sets(config, training_readers(plan))
+    record = start.record
+    resumed = record.last_step if record is not None else 0
+    try:
+        surgery = surgery_at_resume(run_surgery(config, pending), record.extensions if record is not None else None,
+                                    resumed, start.checkpoint)
+        plan = DataPlan(config, resolve_stage_folders(config), surgery=Surgery()).resumed_from(
+            start.checkpoint, record.training if record is not None else None)
+        if surgery:
+            plan = plan.with_surgery(surgery)
+        check_init_from_hf(config, plan, fresh_start=start.checkpoint is None)
+        validation_sets = open_validation_sets(config, training_readers(plan))
+    except BaseException:  # nothing starts: the lock goes, and the run folder it made if nothing else is in it
+        if start.lock is not None:
+            start.lock.close()
+        raise
     return Startup(config, plan, start, validation_sets)
 
 
@@ -92,16 +107,25 @@ def plan_start(config: Config, lock: bool = True) -> RunStart:
     if not lock and held is not None:  # a launcher checking for its workers: they take it
         held.close()
         held = None
+    try:
+        return _start(config, held)
+    except BaseException:
+        if held is not None:
+            held.close()
+        raise
+
+
+def _start(config: Config, held: RunLock | None) -> RunStart:
     folder = checkpoints_folder(config)
     path = resolve_resume(folder, config.checkpoints.resume)
     continues = config.checkpoints.resume == LATEST or (
         path is not None and path.resolve().parent == folder.resolve())
     if path is not None and not continues:
         refuse_a_checkpoint_inside_the_run(config, path)
-    metadata = read_metadata(path) if path is not None else None
-    if path is not None:
-        check_same_model(config, metadata, path)
-        last = last_step(metadata)
+    record = read_metadata(path) if path is not None else None
+    if record is not None:
+        check_same_model(config, record, path)
+        last = record.last_step
         if last > config.tokens.train_steps:  # it would train nothing and report "done: step 12/10"
             raise ConfigError(f"{RESUME.about(path)}: at step {last}, past tokens.train_steps "
                               f"{config.tokens.train_steps}; raise tokens.train_steps or "
@@ -114,7 +138,7 @@ def plan_start(config: Config, lock: bool = True) -> RunStart:
                           f"aside, or another general.run_dir")
     check_writable(config.general.run_path, "general.run_dir", moving=bool(found))
     check_writable(folder, "checkpoints.checkpoints_path", moving=bool(found))
-    return RunStart(path, metadata, replace_old_run=bool(found), lock=held)
+    return RunStart(path, record, replace_old_run=bool(found), lock=held)
 
 
 def describe_start(startup: Startup) -> str:
@@ -128,7 +152,7 @@ def describe_start(startup: Startup) -> str:
             return fresh
         return (f"{fresh}; checkpoints.replace_run moves the run in {c.general.run_path} aside to "
                 f"{c.general.run_path.name}.old-<UTC time>")
-    last = last_step(start.metadata)
+    last = start.record.last_step
     todo = f"trains steps {last + 1}-{steps}" if last < steps else "nothing left to train"
     later = later_checkpoints(c, last)
     if not later:
@@ -151,27 +175,27 @@ def startup_notes(startup: Startup) -> list[str]:
     or with another batch, a learning-rate schedule recomputed for another length, a stage that repeats samples
     (more than one epoch of a dataset), packing that drops or truncates a share of a dataset's tokens or whose
     samples are more than a quarter padding."""
-    c, plan, metadata = startup.config, startup.plan, startup.start.metadata
+    c, plan, record = startup.config, startup.plan, startup.start.record
     notes = []
-    if metadata is not None:
-        saved = metadata.get("config") or {}
-        last = last_step(metadata)
+    if record is not None:
+        saved = record.config
+        last = record.last_step
         was = {**(saved.get("parallelism") or {}), **(saved.get("tokens") or {})}
         now = {**c.to_dict()["parallelism"], **c.to_dict()["tokens"]}
         changed = [f"{k} {was.get(k, 1)} → {now[k]}" for k in ("dp", "cp", "tp", "pp", "micro_batch_size",
                                                                   "batch_accumulation_per_replica")
                    if was.get(k, 1) != now[k]]
-        old_batch = (metadata.get("training") or {}).get("global_batch_size")
+        old_batch = record.training.global_batch_size
         if changed:
             same = (f"global batch {c.global_batch_size} as before: the same samples in the same order, losses equal "
                     f"to float rounding (not to the bit)" if old_batch == c.global_batch_size else
                     f"global batch {old_batch} → {c.global_batch_size} from step {last + 1}")
             notes.append(f"resuming {startup.start.checkpoint} in another layout ({', '.join(changed)}): {same}")
-        old_steps = (metadata.get("lr_schedule") or {}).get("train_steps")
+        old_steps = record.lr_schedule.get("train_steps")
         if old_steps is not None and old_steps != c.tokens.train_steps:
             notes.append(f"tokens.train_steps is {c.tokens.train_steps}, the checkpoint's learning-rate schedule was "
                          f"for {old_steps}: it is recomputed for {c.tokens.train_steps} steps from step {last + 1}")
-    resumed = last_step(metadata) if metadata is not None else 0
+    resumed = record.last_step if record is not None else 0
     named = plan.shown_names()
     for part in plan.stages:
         if part.end_step <= resumed + 1:

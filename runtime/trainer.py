@@ -12,25 +12,27 @@ import signal
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from nanoset.errors import NanosetError, WriteFailed
-from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
+from runtime.checkpoint.layout import LATEST, checkpoints_folder
+from runtime.checkpoint.record import CheckpointRecord
 from runtime.checkpoint.run_folder import Rewound, move_aside, rewind
-from runtime.checkpoint.store import SKIPPED, SKIPPED_IN_A_ROW, CheckpointManager
+from runtime.checkpoint.store import CheckpointManager
 from runtime.config import Config
 from runtime.data.loading.feed import StepFeed, training_feed
-from runtime.data.order.plan import StagePlan, training_metadata
+from runtime.data.order.plan import StagePlan
+from runtime.data.order.surgery import SURGERY_KEY, surgery_record
 from runtime.engine import Engine, StepResult
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
-from runtime.hf.preflight import data_tokenizer
 from runtime.lr_schedule import LRSchedule
 from runtime.metrics import (
+    SURGERY_SKIP,
     MetricsLogger,
     model_flops_utilization,
     peak_flops,
@@ -70,7 +72,7 @@ class Trainer:
         self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp)
         self.is_main = self.parallel_context.world_rank == 0
         self.run_dir = config.general.run_path
-        resumed = last_step(self.start.metadata) if self.start.checkpoint is not None else 0
+        resumed = self.start.record.last_step if self.start.record is not None else 0
         stop = installed()
         with stop.held() if stop is not None else nullcontext():  # a Ctrl-C here waits for the moves' end
             moved, rewound = self._prepare_run_folder(resumed)
@@ -95,6 +97,8 @@ class Trainer:
             self.metrics.info(f"note: {note}")
         if rewound is not None:
             self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): {rewound.describe()}")
+        for line in self.plan.surgery.describe():
+            self.metrics.info(f"surgery: {line}")
 
     def _prepare_run_folder(self, resumed: int) -> tuple[list[Path], Rewound | None]:
         """Global rank 0 moves an old run aside (``replace_run``) or rewinds to the resumed checkpoint, and makes the
@@ -144,10 +148,15 @@ class Trainer:
                 batches = self._feed.batches(step)
                 data_wait = self._feed.wait
                 lr = self.lr_schedule.apply(self.engine.optimizer, step)
-                result = self.engine.train_step(batches, stage.sequence_length, num_sources=len(stage.dataset_ids))
-                self.last_step = step
-                self._log_and_validate(step, stage, result, lr, data_wait, summary)
-                self._count_skips(step, result)
+                if self.plan.surgery.skips(step):  # read (the order goes on), never trained: no engine call at all
+                    self.last_step = step
+                    self._log_surgery_skip(step, stage, lr)
+                else:
+                    result = self.engine.train_step(batches, stage.sequence_length,
+                                                    num_sources=len(stage.dataset_ids))
+                    self.last_step = step
+                    self._log_and_validate(step, stage, result, lr, data_wait, summary)
+                    self._count_skips(step, result)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
                 # every rank stops after the same step; a signal during the last one changes nothing
@@ -209,6 +218,15 @@ class Trainer:
             row["sources"] = source_metrics([self.plan.datasets[d].folder for d in stage.dataset_ids], result.sources)
         self.metrics.log(row)
 
+    def _log_surgery_skip(self, step: int, stage: StagePlan, lr: float) -> None:
+        """The row of a step that surgery skips: its step, stage and data hash, ``skipped: "surgery"``, no loss."""
+        self._step_end = time.perf_counter()
+        row = {"step": step, "stage": stage.name, "loss": None, "lr": lr, "grad_norm": None, "skipped": SURGERY_SKIP,
+               "data_hash": self.plan.data_hash(step) if self._feed.from_config and self.is_main else None,
+               "time": time.time()}
+        validate = self.validator.should_validate(step, stage.index)
+        self._writing_metrics(lambda: self.metrics.log(row), lambda: self._validate(step, stage) if validate else None)
+
     def _validate(self, step: int, stage: StagePlan) -> None:
         results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
         self.metrics.log_validation(step, stage.name, results, describe(results))
@@ -239,14 +257,12 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints -------------
 
     def _save(self, step: int) -> Path:
-        """A checkpoint of ``step``; one of a skipped (non-finite) step is not one to return to, and carries the count
-        of skipped steps in a row, so that a resumed diverging run stops where an uninterrupted one would."""
-        tokenizer = data_tokenizer(self.plan)  # for runtime.export: bos/eos ids and the tokenizer files
-        meta = {"training": training_metadata(self.plan, step).to_json(),
-                "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict(),
-                "tokenizer": asdict(tokenizer) if tokenizer is not None else None,
-                SKIPPED: self._skipped_in_a_row > 0, SKIPPED_IN_A_ROW: self._skipped_in_a_row}
-        return self.checkpoints.save(self.engine, step, meta)
+        """A checkpoint of ``step`` (with the count of skipped steps in a row, so that a resumed diverging run stops
+        where an uninterrupted one would; a surgery skip is finite, not a state to avoid)."""
+        record = CheckpointRecord.of_run(self.plan, step, self.lr_schedule.state_dict(), self._skipped_in_a_row)
+        record.step_skipped = record.step_skipped and not self.plan.surgery.skips(step)
+        record.extensions[SURGERY_KEY] = surgery_record(self.plan.surgery)
+        return self.checkpoints.save(self.engine, step, record)
 
     def _resume(self) -> int:
         path = self.start.checkpoint
@@ -255,10 +271,9 @@ class Trainer:
                 load_hf_weights(self.engine.chunks, self.config.model.init_from_hf)
                 self.metrics.info(f"weights from {self.config.model.init_from_hf} (model.init_from_hf)")
             return 0
-        metadata = self.checkpoints.load(self.engine, path)
-        last = last_step(metadata)
-        # a checkpoint from before the count was saved: its own step's skip, if any
-        self._skipped_in_a_row = metadata.get(SKIPPED_IN_A_ROW, int(bool(metadata.get(SKIPPED, False))))
+        record = self.checkpoints.load(self.engine, path)
+        last = record.last_step
+        self._skipped_in_a_row = record.skipped_in_a_row
         self.metrics.info(f"resumed from {path} at step {last}")
         return last
 

@@ -2,7 +2,7 @@
 ``metadata.json``.
 
 A run's checkpoints folder holds ``step-000040`` folders (DCP files, one RNG file per rank and
-``metadata.json``: the training record, the config, the data's tokenizer), the ``latest`` file
+``metadata.json``: the checkpoint record, see ``record``), the ``latest`` file
 naming the newest, and ``.tmp-*`` folders of saves in progress. A checkpoint is complete when its
 ``metadata.json`` exists (it is written last). Every command that takes a checkpoint resolves and
 reads it here, so a missing or damaged one is said the same way everywhere.
@@ -11,17 +11,19 @@ reads it here, so a missing or damaged one is said the same way everywhere.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nanoset.atomic import atomic_write_text, fsync_dir, write_beside
-from nanoset.errors import CheckpointError, ConfigError, MissingPath
+from nanoset.errors import ConfigError, MissingPath
 from runtime.config import Config
 from runtime.config.schema import SHAPE_KEYS
-from runtime.data.order.record import TrainingMetadata
+
+if TYPE_CHECKING:
+    from runtime.checkpoint.record import CheckpointRecord
 
 LATEST = "latest"
 METADATA = "metadata.json"
@@ -179,40 +181,9 @@ def resolve_resume(folder: Path, resume: str | None) -> Path | None:
     return find_checkpoint(resume, RESUME, "latest | PATH of a step-N folder | null")
 
 
-def read_metadata(path: Path, record: bool = True, model: bool = True) -> dict:
-    """``path/metadata.json``, checked to hold a training ``record`` (what resuming and ``explain`` need) and
-    the ``model`` it was saved with (what resuming and export need)."""
-    file = Path(path) / METADATA
-    if not file.is_file():
-        raise MissingPath(f"{path}: no {METADATA}; it is not a complete checkpoint (give a step-N folder)")
-    try:
-        metadata = json.loads(file.read_text(encoding="utf-8"))
-        if record:
-            TrainingMetadata.from_json(metadata["training"])
-        if not isinstance(metadata, dict):
-            raise TypeError(f"a JSON {type(metadata).__name__}, not an object")
-    except OSError as e:
-        raise CheckpointError(f"{file}: unreadable ({e}); choose another checkpoint") from None
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{file}: not a training checkpoint's metadata ({type(e).__name__}: {e}); give a "
-                              f"step-N folder that a run saved") from None
-    if model and not isinstance((metadata.get("config") or {}).get("model"), dict):
-        raise CheckpointError(f"{file}: records no model section (config.model); give a step-N folder that a run "
-                              f"saved")
-    return metadata
-
-
-def write_metadata(folder: Path, metadata: dict) -> None:
-    atomic_write_text(folder / METADATA, json.dumps(metadata, indent=1))
-
-
-def last_step(metadata: dict) -> int:
-    return int(metadata["training"]["last_train_step"])
-
-
-def check_same_model(config: Config, metadata: dict, path: Path, named: NamedBy = RESUME) -> None:
+def check_same_model(config: Config, record: CheckpointRecord, path: Path, named: NamedBy = RESUME) -> None:
     """Refuse a checkpoint saved with another model shape (it would load partly, or crash on every rank)."""
-    saved = dict(metadata.get("config", {}).get("model", {}))
+    saved = dict(record.model)
     now = config.to_dict()["model"]
     for d in (saved, now):  # compare the effective number of key/value heads and head size
         if d.get("num_key_value_heads") is None:
@@ -225,12 +196,18 @@ def check_same_model(config: Config, metadata: dict, path: Path, named: NamedBy 
                           f"checkpoint's model section in the config, or {named.another('another checkpoint')}")
 
 
-def earlier_checkpoints_hint(checkpoint: Path) -> str:
-    """What to resume from instead of ``checkpoint``: the newest complete checkpoint before it, if any."""
+def earlier_checkpoints_hint(checkpoint: Path, named: NamedBy = RESUME) -> str:
+    """What to use instead of a damaged ``checkpoint``: the newest complete checkpoint before it, if any (in the
+    terms of ``named``: the trainer resumes it, a command is given it)."""
     step = checkpoint_step(checkpoint.name)
-    if step is None:  # a folder not named step-N: nothing to say what came before it
-        return "set checkpoints.resume to another checkpoint and rerun"
-    earlier = [p for p in saved_checkpoints(checkpoint.parent) if (checkpoint_step(p.name) or 0) < step]
+    earlier = [p for p in saved_checkpoints(checkpoint.parent) if (checkpoint_step(p.name) or 0) < step] \
+        if step is not None else []
+    if named is RESUME:
+        if step is None:  # a folder not named step-N: nothing to say what came before it
+            return "set checkpoints.resume to another checkpoint and rerun"
+        if earlier:
+            return f"set checkpoints.resume: {earlier[-1]} (an earlier checkpoint) and rerun"
+        return "no earlier checkpoint is there: start over (checkpoints.resume: null, checkpoints.replace_run: true)"
     if earlier:
-        return f"set checkpoints.resume: {earlier[-1]} (an earlier checkpoint) and rerun"
-    return "no earlier checkpoint is there: start over (checkpoints.resume: null, checkpoints.replace_run: true)"
+        return f"{named.another(str(earlier[-1]))} (the newest complete checkpoint before it)"
+    return "choose another checkpoint"  # none before it (or a folder not named step-N)

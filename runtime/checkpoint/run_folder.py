@@ -44,22 +44,39 @@ def existing_run(config: Config) -> list[str]:
 
 
 class RunLock:
-    """The locks a run holds while it lives (its run folder's and, kept elsewhere, its checkpoints folder's)."""
+    """The locks a run holds while it lives (its run folder's and, kept outside it, its checkpoints folder's).
 
-    def __init__(self, files: list[IO]) -> None:
+    ``made``: the folders that taking them created (deepest first); ``close`` removes those that still hold
+    nothing but the lock file, so a start-up that ends before training (``--check``, a mistake found after the
+    lock) leaves no empty run folder behind."""
+
+    def __init__(self, files: list[IO], made: list[Path] | None = None) -> None:
         self.files = files
+        self.made = made or []
 
     def close(self) -> None:
         for f in self.files:
             f.close()
+        for folder in self.made:
+            try:
+                if [p.name for p in folder.iterdir()] == [RUN_LOCK]:
+                    (folder / RUN_LOCK).unlink()
+                folder.rmdir()
+            except OSError:  # something else is in it now (the run's files): it stays
+                pass
+        self.made = []
+
+
+RUN_LOCK = ".nanoset-run.lock"  # inside the run folder (and a checkpoints folder kept outside it)
 
 
 def run_lock(config: Config) -> RunLock | None:
-    """Exclusive locks, held by global rank 0 while the run lives, on ``.<run_dir>.lock`` next to the run folder
-    (so it survives ``replace_run`` renaming the folder) and, for a ``checkpoints.checkpoints_path`` outside it, on
-    ``.<checkpoints>.lock`` next to that: a second launch of the same run (submitted twice, or requeued while the
-    first still runs), or another run saving into the same checkpoints folder, is refused instead of writing
-    there (two runs replaced and pruned each other's step-N folders)."""
+    """Exclusive locks, held by global rank 0 while the run lives, on ``<run_dir>/.nanoset-run.lock`` and, for a
+    ``checkpoints.checkpoints_path`` outside the run folder, on the same file inside that: a second launch of the
+    same run (submitted twice, or requeued while the first still runs), or another run saving into the same
+    checkpoints folder, is refused instead of writing there (two runs replaced and pruned each other's step-N
+    folders). Inside the folders, so that a run needs no write access beside them (a shared filesystem's parent
+    folder); ``move_aside`` links the held lock file into the fresh folder."""
     check_writable(config.general.run_path, "general.run_dir", moving=False)
     run = Path(os.path.realpath(config.general.run_path))
     checkpoints = Path(os.path.realpath(checkpoints_folder(config)))
@@ -68,21 +85,29 @@ def run_lock(config: Config) -> RunLock | None:
         check_writable(checkpoints_folder(config), "checkpoints.checkpoints_path", moving=False)
         folders.append((checkpoints, checkpoints_folder(config), "checkpoints.checkpoints_path",
                         "with this checkpoints folder"))
-    held: list[IO] = []
+    lock = RunLock([])
     try:
         for real, shown, key, where in folders:
+            lock.made[:0] = [p for p in (real, *real.parents) if not p.exists()]  # deepest first
             f = _lock(real, shown, key, where)
             if f is not None:
-                held.append(f)
+                lock.files.append(f)
     except BaseException:
-        RunLock(held).close()
+        lock.close()
         raise
-    return RunLock(held) if held else None
+    if not lock.files:
+        lock.close()
+        return None
+    return lock
 
 
 def _lock(folder: Path, shown: Path, key: str, where: str) -> IO | None:
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    f = open(folder.parent / f".{folder.name}.lock", "a+")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        f = open(folder / RUN_LOCK, "a+")
+    except OSError as e:  # check_writable said yes a moment ago: a folder made read-only since, or a race
+        raise ConfigError(f"{key}: {shown}: cannot create its run lock {RUN_LOCK} there ({e.strerror or e}); make "
+                          f"the folder writable or choose another {key}") from None
     try:
         fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -141,6 +166,11 @@ def move_aside(config: Config) -> list[Path]:
             dst = _stamped(src.parent, f"{src.name}.old")
             src.rename(dst)
             src.mkdir()  # a run folder given as a link keeps pointing at a folder
+            if (dst / RUN_LOCK).is_file():  # the lock this run holds (its inode, locked) is linked into the new folder
+                try:
+                    os.link(dst / RUN_LOCK, src / RUN_LOCK)
+                except OSError:  # a filesystem without hard links: the lock file moves instead
+                    os.replace(dst / RUN_LOCK, src / RUN_LOCK)
             moved.append(dst)
     return moved
 

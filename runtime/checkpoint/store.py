@@ -11,6 +11,7 @@ every ``except Exception`` (and a missing ``.metadata`` as a logged traceback pe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -34,7 +35,6 @@ from runtime.checkpoint.layout import (
     earlier_checkpoints_hint,
     interrupted_save,
     latest_name,
-    read_metadata,
     resolve_resume,
     rng_file,
     saved_checkpoints,
@@ -42,13 +42,11 @@ from runtime.checkpoint.layout import (
     stale_temporaries,
     step_folders,
     write_latest,
-    write_metadata,
 )
+from runtime.checkpoint.record import CheckpointRecord, read_metadata, step_was_skipped, write_metadata
 from runtime.engine import Engine
 
 FAULT_ENV = "NANOSET_FAULT_KILL_IN_CHECKPOINT"  # fault injection for tests: SIGKILL before the rename
-SKIPPED = "step_skipped"  # metadata key: the checkpoint's step was skipped (non-finite), not a state to return to
-SKIPPED_IN_A_ROW = "skipped_in_a_row"  # metadata key: skipped steps in a row up to it (a resume counts on)
 
 
 def _optimizer_state(engine: Engine) -> dict[str, torch.Tensor]:
@@ -124,7 +122,7 @@ class CheckpointManager:
         if dist.is_initialized():
             dist.barrier()
 
-    def save(self, engine: Engine, step: int, metadata: dict) -> Path:
+    def save(self, engine: Engine, step: int, record: CheckpointRecord) -> Path:
         """Write the checkpoint of ``step`` under a temporary name (with the ``latest`` that will name it), then
         rename both into place and prune. A failed write (a full disk) on any rank removes the temporary files and
         raises the same ``CheckpointError`` on every rank; the earlier checkpoints and ``latest`` stay as they
@@ -141,7 +139,7 @@ class CheckpointManager:
             dcp.save(_app_state(engine), checkpoint_id=str(tmp))
             torch.save(_rng_state(), rng_file(tmp, dist.get_rank()))
             if self.is_writer:
-                write_metadata(tmp, dict(metadata, world_size=dist.get_world_size()))
+                write_metadata(tmp, dataclasses.replace(record, world_size=dist.get_world_size()))
                 staged = stage_latest(self.folder, final)
         except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
             failure = _cause(e)
@@ -212,7 +210,7 @@ class CheckpointManager:
     def newest_of_a_finite_step(self) -> Path | None:
         """The newest complete checkpoint whose step was trained, not skipped as non-finite."""
         for path in reversed(saved_checkpoints(self.folder)):
-            if not read_metadata(path, record=False, model=False).get(SKIPPED, False):
+            if not step_was_skipped(path):
                 return path
         return None
 
@@ -228,13 +226,13 @@ class CheckpointManager:
         """The checkpoint to load: ``latest`` (None when there is none yet), a path, or None."""
         return resolve_resume(self.folder, resume)
 
-    def load(self, engine: Engine, path: Path) -> dict:
-        """Load model and optimizer (resharding to this layout), RNG states; return the metadata."""
-        metadata = read_metadata(path, record=False, model=False)  # start-up checked what it needs
+    def load(self, engine: Engine, path: Path) -> CheckpointRecord:
+        """Load model and optimizer (resharding to this layout), RNG states; return the checkpoint's record."""
+        record = read_metadata(path, model=False)  # start-up checked what it needs
         hint = earlier_checkpoints_hint(path)
         load_dcp(_app_state(engine), path, hint)  # in place: parameters, AdamW state
         rng = rng_file(path, dist.get_rank())
-        if metadata.get("world_size") == dist.get_world_size():  # the same layout: each rank its own RNG file
+        if record.world_size == dist.get_world_size():  # the same layout: each rank its own RNG file
             state, error = None, ""
             try:
                 state = torch.load(rng, weights_only=True) if rng.is_file() else None
@@ -247,7 +245,7 @@ class CheckpointManager:
                 raise CheckpointError(f"{path}: unreadable RNG file {next(e for e in errors if e)}; {hint}")
             if state is not None:
                 _set_rng_state(state)
-        return metadata
+        return record
 
 
 def load_dcp(state: dict, checkpoint: Path, what_to_do: str, no_dist: bool = False) -> None:
@@ -261,16 +259,31 @@ def load_dcp(state: dict, checkpoint: Path, what_to_do: str, no_dist: bool = Fal
         try:
             dcp.load(state, checkpoint_id=str(checkpoint), no_dist=no_dist)
         except (Exception, CheckpointException) as e:  # a missing or torn shard file
-            cause = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) and e.failures else e
-            raise CheckpointError(f"{checkpoint}: the DCP files are unreadable ({cause}); {what_to_do}") from None
+            raise CheckpointError(f"{checkpoint}: the DCP files are unreadable ({unreadable_because(e)}); "
+                                  f"{what_to_do}") from None
 
 
-def stored_tensors(checkpoint: Path) -> dict:
+def stored_tensors(checkpoint: Path, what_to_do: str = "choose another checkpoint") -> dict:
     """The DCP metadata of every stored tensor (name → its metadata), without reading them."""
     try:
         return FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
     except Exception as e:  # a missing or torn .metadata file
-        raise CheckpointError(f"{checkpoint}: the DCP files are unreadable ({e}); choose another checkpoint") from None
+        raise CheckpointError(f"{checkpoint}: the DCP files are unreadable ({unreadable_because(e)}); "
+                              f"{what_to_do}") from None
+
+
+def unreadable_because(error: BaseException) -> str:
+    """Why DCP could not read a checkpoint, in one line: the first line of the failure, or its kind where it says
+    nothing (a torn file can fail with an empty message), and torch's multi-line refusal of a file that is no
+    tensor file said as what it means."""
+    if isinstance(error, CheckpointException) and error.failures:
+        error = next(iter(error.failures.values()))[0]
+    text = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    if text.startswith("Weights only load failed"):
+        return "a shard file holds no tensors torch saved: damaged or overwritten"
+    if not text and isinstance(error, EOFError):
+        return "a shard file ends before its data: torn or truncated"
+    return text or f"{type(error).__name__} without a message: a damaged file"
 
 
 def _cause(error: BaseException) -> str:

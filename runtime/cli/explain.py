@@ -28,13 +28,16 @@ import numpy as np
 
 from nanoset.errors import report_user_errors
 from nanoset.stats import recorded_decoder, truncate
-from runtime.checkpoint.layout import CHECKPOINT_OPTION, find_checkpoint, read_metadata
+from runtime.checkpoint.layout import CHECKPOINT_OPTION, find_checkpoint
+from runtime.checkpoint.record import read_metadata
+from runtime.checkpoint.surgery_log import run_surgery
 from runtime.config import ConfigError
 from runtime.config.load import load_config
 from runtime.config.overrides import add_set_option
 from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import document_steps, parse_document
+from runtime.data.order.surgery import SURGERY_KEY, Surgery
 from runtime.data.order.windows import label_mask
 
 
@@ -44,6 +47,7 @@ def explain_step(plan: DataPlan, step: int, decoders: dict[int, Any] | None = No
     tokenizer) its ``text`` too: the sample's ids decoded (cut to ``max_chars`` characters, ending with "…")."""
     stage, loc = plan.global_batch(step)
     data_hash = plan.data_hash(step, loc)
+    skipped = "surgery" if plan.surgery.skips(step) else None  # read, not trained
     rows = []
     loss_tokens = np.empty(len(loc.sample), dtype=np.int64)
     for d in np.unique(loc.dataset).tolist():
@@ -59,7 +63,7 @@ def explain_step(plan: DataPlan, step: int, decoders: dict[int, Any] | None = No
             "sample": s, "epoch": e,
             "shards": [sh.name for sh in reader.shards[first : last + 1]], "tokens": [start, stop],
             "documents": reader.document_ids(start, stop).tolist(), "packing": w.packing,
-            "loss_tokens": int(loss_tokens[pos]),
+            "loss_tokens": int(loss_tokens[pos]), "skipped": skipped,
         })
         if decoders is not None:
             text = decoders[d].decode(reader.tokens(start, stop).tolist(), skip_special_tokens=False)
@@ -111,10 +115,15 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
     config = load_config(config_path, overrides or ())
     queries = _queries(document, documents)  # before any data is opened: a typo costs nothing
     first, last = parse_steps(steps, config.tokens.train_steps) if steps is not None else (step, step)
-    plan = DataPlan(config, resolve_stage_folders(config))
+    plan = DataPlan(config, resolve_stage_folders(config), surgery=Surgery())
+    surgery = run_surgery(config)  # the config's and what the run folder records: the order the run trains
     if checkpoint:
         path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
-        plan = plan.resumed_from(path, read_metadata(path, model=False))
+        record = read_metadata(path, model=False)
+        plan = plan.resumed_from(path, record.training)
+        surgery = surgery.union(Surgery.from_json(record.extensions.get(SURGERY_KEY), f"{path}: surgery"))
+    if surgery:
+        plan = plan.with_surgery(surgery)
     try:
         if queries is not None:
             return _print_hits(document_steps(plan, queries), queries, config.tokens.train_steps, as_json)
@@ -145,8 +154,9 @@ def _print_steps(plan: DataPlan, first: int, last: int, as_json: bool, decoders:
         if as_json:
             out.write(("" if step == first else ", ") + ", ".join(json.dumps(r) for r in of_step))
             continue
+        skipped = " (skipped by surgery: read, not trained)" if of_step[0]["skipped"] else ""
         out.write(f"step {step}: stage {of_step[0]['stage']!r}, {len(of_step)} samples, data_hash "
-                  f"{of_step[0]['data_hash']}\n")
+                  f"{of_step[0]['data_hash']}{skipped}\n")
         for r in of_step:
             docs = r["documents"]
             doc_text = f"{docs[0]}..{docs[-1]}" if len(docs) > 2 else ",".join(map(str, docs))
@@ -188,6 +198,7 @@ def _print_hits(hits: list[dict], queries: list[tuple[str, int]], train_steps: i
         steps = sorted({h["step"] for h in mine})
         print(f"document {name}: {len(mine)} samples in {len(steps)} steps (first {steps[0]}, last {steps[-1]})")
         for h in mine:
+            skipped = "  (skipped by surgery: read, not trained)" if h["skipped"] else ""
             print(f"  step {h['step']:>7}  position {h['position']:>5}  {h['stage']}  {h['dataset']}  sample "
-                  f"{h['sample']}  epoch {h['epoch']}  tokens [{h['tokens'][0]}, {h['tokens'][1]})")
+                  f"{h['sample']}  epoch {h['epoch']}  tokens [{h['tokens'][0]}, {h['tokens'][1]}){skipped}")
     return 0

@@ -1,8 +1,9 @@
-"""Export: ``python -m runtime.export CHECKPOINT OUT [--dtype bfloat16|float32]``.
+"""Export: ``python -m runtime.export CHECKPOINT OUT [--dtype bfloat16|float32] [--tokenizer DIR]``.
 
 Writes a folder that ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` loads as-is
-(config.json, safetensors, generation_config.json, the data's tokenizer files), from a checkpoint
-of any tp/pp/dp layout, on one CPU process. Mistakes are one line and exit status 1.
+(config.json, safetensors, generation_config.json, the tokenizer files of the data the checkpoint's
+stage trained on, with its chat template, or those of ``--tokenizer DIR``), from a checkpoint of any
+tp/pp/dp layout, on one CPU process. Mistakes are one line and exit status 1.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m runtime.export") 
     ap.add_argument("checkpoint", help="a step-N checkpoint folder, or a checkpoints folder (its latest)")
     ap.add_argument("out", help="the Hugging Face folder to write (must not exist)")
     ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: the checkpoint's (float32)")
+    ap.add_argument("--tokenizer", metavar="DIR", default=None,
+                    help="a tokenizer folder to carry instead of the data's (default: that of the checkpoint's stage)")
     args = ap.parse_args(argv)
-    return report_user_errors(lambda: export(args.checkpoint, args.out, args.dtype))
+    return report_user_errors(lambda: export(args.checkpoint, args.out, args.dtype, args.tokenizer))
 
 
-def export(checkpoint: str, out: str, dtype: str | None) -> int:
-    written = export_checkpoint(checkpoint, out, dtype)
+def export(checkpoint: str, out: str, dtype: str | None, tokenizer: str | None = None) -> int:
+    written = export_checkpoint(checkpoint, out, dtype, tokenizer=tokenizer)
     note = json.loads((written / "nanoset_export.json").read_text())["tokenizer"]
     print(f"exported {checkpoint} to {written} ({note})")
     return 0

@@ -21,10 +21,10 @@ from nanoset.errors import ConfigError, print_error, report_user_errors
 from runtime.checkpoint.layout import (
     CHECKPOINT_OPTION,
     check_same_model,
+    earlier_checkpoints_hint,
     find_checkpoint,
-    last_step,
-    read_metadata,
 )
+from runtime.checkpoint.record import CheckpointRecord, read_metadata
 from runtime.config import Config, ParallelismArgs
 from runtime.config.load import load_config
 from runtime.config.overrides import add_set_option
@@ -50,19 +50,19 @@ def with_datasets(config: Config, folders: list[str]) -> Config:
 
 
 def prepare(config_path: str, checkpoint: str, overrides: list[str] | None = None, datasets: list[str] | None = None
-            ) -> tuple[Config, Path, dict, list[ValidationSet]]:
+            ) -> tuple[Config, Path, CheckpointRecord, list[ValidationSet]]:
     """Everything that can be a user mistake, checked before any process group."""
     config = layout_for_world(with_datasets(load_config(config_path, overrides or ()), datasets or []), world_size())
     if not config.validation.datasets:
         raise ConfigError(f"{config_path}: validation.datasets is empty; name the datasets to evaluate on there, or "
                           f"pass --dataset FOLDER")
     path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
-    metadata = read_metadata(path)
-    check_same_model(config, metadata, path, CHECKPOINT_OPTION)
-    return config, path, metadata, open_validation_sets(config)
+    record = read_metadata(path)
+    check_same_model(config, record, path, CHECKPOINT_OPTION)
+    return config, path, record, open_validation_sets(config)
 
 
-def run(config: Config, path: Path, metadata: dict, validation_sets: list[ValidationSet]) -> dict:
+def run(config: Config, path: Path, record: CheckpointRecord, validation_sets: list[ValidationSet]) -> dict:
     """Build the engine in this layout, load the checkpoint's weights, validate: the metrics row."""
     from runtime.checkpoint.store import load_dcp, model_state
     from runtime.engine import Engine
@@ -71,8 +71,9 @@ def run(config: Config, path: Path, metadata: dict, validation_sets: list[Valida
 
     p = config.parallelism
     engine = Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp), initialize=False)
-    load_dcp({"model": model_state(engine)}, path, "choose another checkpoint")  # only the weights, in this layout
-    step = last_step(metadata)
+    # only the weights, in this layout; a damaged checkpoint names the one before it, as training and export do
+    load_dcp({"model": model_state(engine)}, path, earlier_checkpoints_hint(path, CHECKPOINT_OPTION))
+    step = record.last_step
     stage = config.stage_at(max(step, 1))
     results = Validator(config, validation_sets).validate(engine, config.stage_sequence_length(stage),
                                                           stage.data.use_position_ids)
@@ -81,13 +82,13 @@ def run(config: Config, path: Path, metadata: dict, validation_sets: list[Valida
 
 def validate_checkpoint(config_path: str, checkpoint: str, as_json: bool, overrides: list[str] | None = None,
                         datasets: list[str] | None = None) -> int:
-    config, path, metadata, validation_sets = prepare(config_path, checkpoint, overrides, datasets)
+    config, path, record, validation_sets = prepare(config_path, checkpoint, overrides, datasets)
     import torch.distributed as dist
 
     from runtime.validation import describe
 
     try:
-        row = run(config, path, metadata, validation_sets)
+        row = run(config, path, record, validation_sets)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

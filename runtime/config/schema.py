@@ -319,6 +319,16 @@ class ValidationArgs:
 
 
 @dataclass
+class SurgeryArgs:
+    """Data surgery: steps read but not trained, documents excised from a step on (docs/data-order.md)."""
+
+    skip_steps: list[str] = field(default_factory=list)  # "A:B" ranges (both included): read, not trained
+    exclude_documents: list[str] = field(default_factory=list)  # FOLDER:DOC: no trained sample holds a token of it
+    exclude_documents_file: str | None = None  # a file of FOLDER:DOC lines, excluded as exclude_documents
+    exclude_from_step: int = key(1)  # the first step the exclusions apply to
+
+
+@dataclass
 class Config:
     general: GeneralArgs
     model: ModelArgs
@@ -331,6 +341,7 @@ class Config:
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     tokenizer: TokenizerArgs | None = None
     validation: ValidationArgs = field(default_factory=ValidationArgs)
+    surgery: SurgeryArgs = field(default_factory=SurgeryArgs)
 
     def to_dict(self) -> dict:
         return to_dict(self)

@@ -13,9 +13,11 @@ import sys
 import numpy as np
 import pytest
 
+from runtime.checkpoint.record import read_metadata
 from runtime.config import ConfigError
 from runtime.config.load import load_config
 from runtime.data import DataPlan, training_metadata
+from runtime.data.order.record import TrainingMetadata
 from tests.support.configs import make_config, small_config
 from tests.support.harness import metrics, torchrun
 
@@ -41,8 +43,8 @@ def config(g, allow=False, **kw):
 
 
 def record(plan, step):
-    """What a checkpoint after ``step`` holds, through JSON as on disk."""
-    return {"training": json.loads(json.dumps(training_metadata(plan, step).to_json()))}
+    """What a checkpoint after ``step`` records of the data, through JSON as on disk."""
+    return TrainingMetadata.from_json(json.loads(json.dumps(training_metadata(plan, step).to_json())))
 
 
 def windows(plan, steps):
@@ -68,7 +70,7 @@ def test_new_batch_size_at_a_stage_boundary_continues_every_dataset(tmp_path):
     assert [s for _, s in after] == web(np.arange(56, 96)).tolist()  # draws 56.. of web's epoch-0 order
     assert windows(resumed, range(1, 11)) == seen  # the past as trained (G = 8)
     assert resumed.stages[0].global_batch_size == 8 and resumed.stages[1].global_batch_size == 4
-    again = record(resumed, 14)["training"]  # the next checkpoint keeps the record of the past
+    again = record(resumed, 14).to_json()  # the next checkpoint keeps the record of the past
     assert [p["global_batch_size"] for s in again["data_stages"] for p in s["parts"]] == [8, 4]
     assert again["consumed_train_samples"] == 80 + 16
 
@@ -77,7 +79,7 @@ def test_explain_with_checkpoint_shows_the_resumed_data(tmp_path):
     before = DataPlan(config(8))
     ckpt = tmp_path / "step-000010"
     ckpt.mkdir()
-    (ckpt / "metadata.json").write_text(json.dumps(record(before, 10)))
+    (ckpt / "metadata.json").write_text(json.dumps({"training": record(before, 10).to_json()}))  # a version 1 file
     new = tmp_path / "new.yaml"
     import yaml
     new.write_text(yaml.safe_dump(config(4).to_dict()))
@@ -221,7 +223,7 @@ def test_trainer_resumed_with_a_new_batch_size_matches_explain(shards, tmp_path)
                              check=True)
         assert {r["data_hash"] for r in json.loads(out.stdout)} == {rows[step - 1]["data_hash"]}
     first = DataPlan(load_config(cfg))
-    resumed = DataPlan(load_config(new)).resumed_from(ckpt, json.loads((ckpt / "metadata.json").read_text()))
+    resumed = DataPlan(load_config(new)).resumed_from(ckpt, read_metadata(ckpt).training)
     stage1, stage2 = windows(first, range(1, 5)), windows(resumed, range(5, 9))
     web = str(shards / "shards" / "web")
     assert len(stage2) == 8 and {f for f, _ in stage2} == {web} and not set(stage1) & set(stage2)
@@ -247,7 +249,7 @@ def test_a_dataset_moved_elsewhere_resumes_where_its_content_is(shards, tmp_path
     assert [resumed.data_hash(t) for t in range(1, 21)] == [before.data_hash(t) for t in range(1, 21)]
     web, code = str(second / "shards" / "web"), str(second / "shards" / "code")
     assert sorted(resumed.folders) == [code, web]
-    again = record(resumed, 16)["training"]["data_stages"]
+    again = record(resumed, 16).to_json()["data_stages"]
     assert [p["datasets"] for s in again for p in s["parts"]] == [[web, code], [web]]
 
 
@@ -277,16 +279,16 @@ def test_a_schedule_is_recorded_and_only_its_past_binds_a_resume():
     assert before.stages[0].blend.kind == "scheduled" and before.stages[1].blend.kind == "periodic"
     assert counts_per_step(before, [1, 4, 7, 10]) == [[7, 1], [4, 4], [2, 6], [4, 4]]
     ckpt = record(before, 5)
-    part = ckpt["training"]["data_stages"][0]["parts"][0]
+    part = ckpt.to_json()["data_stages"][0]["parts"][0]
     assert part["blend"] == "scheduled" and part["weights"] is None
     assert part["schedule"] == [{"step": s, "weights": list(w)} for s, w in SCHEDULE]
-    assert ckpt["training"]["data_stages"][1]["parts"] == []  # not begun
+    assert ckpt.to_json()["data_stages"][1]["parts"] == []  # not begun
     future = SCHEDULE[:3] + [(9, (0.9, 0.1))]
     resumed = DataPlan(config(8, stages=scheduled(future))).resumed_from("ckpt", ckpt)
     assert len(resumed.stages) == 2  # no new part: the blend is causal
     assert windows(resumed, range(1, 8)) == windows(before, range(1, 8))  # steps 8, 9 interpolate towards entry 9
     assert counts_per_step(resumed, [10]) == [[7, 1]]
-    assert record(resumed, 8)["training"]["data_stages"][0]["parts"][0]["schedule"][3]["weights"] == [0.9, 0.1]
+    assert record(resumed, 8).to_json()["data_stages"][0]["parts"][0]["schedule"][3]["weights"] == [0.9, 0.1]
     seen = windows(resumed, range(1, 21))
     assert len(set(seen)) == len(seen)  # nothing repeats
     past = SCHEDULE[:2] + [(7, (0.3, 0.7))] + SCHEDULE[3:]

@@ -360,6 +360,7 @@ def test_a_checkpoint_of_a_stage_whose_cache_folder_was_renamed_resumes(tmp_path
     import shutil
 
     from runtime.data import DataPlan, training_metadata
+    from runtime.data.order.record import TrainingMetadata
 
     source = write_jsonl(tmp_path / "docs.jsonl", TEXTS)
     c = hf_config(tmp_path, source)
@@ -367,7 +368,7 @@ def test_a_checkpoint_of_a_stage_whose_cache_folder_was_renamed_resumes(tmp_path
     old = tmp_path / "cache" / "docs.jsonl-0123456789abcdef"  # the name an earlier key gave the same dataset
     shutil.copytree(folder, old)
     trained = DataPlan(c, [[str(old)]])
-    ckpt = {"training": json.loads(json.dumps(training_metadata(trained, 2).to_json()))}
+    ckpt = TrainingMetadata.from_json(json.loads(json.dumps(training_metadata(trained, 2).to_json())))
     resumed = DataPlan(c, [[folder]]).resumed_from("ckpt", ckpt)
     assert resumed.stages[0].start_step == 1 and resumed.folders == [folder]
     assert [resumed.data_hash(t) for t in range(1, 5)] == [trained.data_hash(t) for t in range(1, 5)]

@@ -22,6 +22,7 @@ from tests.support.hf_workers import logits_worker
 pytest.importorskip("transformers")
 
 from nanoset import NanosetError, TokenizerInfo  # noqa: E402
+from runtime.checkpoint.record import read_metadata  # noqa: E402
 from runtime.config import ConfigError  # noqa: E402
 from runtime.config.load import load_config
 from runtime.hf.export import export_checkpoint  # noqa: E402
@@ -143,7 +144,7 @@ def test_export_reads_metadata_of_another_version_or_refuses_it_in_one_line(save
     copy = tmp_path / "step-000000"
     shutil.copytree(ckpt, copy)
     meta = json.loads((copy / "metadata.json").read_text())
-    meta["tokenizer"]["added_in_a_later_version"] = 1
+    meta["tokenizer"]["info"]["added_in_a_later_version"] = 1
     (copy / "metadata.json").write_text(json.dumps(meta))
     out = export_checkpoint(copy, tmp_path / "out")
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == 0
@@ -164,7 +165,7 @@ def test_an_export_without_the_datas_tokenizer_says_why(saved_from_hf, tmp_path)
     copy = tmp_path / "step-000000"
     shutil.copytree(ckpt, copy)
     meta = json.loads((copy / "metadata.json").read_text())
-    meta["tokenizer"]["path"] = "data_fixtures/tokenizer/tokenizer.json"
+    meta["tokenizer"]["info"]["path"] = "data_fixtures/tokenizer/tokenizer.json"
     (copy / "metadata.json").write_text(json.dumps(meta))
     proc = subprocess.run([sys.executable, "-m", "runtime.export", str(copy), str(tmp_path / "out")],
                           capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -172,7 +173,8 @@ def test_an_export_without_the_datas_tokenizer_says_why(saved_from_hf, tmp_path)
     assert proc.stdout == (f"exported {copy} to {tmp_path / 'out'} (the data's tokenizer "
                            f"data_fixtures/tokenizer/tokenizer.json is recorded relative to the directory the data was "
                            f"tokenized in, and not found from {tmp_path}: tokenizer files not written; copy its "
-                           f"tokenizer.json (and tokenizer_config.json) into the output folder)\n")
+                           f"tokenizer.json (and tokenizer_config.json) into the output folder, or pass --tokenizer "
+                           f"DIR)\n")
     assert not (tmp_path / "out" / "tokenizer.json").exists()
 
 
@@ -235,8 +237,8 @@ def test_training_starts_from_hf_and_exports_at_the_end(tmp_path, tokenizer):
     eos = tokenizer.token_to_id("<|endoftext|>")
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == eos
     assert (out / "tokenizer.json").read_bytes() == (TOKENIZER / "tokenizer.json").read_bytes()
-    meta = json.loads((tmp_path / "run" / "checkpoints" / "step-000002" / "metadata.json").read_text())
-    assert (meta["tokenizer"]["eos_id"], meta["tokenizer"]["path"]) == (eos, str(TOKENIZER / "tokenizer.json"))
+    info = read_metadata(tmp_path / "run" / "checkpoints" / "step-000002").tokenizer.info
+    assert (info.eos_id, info.path) == (eos, str(TOKENIZER / "tokenizer.json"))
     gen = subprocess.run([sys.executable, "tools/hf_generate.py", str(out), "The history of", "--tokens", "3"],
                          capture_output=True, text=True, cwd=ROOT)
     assert gen.returncode == 0 and gen.stdout.startswith(f"transformers loaded {out}: 'The history of' → "), gen.stderr

@@ -13,6 +13,7 @@ import yaml
 from runtime.cli.explain import explain_step, main
 from runtime.data import DataPlan, training_metadata
 from runtime.data.order.provenance import document_steps
+from runtime.data.order.record import TrainingMetadata
 from tests.support import one_line_error
 from tests.support.configs import make_config
 
@@ -77,7 +78,7 @@ def test_the_reverse_lookup_equals_the_forward_map_for_every_document(tmp_path):
     (8 → 4, mid-stage: a new part); web is read as windows and as packed samples. For every document of the
     three folders, the reverse lookup finds exactly the (step, position, sample, tokens) the forward map has."""
     before = DataPlan(make_config(mbs=8, train_steps=16, stages=two_stages()))
-    history = {"training": json.loads(json.dumps(training_metadata(before, 5).to_json()))}
+    history = TrainingMetadata.from_json(json.loads(json.dumps(training_metadata(before, 5).to_json())))
     config = make_config(mbs=4, train_steps=16, stages=two_stages())
     config.checkpoints.allow_data_change = True
     plan = DataPlan(config).resumed_from("ckpt", history)
@@ -110,7 +111,7 @@ def test_the_document_cli_and_its_errors(tmp_path):
     rows = json.loads(cli("--config", cfg, "--document", f"{web.folder}:{doc}", "--json").stdout)
     assert {"step": 3, "position": 0, "dataset": web.folder, "sample": sample} in [
         {k: r[k] for k in ("step", "position", "dataset", "sample")} for r in rows]
-    keys = {"document", "step", "stage", "position", "dataset", "sample", "epoch", "tokens"}
+    keys = {"document", "step", "stage", "position", "dataset", "sample", "epoch", "tokens", "skipped"}
     assert all(set(r) == keys for r in rows)
     listing = tmp_path / "docs.txt"
     listing.write_text(f"{web.folder}:{doc}\n\nshards/code:0\n")

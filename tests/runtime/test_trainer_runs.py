@@ -254,8 +254,8 @@ def test_user_mistakes_are_one_line_before_start_up(reference, shards, tmp_path,
         (tmp_path / "other").mkdir()
         (tmp_path / "other" / "metadata.json").write_text("[1]")
         cfg = small_config(tmp_path, run, checkpoints={"resume": str(tmp_path / "other")})
-        expected = (f"error: {tmp_path}/other/metadata.json: not a training checkpoint's metadata (TypeError: list "
-                    f"indices must be integers or slices, not str); give a step-N folder that a run saved")
+        expected = (f"error: {tmp_path}/other/metadata.json: not a training checkpoint's metadata (TypeError: a JSON "
+                    f"list, not an object); give a step-N folder that a run saved")
     elif case == "run-dir-in-a-file":  # was: FileExistsError traceback from rank 0 after start-up
         (tmp_path / "file").write_text("")
         run = tmp_path / "file" / "run"

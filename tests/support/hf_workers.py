@@ -3,7 +3,6 @@ logits of fixed ids, and optionally save a checkpoint of the loaded weights (for
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -45,9 +44,16 @@ def logits_worker(rank: int, world: int, hf_path: str, layout: dict, ids: torch.
     if logits is not None and ctx.dp_rank == 0 and ctx.tp_rank == 0:
         torch.save(logits, out)
     if checkpoint is not None:
-        meta = {"training": {"last_train_step": 0}, "config": config.to_dict(), "tokenizer": tokenizer}
-        CheckpointManager(Path(checkpoint), keep_last=1, is_writer=rank == 0).save(engine, 0, json.loads(
-            json.dumps(meta)))
+        from nanoset import TokenizerInfo
+        from runtime.checkpoint.record import CheckpointRecord
+        from runtime.checkpoint.tokenizer_record import TokenizerRecord
+        from runtime.data.order.record import TrainingMetadata
+
+        training = TrainingMetadata(last_train_step=0, consumed_train_samples=0, last_stage_idx=0,
+                                    global_batch_size=config.global_batch_size, data_stages=[])
+        record = CheckpointRecord(training, config.to_dict(),
+                                  tokenizer=TokenizerRecord(TokenizerInfo(**tokenizer)) if tokenizer else None)
+        CheckpointManager(Path(checkpoint), keep_last=1, is_writer=rank == 0).save(engine, 0, record)
 
 
 def resumed_logits_worker(rank: int, world: int, hf_path: str, layout: dict, ids: torch.Tensor, out: str,

@@ -1,0 +1,239 @@
+"""Data surgery: steps read but not trained, and documents excised from a step on — an input of the data order.
+
+``Surgery`` is a value: skipped step ranges (``A:B``, both included) and exclusions (documents, each
+from a first step). It comes from the config's ``surgery:`` section, from what ``nanoset train
+--rewind-to`` recorded in the run folder, and from the checkpoint a run resumes; these add up (the
+union: a recorded surgery is never dropped). A surgery that changes a step already trained by the
+checkpoint (a skip or an exclusion that starts at or before its step) is refused: rewind instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nanoset.errors import ConfigError
+from runtime.data.order.excision import sorted_unique
+
+SURGERY_KEY = "surgery"  # the checkpoint metadata key of ``surgery_record``
+
+
+def parse_step_range(text: str, where: str) -> tuple[int, int]:
+    """``A:B`` (both included, 1 ≤ A ≤ B) → (A, B); a bad form is one ``ConfigError`` naming ``where``."""
+    first, sep, last = str(text).partition(":")
+    if not sep or not first.strip().isdigit() or not last.strip().isdigit() or not 1 <= int(first) <= int(last):
+        raise ConfigError(f"{where}: expected A:B with 1 ≤ A ≤ B (steps, both included), got {text!r}")
+    return int(first), int(last)
+
+
+def parse_document(text: str, where: str) -> tuple[str, int]:
+    """``FOLDER:DOC`` → (folder, document index); a bad form is a ``ConfigError`` naming ``where``."""
+    folder, sep, doc = text.strip().rpartition(":")
+    if not sep or not folder or not doc.strip().isdigit():
+        raise ConfigError(f"{where}: expected FOLDER:DOC (a dataset folder and a document index), got {text.strip()!r}")
+    return folder, int(doc)
+
+
+_LINE = re.compile(r"^(.+):(\d+)$", re.M)  # the common form; anything else goes through parse_document
+
+
+def read_documents_file(path: str, where: str) -> dict[str, np.ndarray]:
+    """The ``FOLDER:DOC`` lines of ``path`` (what ``explain --documents`` reads) as folder → document indices; blank
+    lines are ignored. One regular expression over the text when every line has the plain form (100,000 lines in
+    a fraction of a second), a line at a time otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"{where}: {path}: cannot read it ({e.strerror or e})") from None
+    found = _LINE.findall(text)
+    if len(found) != text.count("\n") + (not text.endswith("\n")):  # blank lines, spaces, or a mistake
+        found = [parse_document(line, f"{where}: {path} line {n}") for n, line in enumerate(text.splitlines(), 1)
+                 if line.strip()]
+    if not found:
+        raise ConfigError(f"{where}: {path}: no FOLDER:DOC line in it; give one document a line")
+    folders, docs = zip(*found)
+    numbers = np.array(docs).astype(np.int64)
+    named = set(folders)
+    if len(named) == 1:
+        return {folders[0]: numbers}
+    spelled = np.array(folders, dtype=object)
+    return {f: numbers[spelled == f] for f in sorted(named)}
+
+
+def documents_of(pairs: list[tuple[str, int]]) -> dict[str, np.ndarray]:
+    """``(folder, doc)`` pairs as folder → document indices."""
+    lists: dict[str, list[int]] = {}
+    for folder, doc in pairs:
+        lists.setdefault(folder, []).append(doc)
+    return {f: np.array(d, dtype=np.int64) for f, d in lists.items()}
+
+
+Documents = dict[str, np.ndarray]  # resolved folder → sorted, unique document indices
+
+
+@dataclass(frozen=True, eq=False)
+class Surgery:
+    """Skipped steps and excluded documents. ``exclusions``: first step → documents (a document excluded from two
+    steps is listed at the first only)."""
+
+    skip_steps: tuple[tuple[int, int], ...] = ()
+    exclusions: dict[int, Documents] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.skip_steps or self.exclusions)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Surgery) and self.to_json() == other.to_json()
+
+    def skips(self, step: int) -> bool:
+        """Whether ``step`` is read but not trained."""
+        return any(a <= step <= b for a, b in self.skip_steps)
+
+    def skipped_in(self, first: int, last: int) -> list[int]:
+        """The skipped steps of ``[first, last]``."""
+        return [s for a, b in self.skip_steps for s in range(max(a, first), min(b, last) + 1)]
+
+    def union(self, other: Surgery) -> Surgery:
+        skips = _merged(list(self.skip_steps) + list(other.skip_steps))
+        exclusions: dict[int, dict[str, list[np.ndarray]]] = {}
+        for source in (self.exclusions, other.exclusions):
+            for step, docs in source.items():
+                for folder, numbers in docs.items():
+                    exclusions.setdefault(step, {}).setdefault(folder, []).append(numbers)
+        return Surgery(skips, _normalised({s: {f: np.concatenate(a) for f, a in d.items()}
+                                           for s, d in exclusions.items()}))
+
+    def excluded_by(self, step: int) -> Documents:
+        """The documents excluded from ``step`` or earlier."""
+        out: dict[str, list[np.ndarray]] = {}
+        for first, docs in self.exclusions.items():
+            if first <= step:
+                for folder, numbers in docs.items():
+                    out.setdefault(folder, []).append(numbers)
+        return {f: sorted_unique(np.concatenate(a)) for f, a in out.items()}
+
+    def count(self, step: int | None = None) -> dict[str, int]:
+        """Excluded documents per folder (of the exclusions from ``step``; default all)."""
+        out: dict[str, int] = {}
+        for first, docs in self.exclusions.items():
+            if step is None or first == step:
+                for folder, numbers in docs.items():
+                    out[folder] = out.get(folder, 0) + len(numbers)
+        return out
+
+    def to_json(self) -> dict:
+        """``{"skip_steps": ["A:B", ...], "exclusions": [{"from_step": N, "documents": {FOLDER: [DOC, ...]}}]}``."""
+        return {"skip_steps": [f"{a}:{b}" for a, b in self.skip_steps],
+                "exclusions": [{"from_step": s, "documents": {f: docs[f].tolist() for f in sorted(docs)}}
+                               for s, docs in sorted(self.exclusions.items())]}
+
+    @staticmethod
+    def from_json(d: dict | None, where: str = "surgery") -> Surgery:
+        if not d:
+            return Surgery()
+        skips = [parse_step_range(s, f"{where}.skip_steps") for s in d.get("skip_steps", [])]
+        exclusions = {int(e["from_step"]): _by_folder({f: np.array(docs, dtype=np.int64)
+                                                       for f, docs in e["documents"].items()})
+                      for e in d.get("exclusions", [])}
+        return Surgery(_merged(skips), _normalised(exclusions))
+
+    def describe(self) -> list[str]:
+        """Lines for a log or ``--check``: the steps skipped, the documents excised from which step."""
+        out = []
+        if self.skip_steps:
+            out.append("skips steps " + ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in self.skip_steps)
+                       + " (read, not trained)")
+        for step in sorted(self.exclusions):
+            out.append(f"excises {sum(self.count(step).values())} document(s) from step {step}")
+        return out
+
+
+def _merged(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Ranges sorted, overlapping or adjacent ones merged: one spelling of a set of steps."""
+    out: list[list[int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return tuple((a, b) for a, b in out)
+
+
+def _by_folder(documents: dict[str, np.ndarray]) -> Documents:
+    """Folder → indices with each folder's path resolved (two spellings of one folder merged), indices sorted unique."""
+    out: dict[str, list[np.ndarray]] = {}
+    for folder, docs in documents.items():
+        out.setdefault(os.path.realpath(folder), []).append(np.asarray(docs, dtype=np.int64))
+    return {f: sorted_unique(np.concatenate(a)) for f, a in out.items()}
+
+
+def _normalised(exclusions: dict[int, Documents]) -> dict[int, Documents]:
+    """A document excluded from two steps counts from the first; steps sorted, none empty, indices sorted unique."""
+    seen: dict[str, np.ndarray] = {}
+    out = {}
+    for step in sorted(exclusions):
+        docs = {}
+        for folder in sorted(exclusions[step]):
+            numbers = sorted_unique(np.asarray(exclusions[step][folder], dtype=np.int64))
+            if folder in seen:
+                numbers = numbers[~np.isin(numbers, seen[folder])]
+                seen[folder] = sorted_unique(np.concatenate([seen[folder], numbers]))
+            else:
+                seen[folder] = numbers
+            if len(numbers):
+                docs[folder] = numbers
+        if docs:
+            out[step] = docs
+    return out
+
+
+def surgery_of(skip_steps: list[str], documents: dict[str, np.ndarray], from_step: int, where: str) -> Surgery:
+    """A surgery of step ranges and documents (folder → indices; folders resolved here) excluded from ``from_step``."""
+    skips = [parse_step_range(s, f"{where}.skip_steps") for s in skip_steps]
+    return Surgery(_merged(skips), _normalised({from_step: _by_folder(documents)} if documents else {}))
+
+
+def config_surgery(config) -> Surgery:
+    """The config's ``surgery:`` section as a ``Surgery`` (its documents file read here)."""
+    s = config.surgery
+    listed = documents_of([parse_document(t, "surgery.exclude_documents") for t in s.exclude_documents])
+    from_file = (read_documents_file(s.exclude_documents_file, "surgery.exclude_documents_file")
+                 if s.exclude_documents_file is not None else {})
+    documents = {f: np.concatenate([listed.get(f, np.zeros(0, dtype=np.int64)),
+                                    from_file.get(f, np.zeros(0, dtype=np.int64))]) for f in {*listed, *from_file}}
+    return surgery_of(s.skip_steps, documents, s.exclude_from_step, "surgery")
+
+
+def surgery_record(surgery: Surgery) -> dict:
+    """What a checkpoint records of the surgery in force (stored under ``SURGERY_KEY``)."""
+    return surgery.to_json()
+
+
+def resumed_surgery(surgery: Surgery, recorded: dict | None, last_step: int, checkpoint: str) -> Surgery:
+    """The surgery of a run resuming ``checkpoint`` (of step ``last_step``, which recorded ``recorded``): the union,
+    refused when what is new to the checkpoint would change a step it trained already."""
+    past = Surgery.from_json(recorded, f"{checkpoint}: surgery")
+    total = surgery.union(past)
+    new_skips = [(a, b) for a, b in surgery.skip_steps
+                 if any(not past.skips(s) for s in range(a, min(b, last_step) + 1))]
+    if new_skips:
+        a, b = new_skips[0]
+        raise ConfigError(f"{checkpoint}: surgery skips steps {a}-{b}, but this checkpoint trained steps up to "
+                          f"{last_step}; a skip must start after the step resumed: rewind to an earlier checkpoint "
+                          f"(nanoset train --rewind-to STEP with STEP < {a})")
+    for step in sorted(surgery.exclusions):
+        if step > last_step:
+            break
+        earlier = past.excluded_by(step)
+        for folder, numbers in sorted(surgery.exclusions[step].items()):
+            new = numbers[~np.isin(numbers, earlier.get(folder, np.zeros(0, dtype=np.int64)))]
+            if len(new):
+                raise ConfigError(f"{checkpoint}: surgery excludes {folder}:{int(new[0])} from step {step}, but this "
+                                  f"checkpoint trained steps up to {last_step}; an exclusion must start after the step "
+                                  f"resumed: rewind to an earlier checkpoint (nanoset train --rewind-to STEP with "
+                                  f"STEP < {step})")
+    return total
