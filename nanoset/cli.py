@@ -13,13 +13,14 @@ from pathlib import Path
 import click
 
 from nanoset.env import env_number
-from nanoset.errors import print_error, report_user_errors
+from nanoset.errors import NEEDS_TORCH, print_error, report_user_errors
 from nanoset.tokenize.backends import BACKENDS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
-    """Nanoset: tokenize corpora into memory-mapped shards, inspect, verify and convert them; train on them."""
+    """Nanoset: tokenize corpora into memory-mapped shards, inspect, verify and convert them; train on them,
+    explain and evaluate a run, summarize its metrics, export it."""
 
 
 @cli.command()
@@ -79,10 +80,17 @@ def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: s
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--samples", default=2, show_default=True, type=int, help="Decoded sample documents to show.")
 @click.option("--tokenizer", default=None, help="Tokenizer for decoding (default: the one in the manifest).")
-def inspect(path: Path, as_json: bool, samples: int, tokenizer: str | None) -> None:
-    """Statistics, per-shard table and decoded samples of a dataset folder."""
-    from nanoset.stats import collect_stats, render_text
+@click.option("--document", default=None, type=int, metavar="N",
+              help="Print document N (0-based, as explain numbers them) whole and verbatim, with its loss mask "
+                   "for chat data.")
+def inspect(path: Path, as_json: bool, samples: int, tokenizer: str | None, document: int | None) -> None:
+    """Statistics, per-shard table and decoded samples of a dataset folder (or one whole document)."""
+    from nanoset.stats import collect_document, collect_stats, render_document, render_text
 
+    if document is not None:
+        doc = collect_document(path, document, tokenizer=tokenizer)
+        click.echo(json.dumps(doc, indent=1) if as_json else render_document(doc))
+        return
     stats = collect_stats(path, samples=samples, tokenizer=tokenizer)
     click.echo(json.dumps(stats, indent=1) if as_json else render_text(stats))
 
@@ -140,6 +148,77 @@ def train(ctx: click.Context) -> None:
 
     ignore_stop_signals()  # the run has ended: a stop signal during the exit changes nothing
     ctx.exit(status)
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--plot", default=None, type=click.Path(dir_okay=False, path_type=Path), metavar="FILE.png",
+              help="Also draw loss, per-source and validation loss, learning rate (and weights) against step "
+                   "(matplotlib: the plot extra).")
+@click.option("--compare", default=None, type=click.Path(path_type=Path), metavar="RUN_DIR2",
+              help="A second run to compare with (e.g. a rewound branch): where the losses part, both summaries, "
+                   "overlaid in the plot.")
+def metrics(run_dir: Path, as_json: bool, plot: Path | None, compare: Path | None) -> None:
+    """A run's summary (and plot) from its metrics.jsonl: per stage steps, tokens, time, losses, sources,
+    validation, skipped steps. RUN_DIR: the run's general.run_dir, running or finished."""
+    from runtime.metrics_summary import first_difference, render, render_difference, summarize
+
+    runs = [run_dir] + ([compare] if compare is not None else [])
+    summaries = [summarize(r) for r in runs]
+    difference = first_difference(run_dir, compare) if compare is not None else None
+    if plot is not None:
+        from runtime.metrics_plot import plot as draw
+
+        draw(run_dir, plot, compare)
+    if as_json:
+        click.echo(json.dumps(summaries[0] if compare is None else {"runs": summaries, "difference": difference}))
+    else:
+        texts = [render(s) for s in summaries]
+        if difference is not None:
+            texts.append(render_difference(str(run_dir), str(compare), difference))
+        click.echo("\n\n".join(texts))
+    if plot is not None:
+        click.echo(f"plot written to {plot}", err=as_json)
+
+
+_PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
+
+
+def _run_tool(ctx: click.Context, module: str) -> None:
+    """Run ``runtime.cli.MODULE``'s own ``main`` on the rest of the command line (its options, its output): the
+    runtime, and torch, are imported only now; without torch, one line."""
+    import importlib
+
+    try:
+        status = importlib.import_module(f"runtime.cli.{module}").main(ctx.args, prog=f"nanoset {ctx.info_name}")
+    except ImportError as e:
+        if e.name is None or e.name.split(".")[0] != "torch":
+            raise
+        print_error(f"nanoset {ctx.info_name} {NEEDS_TORCH}")
+        status = 1
+    ctx.exit(status)
+
+
+@cli.command(context_settings=_PASS_THROUGH)
+@click.pass_context
+def explain(ctx: click.Context) -> None:
+    """Where each sample of a step comes from, or which steps held a document (--help: its options)."""
+    _run_tool(ctx, "explain")
+
+
+@cli.command(context_settings=_PASS_THROUGH)
+@click.pass_context
+def evaluate(ctx: click.Context) -> None:
+    """The validation loss of a checkpoint (--help: its options)."""
+    _run_tool(ctx, "validate")
+
+
+@cli.command(context_settings=_PASS_THROUGH)
+@click.pass_context
+def export(ctx: click.Context) -> None:
+    """A checkpoint as a Hugging Face folder (--help: its options)."""
+    _run_tool(ctx, "export")
 
 
 class Terminated(Exception):

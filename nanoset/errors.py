@@ -15,6 +15,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+# what a runtime command says without torch, after its name ("nanoset train needs PyTorch, ...")
+NEEDS_TORCH = ("needs PyTorch, which is not installed: pip install torch (for the CPU build: pip install torch "
+               "--index-url https://download.pytorch.org/whl/cpu)")
+
 
 class NanosetError(ValueError):
     """A user-facing error: the message names the file, key or value and says what to do."""

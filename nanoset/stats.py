@@ -229,3 +229,52 @@ def render_text(st: dict[str, Any]) -> str:
         out.append(f"  --- document {smp['document']:,} ({smp['num_tokens']} tokens{trained}) ---")
         out.extend("  " + line for line in body.splitlines()[:12])
     return "\n".join(out)
+
+
+def recorded_decoder(ds: NanosetReader, folder: str | Path, given: str | None = None) -> Any:
+    """The tokenizer that decodes ``ds`` (``given``, else the one the dataset records), or a ``NanosetError``
+    naming the folder and why it cannot be decoded."""
+    decoder, undecoded, _ = _decoder(given, ds.tokenizer, ds.max_token_id)
+    if decoder is None:
+        raise NanosetError(f"{folder}: cannot decode its token ids: {undecoded}")
+    return decoder
+
+
+def collect_document(path: Path, n: int, tokenizer: str | None = None) -> dict[str, Any]:
+    """Document ``n`` (0-based, as ``explain`` numbers documents) whole: its ids, its text decoded verbatim (the
+    EOS that ends every document left out of ``text``, kept in ``ids``), and for data with loss masks its mask
+    and the text with the trained runs in ``[[...]]``."""
+    ds = open_dataset(path)
+    ds.check_sizes()
+    if not 0 <= n < ds.num_documents:
+        raise NanosetError(f"--document {n}: {path} has documents 0-{ds.num_documents - 1}")
+    decoder, undecoded, warning = _decoder(tokenizer, ds.tokenizer, ds.max_token_id)
+    if decoder is None:
+        raise NanosetError(f"{path}: cannot decode document {n}: {undecoded}")
+    ids = np.asarray(ds.document(n)).tolist()
+    eos = ds.tokenizer.eos_id if ds.tokenizer is not None else None
+    body = ids[:-1] if ids and eos is not None and ids[-1] == eos else ids
+    out: dict[str, Any] = {"path": str(path), "document": n, "num_tokens": len(ids), "ends_with_eos": body != ids,
+                           "ids": ids, "text": decoder.decode(body, skip_special_tokens=False),
+                           "decoder_warning": warning}
+    loss = ds.loss_mask(*ds.document_bounds(n))
+    if loss is not None:
+        out["loss_mask"] = np.asarray(loss, dtype=np.int64).tolist()
+        out["loss_tokens"] = int(np.count_nonzero(loss))
+        out["marked"] = mark_trained(decoder, ids, loss)
+    return out
+
+
+def render_document(doc: dict[str, Any]) -> str:
+    """``inspect --document``: a header line, the text verbatim and unindented, and for data with loss masks the
+    text again with the trained tokens in ``[[...]]``."""
+    eos = " + EOS" if doc["ends_with_eos"] else ""
+    trained = f", {doc['loss_tokens']} with loss" if "loss_tokens" in doc else ""
+    out = [f"--- {doc['path']} document {doc['document']:,} ({doc['num_tokens']} tokens{eos}{trained}) ---"]
+    if doc.get("decoder_warning"):
+        out.insert(0, f"warning: {doc['decoder_warning']}")
+    out.append(doc["text"])
+    if "marked" in doc:
+        out.append(f"--- loss mask: the {doc['loss_tokens']} tokens trained on in {OPEN}...{CLOSE} (EOS included) ---")
+        out.append(doc["marked"])
+    return "\n".join(out)

@@ -235,7 +235,7 @@ class Trainer:
         row = {
             "step": step, "stage": stage.name, "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm,
             "skipped": result.skipped, "tokens_per_s": tokens_per_s, "data_wait_ms": 1000 * data_wait,
-            "label_tokens": result.num_label_tokens,
+            "label_tokens": result.num_label_tokens, "tokens": self.config.global_batch_size * stage.sequence_length,
             "data_hash": self.plan.data_hash(step) if self._feed.from_config and self.is_main else None,
             "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
         }

@@ -93,3 +93,24 @@ def test_relative_links_in_the_docs_point_at_files_that_exist():
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), (page.name, target)
+
+
+def test_the_minimal_config_of_the_config_page_trains_on_the_fixtures(shards, tmp_path):
+    """The first YAML block of docs/config.md, as it stands, in a folder holding the tokenized fixtures."""
+    import shutil
+
+    import yaml
+
+    from tests.support.harness import metrics, train_one
+
+    text = (ROOT / "docs" / "config.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    work = tmp_path / "work"
+    shutil.copytree(shards / "shards" / "web", work / "shards" / "web")
+    (work / "minimal.yaml").write_text(block)
+    train_one(work / "minimal.yaml", work)
+    rows = metrics(work / "runs" / "minimal")
+    assert [r["step"] for r in rows] == list(range(1, 11))
+    assert {r["stage"] for r in rows} == {"pretrain"} and all(r["tokens"] == 2 * 128 for r in rows)
+    data = yaml.safe_load(block)
+    assert set(data) == {"general", "model", "tokens", "optimizer", "data_stages"}

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+
+from nanoset.errors import NEEDS_TORCH
 
 
 def imports_without(blocked: tuple[str, ...], modules: tuple[str, ...]) -> subprocess.CompletedProcess:
@@ -70,3 +73,22 @@ def test_nanoset_train_without_torch_says_so_in_one_line(tmp_path):
     assert (proc.returncode, proc.stdout) == (1, "")
     assert proc.stderr == ("error: nanoset train needs PyTorch, which is not installed: pip install torch (for the CPU "
                            "build: pip install torch --index-url https://download.pytorch.org/whl/cpu)\n")
+
+
+def test_nanoset_imports_torch_only_when_a_runtime_subcommand_runs(tmp_path):
+    """--help lists the runtime subcommands and `nanoset metrics` summarizes a run, torch blocked; a subcommand that
+    needs torch says so in one line (export imports it at once; evaluate once the config is checked)."""
+    row = {"step": 1, "stage": "s", "loss": 2.5, "lr": 1e-3, "grad_norm": 1.0, "skipped": False, "tokens_per_s": 64.0,
+           "tokens": 128, "label_tokens": 120}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    code = ("import sys\nsys.modules['torch'] = None\nfrom nanoset.cli import main\nmain()\n")
+
+    def nanoset(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=tmp_path)
+
+    assert {"evaluate", "explain", "export", "metrics"} <= set(nanoset("--help").stdout.split())
+    summary = json.loads(nanoset("metrics", str(tmp_path), "--json").stdout)
+    assert (summary["tokens"], summary["time_s"], summary["stages"][0]["loss"]["last"]) == (128, 2.0, 2.5)
+    assert nanoset("evaluate", "--help").stdout.startswith("usage: nanoset evaluate")  # torch comes with the model
+    proc = nanoset("export", "--help")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"error: nanoset export {NEEDS_TORCH}\n")

@@ -2,7 +2,8 @@
 # The main job on the bundled fixtures: tokenize three datasets and a chat folder, train a tiny Llama
 # for three stages (pretrain blend -> anneal at a shorter sequence length -> SFT on whole conversations
 # with document-masked attention, trained on the answers only) on 2 CPU processes, and export it to
-# Hugging Face (generating a few tokens with transformers when it is installed).
+# Hugging Face (generating a few tokens with transformers when it is installed); then print the run's summary
+# (`nanoset metrics`) and draw its curves (runs/three-stage/metrics.png; matplotlib: the plot extra).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -37,3 +38,5 @@ PY
 # the final checkpoint as a Hugging Face folder; transformers (when installed) loads it and continues a prompt
 "$BIN/python" -m runtime.export runs/three-stage/checkpoints runs/three-stage/hf
 "$BIN/python" tools/hf_generate.py runs/three-stage/hf "The history of"
+# the run's summary from its metrics.jsonl, and its curves (loss, per-source and validation loss, learning rate)
+"$BIN/nanoset" metrics runs/three-stage --plot runs/three-stage/metrics.png

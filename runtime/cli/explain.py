@@ -10,6 +10,9 @@ checkpoint with this config: the past comes from the checkpoint's record, as in 
 ``--steps A:B`` explains every step of a range at once; ``--document FOLDER:DOC`` (or ``--documents
 FILE``, one ``FOLDER:DOC`` a line) answers the reverse question: which steps, positions and samples
 held any token of document ``DOC`` of ``FOLDER``, in the whole run.
+
+``--decode`` adds each sample's text (its ids decoded with its dataset's recorded tokenizer; ``--max-chars N``
+cuts it). ``nanoset explain`` is this command, with the same options and output.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import json
 import os
 import signal
 import sys
+from typing import Any
 
 import numpy as np
 
 from nanoset.errors import report_user_errors
+from nanoset.stats import recorded_decoder, truncate
 from runtime.checkpoint.layout import CHECKPOINT_OPTION, find_checkpoint
 from runtime.checkpoint.record import read_metadata
 from runtime.checkpoint.surgery_log import run_surgery
@@ -38,8 +43,10 @@ from runtime.data.order.surgery import SURGERY_KEY, Surgery
 from runtime.data.order.windows import label_mask
 
 
-def explain_step(plan: DataPlan, step: int) -> list[dict]:
-    """One dict per sample of global step ``step``, in global batch order."""
+def explain_step(plan: DataPlan, step: int, decoders: dict[int, Any] | None = None,
+                 max_chars: int | None = None) -> list[dict]:
+    """One dict per sample of global step ``step``, in global batch order; with ``decoders`` (dataset id →
+    tokenizer) its ``text`` too: the sample's ids decoded (cut to ``max_chars`` characters, ending with "…")."""
     stage, loc = plan.global_batch(step)
     data_hash = plan.data_hash(step, loc)
     skipped = "surgery" if plan.surgery.skips(step) else None  # read, not trained
@@ -60,7 +67,15 @@ def explain_step(plan: DataPlan, step: int) -> list[dict]:
             "documents": reader.document_ids(start, stop).tolist(), "packing": w.packing,
             "loss_tokens": int(loss_tokens[pos]), "skipped": skipped,
         })
+        if decoders is not None:
+            text = decoders[d].decode(reader.tokens(start, stop).tolist(), skip_special_tokens=False)
+            rows[-1]["text"] = truncate(text, max_chars) if max_chars is not None else text
     return rows
+
+
+def sample_decoders(plan: DataPlan) -> dict[int, Any]:
+    """Dataset id → the tokenizer each dataset records (``--decode``); one that cannot be loaded is one line."""
+    return {d: recorded_decoder(w.reader, w.folder) for d, w in enumerate(plan.datasets)}
 
 
 def parse_steps(text: str, train_steps: int) -> tuple[int, int]:
@@ -74,8 +89,9 @@ def parse_steps(text: str, train_steps: int) -> tuple[int, int]:
     return first, last
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m runtime.explain", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m runtime.explain") -> int:
+    """``prog``: the name usage lines give the command (``nanoset explain`` runs this too)."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True)
     ap.add_argument("--checkpoint", help="a checkpoint folder (step-N): explain the run that resumes from it")
     what = ap.add_mutually_exclusive_group(required=True)
@@ -84,14 +100,20 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--document", metavar="FOLDER:DOC", help="every step that held a token of document DOC")
     what.add_argument("--documents", metavar="FILE", help="--document for each FOLDER:DOC line of FILE")
     ap.add_argument("--json", action="store_true", help="print a JSON list, one object per sample (or per hit)")
+    ap.add_argument("--decode", action="store_true",
+                    help="each sample's text too, decoded with its dataset's recorded tokenizer (--json: 'text')")
+    ap.add_argument("--max-chars", type=int, metavar="N", help="with --decode: cut each text to N characters")
     add_set_option(ap)
     args = ap.parse_args(argv)
     return report_user_errors(lambda: explain(args.config, args.checkpoint, args.step, args.json, args.steps,
-                                              args.document, args.documents, args.overrides))
+                                              args.document, args.documents, args.overrides, args.decode,
+                                              args.max_chars))
 
 
 def explain(config_path: str, checkpoint: str | None, step: int | None, as_json: bool, steps: str | None = None,
-            document: str | None = None, documents: str | None = None, overrides: list[str] | None = None) -> int:
+            document: str | None = None, documents: str | None = None, overrides: list[str] | None = None,
+            decode: bool = False, max_chars: int | None = None) -> int:
+    _check_decode(decode, max_chars, document is not None or documents is not None)
     config = load_config(config_path, overrides or ())
     queries = _queries(document, documents)  # before any data is opened: a typo costs nothing
     first, last = parse_steps(steps, config.tokens.train_steps) if steps is not None else (step, step)
@@ -111,7 +133,7 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
             if open_part is not None:
                 raise NotDecided(f"stage {open_part[0].name!r} is adaptive and decided up to step {open_part[1] - 1}")
             return _print_hits(document_steps(plan, queries), queries, config.tokens.train_steps, as_json)
-        return _print_steps(plan, first, last, as_json)
+        return _print_steps(plan, first, last, as_json, sample_decoders(plan) if decode else None, max_chars)
     except NotDecided as e:
         where = "it does not exist" if not log.is_file() else "it holds no later decision"
         raise ConfigError(f"{e}; its decisions are read from {log} ({where}): explain a run after it trained "
@@ -121,13 +143,24 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
         return 128 + signal.SIGPIPE
 
 
-def _print_steps(plan: DataPlan, first: int, last: int, as_json: bool) -> int:
+def _check_decode(decode: bool, max_chars: int | None, reverse: bool) -> None:
+    if max_chars is not None and not decode:
+        raise ConfigError(f"--max-chars {max_chars}: it cuts the texts of --decode; add --decode")
+    if max_chars is not None and max_chars < 1:
+        raise ConfigError(f"--max-chars {max_chars}: expected a number of characters ≥ 1")
+    if decode and reverse:
+        raise ConfigError("--decode: it decodes the samples of --step/--steps; for a document, see it whole with "
+                          "nanoset inspect FOLDER --document N")
+
+
+def _print_steps(plan: DataPlan, first: int, last: int, as_json: bool, decoders: dict[int, Any] | None = None,
+                 max_chars: int | None = None) -> int:
     """Step by step: a long range holds one step's rows at a time, and a pipe reads them as they come."""
     out = sys.stdout
     if as_json:  # the text of json.dumps of the whole list, written a step at a time
         out.write("[")
     for step in range(first, last + 1):
-        of_step = explain_step(plan, step)
+        of_step = explain_step(plan, step, decoders, max_chars)
         if as_json:
             out.write(("" if step == first else ", ") + ", ".join(json.dumps(r) for r in of_step))
             continue
@@ -140,6 +173,8 @@ def _print_steps(plan: DataPlan, first: int, last: int, as_json: bool) -> int:
             out.write(f"  {r['position']:>5}  {r['dataset']}  sample {r['sample']}  epoch {r['epoch']}  "
                       f"tokens [{r['tokens'][0]}, {r['tokens'][1]})  shards {','.join(r['shards'])}  documents "
                       f"{doc_text}  loss_tokens {r['loss_tokens']}\n")
+            if "text" in r:
+                out.write("".join(f"         | {line}\n" for line in r["text"].split("\n")))
     if as_json:
         out.write("]\n")
     return 0

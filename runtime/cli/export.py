@@ -15,8 +15,9 @@ from nanoset.errors import report_user_errors
 from runtime.hf.export import DTYPES, export_checkpoint
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m runtime.export", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m runtime.export") -> int:
+    """``prog``: the name usage lines give the command (``nanoset export`` runs this too)."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoint", help="a step-N checkpoint folder, or a checkpoints folder (its latest)")
     ap.add_argument("out", help="the Hugging Face folder to write (must not exist)")
     ap.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: the checkpoint's (float32)")

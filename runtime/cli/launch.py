@@ -178,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:
         if e.name is None or e.name.split(".")[0] != "torch":
             raise
-        print_error("nanoset train needs PyTorch, which is not installed: pip install torch (for the CPU build: pip "
-                    "install torch --index-url https://download.pytorch.org/whl/cpu)")
+        from nanoset.errors import NEEDS_TORCH
+
+        print_error(f"nanoset train {NEEDS_TORCH}")
         return 1
 
 

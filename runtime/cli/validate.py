@@ -1,5 +1,8 @@
 """Validation loss of a saved checkpoint: ``python -m runtime.evaluate --config CFG --checkpoint CKPT [--json]``.
 
+``--dataset FOLDER`` (repeatable) evaluates on any dataset folder instead of the config's ``validation.datasets``,
+a config without a validation section included.
+
 The same validation as during training (``validation`` section of the config, the sequence length and
 position-id rule of the stage the checkpoint's step belongs to), so it prints the value the run logged
 at that step. One process validates on its own (the checkpoint is resharded to it); under torchrun the
@@ -37,12 +40,22 @@ def layout_for_world(config: Config, world: int) -> Config:
     return config
 
 
-def prepare(config_path: str, checkpoint: str, overrides: list[str] | None = None
+def with_datasets(config: Config, folders: list[str]) -> Config:
+    """The config evaluating on ``folders`` (``--dataset``, each named by its folder) instead of its
+    ``validation.datasets``; the other validation keys (samples, seed) stay."""
+    if not folders:
+        return config
+    return dataclasses.replace(config, validation=dataclasses.replace(
+        config.validation, datasets={folder: folder for folder in dict.fromkeys(folders)}))
+
+
+def prepare(config_path: str, checkpoint: str, overrides: list[str] | None = None, datasets: list[str] | None = None
             ) -> tuple[Config, Path, CheckpointRecord, list[ValidationSet]]:
     """Everything that can be a user mistake, checked before any process group."""
-    config = layout_for_world(load_config(config_path, overrides or ()), world_size())
+    config = layout_for_world(with_datasets(load_config(config_path, overrides or ()), datasets or []), world_size())
     if not config.validation.datasets:
-        raise ConfigError(f"{config_path}: validation.datasets is empty; name the datasets to evaluate on")
+        raise ConfigError(f"{config_path}: validation.datasets is empty; name the datasets to evaluate on there, or "
+                          f"pass --dataset FOLDER")
     path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
     record = read_metadata(path)
     check_same_model(config, record, path, CHECKPOINT_OPTION)
@@ -67,8 +80,9 @@ def run(config: Config, path: Path, record: CheckpointRecord, validation_sets: l
     return {"step": step, "stage": stage.name, "val": results}
 
 
-def validate_checkpoint(config_path: str, checkpoint: str, as_json: bool, overrides: list[str] | None = None) -> int:
-    config, path, record, validation_sets = prepare(config_path, checkpoint, overrides)
+def validate_checkpoint(config_path: str, checkpoint: str, as_json: bool, overrides: list[str] | None = None,
+                        datasets: list[str] | None = None) -> int:
+    config, path, record, validation_sets = prepare(config_path, checkpoint, overrides, datasets)
     import torch.distributed as dist
 
     from runtime.validation import describe
@@ -83,14 +97,19 @@ def validate_checkpoint(config_path: str, checkpoint: str, as_json: bool, overri
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m runtime.evaluate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", required=True, help="the run's YAML config, with a validation section")
+def main(argv: list[str] | None = None, prog: str = "python -m runtime.evaluate") -> int:
+    """``prog``: the name usage lines give the command (``nanoset evaluate`` runs this too)."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True, help="the run's YAML config, with a validation section (or --dataset)")
     ap.add_argument("--checkpoint", required=True, help="a step-N checkpoint folder, or a folder with `latest`")
     ap.add_argument("--json", action="store_true", help="print the metrics row as JSON")
+    ap.add_argument("--dataset", action="append", default=[], dest="datasets", metavar="FOLDER",
+                    help="evaluate on this dataset folder instead of validation.datasets (repeatable; named by its "
+                         "folder; validation.samples windows of it)")
     add_set_option(ap)
     args = ap.parse_args(argv)
     # every rank finds a mistake (a damaged checkpoint too): the first rank of each node says it
     first_of_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
-    return report_user_errors(lambda: validate_checkpoint(args.config, args.checkpoint, args.json, args.overrides),
+    return report_user_errors(lambda: validate_checkpoint(args.config, args.checkpoint, args.json, args.overrides,
+                                                          args.datasets),
                               report=lambda message: first_of_node and print_error(message))

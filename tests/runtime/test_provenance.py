@@ -201,9 +201,9 @@ def test_a_range_is_written_step_by_step(tmp_path, monkeypatch, as_json):
     written_before: list[int] = []
     real = cli_module.explain_step
 
-    def step_rows(plan, step):
+    def step_rows(plan, step, *decoding):
         written_before.append(len(out.getvalue()))
-        return real(plan, step)
+        return real(plan, step, *decoding)
 
     monkeypatch.setattr(cli_module, "explain_step", step_rows)
     monkeypatch.setattr(sys, "stdout", out)
