@@ -33,6 +33,7 @@ from runtime.lr_schedule import LRSchedule
 from runtime.metrics import (
     MetricsLogger,
     model_flops_utilization,
+    parameter_count,
     peak_flops,
     short_names,
     source_metrics,
@@ -41,8 +42,10 @@ from runtime.metrics import (
 from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
 from runtime.preemption import installed, stop_on_signal
+from runtime.progress import Progress, clock, describe_tokens, duration
 from runtime.startup import Startup, start_up, startup_notes
 from runtime.validation import Validator, describe
+from runtime.wandb_logger import start_wandb
 
 KILL_AT_STEP_ENV = "NANOSET_FAULT_KILL_AT_STEP"  # fault injection for tests: SIGKILL rank 0 after this step
 
@@ -83,6 +86,8 @@ class Trainer:
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
                                      config.logging.log_interval)
         self.metrics.source_names = short_names(self.plan.source_names())
+        self.metrics.train_steps = config.tokens.train_steps
+        self.parameters = parameter_count(config.model)
         self.train_dataloader: Any = None
         self.last_step = 0
         self._feed: StepFeed | None = None
@@ -95,6 +100,9 @@ class Trainer:
             self.metrics.info(f"note: {note}")
         if rewound is not None:
             self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): {rewound.describe()}")
+        self.metrics.info(self.parameters.describe())
+        self.metrics.info(describe_tokens(self.plan, resumed, config.tokens.train_steps))
+        self._failed = False  # the run ended by an error: W&B marks it failed
 
     def _prepare_run_folder(self, resumed: int) -> tuple[list[Path], Rewound | None]:
         """Global rank 0 moves an old run aside (``replace_run``) or rewinds to the resumed checkpoint, and makes the
@@ -123,6 +131,7 @@ class Trainer:
         try:
             return self._train(dataloader_or_dls)
         except BaseException:  # a failed run leaves no loader thread or worker behind
+            self._failed = True
             self._release_loader()
             raise
 
@@ -132,10 +141,13 @@ class Trainer:
                                    tokens.batch_accumulation_per_replica, self.metrics.info)
         self.checkpoints.clean_stale()
         self.last_step = self._resume()
+        logged = self.metrics.last_logged_step()  # what W&B has, before the steps to train again are dropped
         self._writing_metrics(lambda: self.metrics.truncate_after(self.last_step))  # no step logged twice
+        self._start_wandb(logged)
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config
         last_save = self.last_step
+        self.progress = Progress(c.tokens.train_steps)
         self._step_end = time.perf_counter()
         device = self.parallel_context.device
         with stop_on_signal() as stop:
@@ -194,8 +206,8 @@ class Trainer:
     def _log_step(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,
                   summary: TrainSummary) -> None:
         now = time.perf_counter()
-        tokens_per_s = tokens_per_second(self.config, stage.sequence_length, now - self._step_end)
-        self._step_end = now
+        seconds, self._step_end = now - self._step_end, now  # validation and checkpoint saves left out
+        tokens_per_s = tokens_per_second(self.config, stage.sequence_length, seconds)
         if not result.skipped:
             summary.final_loss_per_stage[stage.name] = result.loss
         row = {
@@ -207,11 +219,12 @@ class Trainer:
         }
         if result.sources is not None:  # per dataset of the stage; none from a loader without source ids
             row["sources"] = source_metrics([self.plan.datasets[d].folder for d in stage.dataset_ids], result.sources)
-        self.metrics.log(row)
+        self.metrics.log(row, self.progress.step_done(step, seconds) if self.is_main else "")
 
     def _validate(self, step: int, stage: StagePlan) -> None:
+        began = time.perf_counter()
         results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
-        self.metrics.log_validation(step, stage.name, results, describe(results))
+        self.metrics.log_validation(step, stage.name, results, describe(results), time.perf_counter() - began)
         self._step_end = time.perf_counter()  # the next step's tokens/s leaves the evaluation out
 
     def _count_skips(self, step: int, result: StepResult) -> None:
@@ -227,9 +240,18 @@ class Trainer:
                                f"or gradient norm and were skipped (optimizer.max_skipped_steps {limit}); the run has "
                                f"diverged: {where} with a lower optimizer.learning_rate")
 
+    def _start_wandb(self, last_logged_step: int) -> None:
+        """``logging.wandb``: global rank 0's W&B run, given the resolved config and the parameter count."""
+        if not self.is_main:
+            return
+        p = self.parameters
+        config = dict(self.config.to_dict(), parameters={"total": p.total, "embedding": p.embedding, "rest": p.rest})
+        self.metrics.wandb = start_wandb(self.config.logging.wandb, self.config.general.run, self.run_dir, config,
+                                         self.last_step, last_logged_step, self.metrics.info)
+
     def close(self) -> None:
         self._release_loader()
-        self.metrics.close()
+        self.metrics.close(failed=self._failed)
         self.parallel_context.destroy()
 
     def _release_loader(self) -> None:
@@ -246,7 +268,11 @@ class Trainer:
                 "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict(),
                 "tokenizer": asdict(tokenizer) if tokenizer is not None else None,
                 SKIPPED: self._skipped_in_a_row > 0, SKIPPED_IN_A_ROW: self._skipped_in_a_row}
-        return self.checkpoints.save(self.engine, step, meta)
+        began = time.perf_counter()
+        path = self.checkpoints.save(self.engine, step, meta)
+        self.metrics.info(f"checkpoint {path} saved in {duration(time.perf_counter() - began)}")
+        self._step_end = time.perf_counter()  # the next step's time (tokens/s, the ETA) leaves the save out
+        return path
 
     def _resume(self) -> int:
         path = self.start.checkpoint
@@ -294,5 +320,6 @@ class Trainer:
         losses = ", ".join(f"{name} {loss:.4f}" for name, loss in summary.final_loss_per_stage.items())
         metrics = summary.metrics_file
         wrote = f"; metrics: {metrics}" if metrics is not None and metrics.is_file() and metrics.stat().st_size else ""
-        self.metrics.info(f"done: step {summary.last_step}/{self.config.tokens.train_steps}; final loss per stage: "
+        self.metrics.info(f"done: step {summary.last_step}/{self.config.tokens.train_steps} in "
+                          f"{clock(self.progress.elapsed())}; final loss per stage: "
                           f"{losses or 'none (nothing left to train)'}; checkpoint: {summary.checkpoint}{wrote}")
