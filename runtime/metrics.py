@@ -239,6 +239,15 @@ class MetricsLogger:
         took = f" | took {duration(seconds)}" if seconds is not None else ""
         self.info(f"val  {step:>6} | {stage} | " + " | ".join(lines) + took)
 
+    def resend(self, after_step: int) -> None:
+        """metrics.jsonl's rows of steps after ``after_step`` to W&B again (what it lost when a start was killed)."""
+        if self.wandb is None or not self.path.is_file():
+            return
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)  # truncate_after left whole lines only
+            if row["step"] > after_step:
+                self.wandb.log(scalars(row, self.source_names), row["step"])
+
     def _scalars(self, row: dict) -> None:
         """The row's scalars to TensorBoard and W&B, at its step."""
         if self.tb is None and self.wandb is None:

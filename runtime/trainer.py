@@ -248,6 +248,8 @@ class Trainer:
         config = dict(self.config.to_dict(), parameters={"total": p.total, "embedding": p.embedding, "rest": p.rest})
         self.metrics.wandb = start_wandb(self.config.logging.wandb, self.config.general.run, self.run_dir, config,
                                          self.last_step, last_logged_step, self.metrics.info)
+        if self.metrics.wandb is not None:
+            self.metrics.resend(self.metrics.wandb.replay_after)
 
     def close(self) -> None:
         self._release_loader()

@@ -4,9 +4,15 @@ the names TensorBoard gets (``runtime.metrics.scalars``), the resolved config an
 The run's W&B id is kept in ``RUN_DIR/wandb.json``. W&B refuses steps that go backwards, so a start never
 resumes into steps W&B already has: a resume at or past the last step logged (a preemption's checkpoint)
 continues the same W&B run; one before it (a rewind, a kill after the last checkpoint) starts a new run forked
-from it at the resumed step (``fork_from``; where the server cannot fork, a new run naming its parent and step
-in its config, ``forked_from``). The last step logged is metrics.jsonl's, read before it is truncated: every
-row W&B gets is written there first.
+from it (``fork_from``; where the server cannot fork, a new run naming its parent and step in its config,
+``forked_from``). The last step logged is metrics.jsonl's, read before it is truncated: every row W&B gets is
+written there first.
+
+W&B buffers what it is given: a killed process loses the steps since W&B last wrote (offline, a whole start's).
+So the record also keeps ``synced_step``, the last step of a W&B run that finished (all written); a start takes
+the rows after it, up to the resumed step, from metrics.jsonl again (a fork forks at that step), and W&B's
+history equals metrics.jsonl whatever W&B lost (a row it has already is dropped by W&B as a step back, the same
+values).
 
 W&B is never a reason to stop training: without the package, or when it fails to start or to log, one note
 says so and the run goes on (metrics.jsonl keeps every row).
@@ -23,21 +29,23 @@ from pathlib import Path
 from typing import Any
 
 from nanoset.atomic import atomic_write_text
+from nanoset.errors import WriteFailed
 from runtime.config.schema import WandbArgs
 
-RECORD = "wandb.json"  # in the run folder: {"run_id", "project", "entity"} of the W&B run this folder logs to
+RECORD = "wandb.json"  # in the run folder: {"run_id", "project", "entity", "synced_step"} of the W&B run
 INSTALL_HINT = "pip install -e '.[wandb]' in the checkout, or remove logging.wandb"
 
 
 @dataclass(frozen=True)
 class WandbStart:
     """Which W&B run a start logs to: ``run_id``, continued (``resume``) or new, forked from ``parent`` at
-    ``fork_step`` when it goes back."""
+    ``fork_step`` when it goes back; metrics.jsonl's rows after ``replay_after`` are sent to it first."""
 
     run_id: str
     resume: bool = False
     parent: str | None = None
     fork_step: int | None = None
+    replay_after: int = 0
     reason: str = ""  # for a new run beside a record: why the recorded one is not continued
 
 
@@ -50,9 +58,10 @@ def choose_run(record: dict | None, args: WandbArgs, resumed_step: int, last_log
     if (record.get("project"), record.get("entity")) != (args.project, args.entity):
         return WandbStart(new_id(), reason=f"logging.wandb's project or entity changed since run {record['run_id']} "
                                            f"({record.get('entity') or 'default'}/{record.get('project')})")
+    synced = min(int(record.get("synced_step", 0)), resumed_step)  # what W&B surely has of the steps kept
     if resumed_step >= last_logged_step:
-        return WandbStart(record["run_id"], resume=True)
-    return WandbStart(new_id(), parent=record["run_id"], fork_step=resumed_step)
+        return WandbStart(record["run_id"], resume=True, replay_after=synced)
+    return WandbStart(new_id(), parent=record["run_id"], fork_step=synced, replay_after=synced)
 
 
 def new_run_id() -> str:
@@ -75,11 +84,16 @@ def _first_line(error: BaseException) -> str:
 
 
 class WandbLogger:
-    """An open W&B run: ``log`` a row's scalars at its step, ``finish`` at the end."""
+    """An open W&B run: ``log`` a row's scalars at its step, ``finish`` at the end (then the record's
+    ``synced_step`` is the last step logged)."""
 
-    def __init__(self, run: Any, info: Callable[[str], None]) -> None:
+    def __init__(self, run: Any, info: Callable[[str], None], record: Path | None = None,
+                 replay_after: int = 0) -> None:
         self.run = run
         self.info = info
+        self.record = record
+        self.replay_after = replay_after  # metrics.jsonl's rows after this step are sent again at the start
+        self.last_step = replay_after
 
     def log(self, values: dict[str, float], step: int) -> None:
         """Values at ``step`` (a training row and its validation row merge into one W&B step)."""
@@ -87,6 +101,7 @@ class WandbLogger:
             return
         try:
             self.run.log(values, step=step)
+            self.last_step = step
         except Exception as e:  # noqa: BLE001 - W&B never stops a run
             self.info(f"note: W&B logging stopped at step {step} ({_first_line(e)}); training goes on, "
                       f"metrics.jsonl keeps every row")
@@ -100,6 +115,11 @@ class WandbLogger:
             run.finish(exit_code=1 if failed else 0)
         except Exception as e:  # noqa: BLE001
             self.info(f"note: W&B could not finish run {run.id} ({_first_line(e)})")
+            return
+        if self.record is not None:
+            record = read_record(self.record.parent)
+            if record is not None and record["run_id"] == run.id:
+                _write_record(self.record, dict(record, synced_step=self.last_step), self.info)
 
 
 def start_wandb(args: WandbArgs | None, run_name: str, run_dir: Path, config: dict, resumed_step: int,
@@ -137,12 +157,12 @@ def start_wandb(args: WandbArgs | None, run_name: str, run_dir: Path, config: di
         info(f"note: W&B logging is off: wandb.init failed ({_first_line(e)}); training goes on, "
              f"metrics.jsonl keeps every row")
         return None
-    try:
-        atomic_write_text(run_dir / RECORD, json.dumps({"run_id": run.id, "project": args.project,
-                                                        "entity": args.entity}) + "\n")
-    except OSError as e:
-        info(f"note: {run_dir / RECORD}: not written ({e}); a resume will start a new W&B run")
+    _write_record(run_dir / RECORD, {"run_id": run.id, "project": args.project, "entity": args.entity,
+                                     "synced_step": start.replay_after}, info)
     where = _where(run, args.mode)
+    if resumed_step > start.replay_after:
+        where += (f"; steps {start.replay_after + 1}-{resumed_step} sent from metrics.jsonl (W&B may lack them: no "
+                  f"W&B run of this folder finished after them)")
     if start.resume:
         info(f"wandb: continuing run {run.id} from step {resumed_step}{where}")
     elif start.parent is not None:
@@ -151,7 +171,14 @@ def start_wandb(args: WandbArgs | None, run_name: str, run_dir: Path, config: di
     else:
         reason = f" ({start.reason})" if start.reason else ""
         info(f"wandb: new run {run.id}{reason}{where}")
-    return WandbLogger(run, info)
+    return WandbLogger(run, info, run_dir / RECORD, start.replay_after)
+
+
+def _write_record(path: Path, record: dict, info: Callable[[str], None]) -> None:
+    try:
+        atomic_write_text(path, json.dumps(record) + "\n")
+    except (OSError, WriteFailed) as e:  # W&B's record never stops the run
+        info(f"note: {path}: not written ({e}); a resume will start a new W&B run")
 
 
 def _settings(wandb: Any) -> Any:
