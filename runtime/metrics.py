@@ -12,6 +12,7 @@ import errno
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ import torch
 from nanoset.atomic import atomic_write_text
 from nanoset.errors import WRITE_ERRNOS, WriteFailed
 from runtime.preemption import leave_a_closed_terminal
+from runtime.progress import duration
 
 # dense bf16 peak FLOP/s by device name fragment, for MFU; the first fragment the name holds decides, so the
 # variants come before their family (H100 PCIe and the NVL cards run at lower clocks than the SXM parts)
@@ -50,6 +52,41 @@ def flops_per_token(model_args, sequence_length: int) -> float:
 
 
 SURGERY_SKIP = "surgery"  # a row's ``skipped`` for a step that data surgery skips (no forward, backward, update)
+
+
+@dataclass(frozen=True)
+class ParameterCount:
+    """The model's parameters, each counted once whatever the layout: the vocabulary matrices (the input embedding,
+    and the output head when it is not tied to it) and the rest (attention, MLP, norms)."""
+
+    embedding: int
+    rest: int
+    tied: bool
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.rest
+
+    def describe(self) -> str:
+        """The start-up line: total, embedding vs the rest."""
+        matrices = "tied with the output head" if self.tied else "input embedding and output head"
+        return (f"model: {self.total:,} parameters ({_millions(self.total)}): embedding {self.embedding:,} "
+                f"({matrices}) + the rest {self.rest:,}")
+
+
+def _millions(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def parameter_count(model_args) -> ParameterCount:
+    """The parameters of the Llama decoder ``runtime/models/llama.py`` builds from ``model_args``."""
+    h, n, v = model_args.hidden_size, model_args.num_hidden_layers, model_args.vocab_size
+    q = model_args.num_attention_heads * model_args.head_size
+    kv = model_args.kv_heads * model_args.head_size
+    layer = 2 * h * q + 2 * h * kv + 3 * h * model_args.intermediate_size + 2 * h  # q, o, k, v, MLP, two norms
+    tied = model_args.tie_word_embeddings
+    return ParameterCount(embedding=v * h * (1 if tied else 2), rest=n * layer + h, tied=tied)
+
 
 
 def source_metrics(folders: list[str], totals: list[tuple[int, int, float]]) -> dict[str, dict]:
@@ -85,6 +122,39 @@ def short_names(labels: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def scalars(record: dict, source_names: dict[str, str]) -> dict[str, float]:
+    """A metrics.jsonl row as the scalars TensorBoard and W&B get, by name (null values left out): every number of
+    the row under its key; per source ``loss/NAME``, ``mix/NAME`` (its share of the step's samples) and each other
+    number as ``FIELD/NAME``; per source ``mix/weight/NAME`` (``weights``: drawn with); per validation set ``val/NAME/FIELD``; any other mapping's numbers as ``KEY/NAME``.
+    NAME: a folder's short name (``short_names``)."""
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        if key == "step":
+            continue
+        if key == "sources":
+            samples = sum(s["samples"] for s in value.values())
+            for folder, s in value.items():
+                name = source_names.get(folder, folder)
+                if _number(s.get("loss")):
+                    out[f"loss/{name}"] = s["loss"]
+                out[f"mix/{name}"] = s["samples"] / samples if samples else 0.0
+                out.update({f"{field}/{name}": v for field, v in s.items() if field != "loss" and _number(v)})
+        elif key == "weights":  # the weights the step was drawn with
+            out.update({f"mix/weight/{source_names.get(k, k)}": v for k, v in value.items() if _number(v)})
+        elif key == "val":
+            for name, r in value.items():
+                out.update({f"val/{name}/{field}": v for field, v in r.items() if _number(v)})
+        elif isinstance(value, dict):
+            out.update({f"{key}/{source_names.get(k, k)}": v for k, v in value.items() if _number(v)})
+        elif _number(value):
+            out[key] = value
+    return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and (not isinstance(value, float) or math.isfinite(value))
+
+
 def tokens_per_second(config, sequence_length: int, seconds: float) -> float:
     """Tokens of one global batch per second, each token once: the tp and cp ranks of a replica share its
     samples (cp ranks split their sequences), so neither adds a token."""
@@ -103,7 +173,9 @@ class MetricsLogger:
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
         self.log_interval = log_interval
-        self.source_names: dict[str, str] = {}  # folder → its TensorBoard name (short_names)
+        self.source_names: dict[str, str] = {}  # folder → its TensorBoard and W&B name (short_names)
+        self.train_steps: int | None = None  # the console's `step N/TOTAL`
+        self.wandb = None  # a runtime.wandb_logger.WandbLogger once the trainer started one
         self.tb = None
         if enabled and tensorboard:
             try:
@@ -113,6 +185,20 @@ class MetricsLogger:
             except ImportError:
                 self.info("note: TensorBoard events are off: the tensorboard package is not installed "
                           "(pip install -e '.[tensorboard]' in the checkout, or set logging.tensorboard: false)")
+
+    def last_logged_step(self) -> int:
+        """The highest step metrics.jsonl holds (0: none), read before ``truncate_after``: the steps W&B got too."""
+        if not self.enabled or not self.path.is_file():
+            return 0
+        steps = [0]
+        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                step = json.loads(line)["step"]
+            except (ValueError, KeyError, TypeError):  # a torn (half-written) line
+                continue
+            if isinstance(step, int):
+                steps.append(step)
+        return max(steps)
 
     def truncate_after(self, step: int) -> None:
         """On every start (``step`` = the resumed step, 0 when fresh): keep one training line and at
@@ -133,53 +219,62 @@ class MetricsLogger:
                 rows[s, "val" in record] = line  # the last line of a step is the one its checkpoint followed
         atomic_write_text(self.path, "".join(rows[k] + "\n" for k in sorted(rows)))
 
-    def log(self, record: dict) -> None:
+    def log(self, record: dict, progress: str = "") -> None:
         """A training row: a non-finite loss or gradient norm (a skipped step) is written as null, so the file
-        stays JSON, and is left out of TensorBoard."""
+        stays JSON, and is left out of TensorBoard and W&B. ``progress``: the console's elapsed time and ETA."""
         if not self.enabled:
             return
         shown = dict(record)
         record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
         self._append(record)
-        if self.tb is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key != "step":
-                    self.tb.add_scalar(key, value, record["step"])
-            sources = record.get("sources") or {}
-            samples = sum(s["samples"] for s in sources.values())
-            for folder, s in sources.items():
-                name = self.source_names.get(folder, folder)
-                if s["loss"] is not None:
-                    self.tb.add_scalar(f"loss/{name}", s["loss"], record["step"])
-                self.tb.add_scalar(f"mix/{name}", s["samples"] / samples if samples else 0.0, record["step"])
-            for folder, w in (record.get("weights") or {}).items():  # the weights the step was drawn with
-                self.tb.add_scalar(f"mix/weight/{self.source_names.get(folder, folder)}", w, record["step"])
+        self._scalars(record)
         if record.get("skipped") == SURGERY_SKIP:
             self.info(f"step {record['step']:>6} | {record['stage']} | skipped by surgery: read, not trained "
                       f"| lr {record['lr']:.3e}")
             return
         if record["step"] % self.log_interval == 0 or record.get("skipped"):
+            total = f"/{self.train_steps}" if self.train_steps is not None else ""
             mfu = f" | mfu {100 * record['mfu']:.1f}%" if record.get("mfu") is not None else ""
             skipped = " (skipped: not finite, no update)" if record.get("skipped") else ""
-            self.info(f"step {record['step']:>6} | {record['stage']} | loss {shown['loss']:.4f}{skipped} "
+            self.info(f"step {record['step']:>6}{total} | {record['stage']} | loss {shown['loss']:.4f}{skipped} "
                       f"| lr {record['lr']:.3e} "
                       f"| grad_norm {shown['grad_norm']:.3f} | tokens/s {record['tokens_per_s']:,.0f} "
-                      f"| data_wait {record['data_wait_ms']:.1f} ms{mfu}")
+                      f"| data_wait {record['data_wait_ms']:.1f} ms{mfu}{' | ' + progress if progress else ''}")
 
-    def log_validation(self, step: int, stage: str, results: dict[str, dict], lines: list[str]) -> None:
-        """A validation row ``{"step", "stage", "val": {name: {"loss", "ppl", "tokens"}}}``, a log line,
-        and a TensorBoard scalar ``val/NAME/loss`` per dataset whose loss is finite (a non-finite one is null, as
-        in a training row)."""
+    def log_validation(self, step: int, stage: str, results: dict[str, dict], lines: list[str],
+                       seconds: float | None = None) -> None:
+        """A validation row ``{"step", "stage", "val": {name: {"loss", "ppl", "tokens"}}}``, a log line (ending
+        with how long the evaluation took, ``seconds``, when given), and the scalars ``val/NAME/loss`` (and
+        ``ppl``, ``tokens``) per dataset, those of a non-finite loss left out (null, as in a training row)."""
         if not self.enabled:
             return
         results = {name: {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in r.items()}
                    for name, r in results.items()}
-        self._append({"step": step, "stage": stage, "val": results})
+        row = {"step": step, "stage": stage, "val": results}
+        self._append(row)
+        self._scalars(row)
+        took = f" | took {duration(seconds)}" if seconds is not None else ""
+        self.info(f"val  {step:>6} | {stage} | " + " | ".join(lines) + took)
+
+    def resend(self, after_step: int) -> None:
+        """metrics.jsonl's rows of steps after ``after_step`` to W&B again (what it lost when a start was killed)."""
+        if self.wandb is None or not self.path.is_file():
+            return
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)  # truncate_after left whole lines only
+            if row["step"] > after_step:
+                self.wandb.log(scalars(row, self.source_names), row["step"])
+
+    def _scalars(self, row: dict) -> None:
+        """The row's scalars to TensorBoard and W&B, at its step."""
+        if self.tb is None and self.wandb is None:
+            return
+        values = scalars(row, self.source_names)
         if self.tb is not None:
-            for name, r in results.items():
-                if r["loss"] is not None:
-                    self.tb.add_scalar(f"val/{name}/loss", r["loss"], step)
-        self.info(f"val  {step:>6} | {stage} | " + " | ".join(lines))
+            for name, value in values.items():
+                self.tb.add_scalar(name, value, row["step"])
+        if self.wandb is not None:
+            self.wandb.log(values, row["step"])
 
     def _append(self, row: dict) -> None:
         """One line of metrics.jsonl; a full disk (or a quota, a file size limit) is one line naming the file."""
@@ -201,6 +296,9 @@ class MetricsLogger:
                 raise
             leave_a_closed_terminal()  # the terminal hung up (its SIGHUP is on the way): train on without it
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish(failed)
+            self.wandb = None

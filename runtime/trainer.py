@@ -35,6 +35,7 @@ from runtime.metrics import (
     SURGERY_SKIP,
     MetricsLogger,
     model_flops_utilization,
+    parameter_count,
     peak_flops,
     short_names,
     source_metrics,
@@ -46,8 +47,10 @@ from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.step_reduction import StepReduction
 from runtime.preemption import installed, stop_on_signal
+from runtime.progress import Progress, clock, describe_tokens, duration
 from runtime.startup import Startup, start_up, startup_notes
 from runtime.validation import Validator, describe
+from runtime.wandb_logger import start_wandb
 
 WRITE_FAILED = "write_failed"  # the step reduction's count of ranks whose metrics write failed
 KILL_AT_STEP_ENV = "NANOSET_FAULT_KILL_AT_STEP"  # fault injection for tests: SIGKILL rank 0 after this step
@@ -91,6 +94,8 @@ class Trainer:
         self.metrics.source_names = short_names(self.plan.source_names())
         saved = self.start.record.extensions.get(MIXING_KEY) if self.start.record is not None else None
         self.mixing = RunMixing(self.plan, self.run_dir, self.is_main, saved)
+        self.metrics.train_steps = config.tokens.train_steps
+        self.parameters = parameter_count(config.model)
         self.train_dataloader: Any = None
         self.last_step = 0
         self._feed: StepFeed | None = None
@@ -106,6 +111,9 @@ class Trainer:
             self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): {rewound.describe()}")
         for line in self.plan.surgery.describe():
             self.metrics.info(f"surgery: {line}")
+        self.metrics.info(self.parameters.describe())
+        self.metrics.info(describe_tokens(self.plan, resumed, config.tokens.train_steps))
+        self._failed = False  # the run ended by an error: W&B marks it failed
 
     def _prepare_run_folder(self, resumed: int) -> tuple[list[Path], Rewound | None]:
         """Global rank 0 moves an old run aside (``replace_run``) or rewinds to the resumed checkpoint, and makes the
@@ -134,6 +142,7 @@ class Trainer:
         try:
             return self._train(dataloader_or_dls)
         except BaseException:  # a failed run leaves no loader thread or worker behind
+            self._failed = True
             self._release_loader()
             raise
 
@@ -143,12 +152,15 @@ class Trainer:
                                    tokens.batch_accumulation_per_replica, self.metrics.info)
         self.checkpoints.clean_stale()
         self.last_step = self._resume()
+        logged = self.metrics.last_logged_step()  # what W&B has, before the steps to train again are dropped
         self._writing_metrics(lambda: self.metrics.truncate_after(self.last_step),  # no step logged twice
                               lambda: self.mixing.start(self.last_step))  # nor decided twice
         self._raise_write_failure()
+        self._start_wandb(logged)
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config
         last_save = self.last_step
+        self.progress = Progress(c.tokens.train_steps)
         self._step_end = time.perf_counter()
         device = self.parallel_context.device
         with stop_on_signal() as stop:
@@ -228,8 +240,8 @@ class Trainer:
     def _log_step(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,
                   summary: TrainSummary) -> None:
         now = time.perf_counter()
-        tokens_per_s = tokens_per_second(self.config, stage.sequence_length, now - self._step_end)
-        self._step_end = now
+        seconds, self._step_end = now - self._step_end, now  # validation and checkpoint saves left out
+        tokens_per_s = tokens_per_second(self.config, stage.sequence_length, seconds)
         if not result.skipped:
             summary.final_loss_per_stage[stage.name] = result.loss
         row = {
@@ -244,7 +256,7 @@ class Trainer:
         if self._feed.from_config:  # the weights the step was drawn with (adaptive: as decided)
             folders = [self.plan.datasets[d].folder for d in stage.dataset_ids]
             row["weights"] = dict(zip(folders, stage.weights_at(step)))
-        self.metrics.log(row)
+        self.metrics.log(row, self.progress.step_done(step, seconds) if self.is_main else "")
 
     def _log_surgery_skip(self, step: int, stage: StagePlan, lr: float) -> None:
         """The row of a step that surgery skips: its step, stage and data hash, ``skipped: "surgery"``, no loss."""
@@ -257,8 +269,9 @@ class Trainer:
                               lambda: self.metrics.log(row), lambda: self._validate(step, stage) if validate else None)
 
     def _validate(self, step: int, stage: StagePlan) -> None:
+        began = time.perf_counter()
         results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
-        self.metrics.log_validation(step, stage.name, results, describe(results))
+        self.metrics.log_validation(step, stage.name, results, describe(results), time.perf_counter() - began)
         self._step_end = time.perf_counter()  # the next step's tokens/s leaves the evaluation out
 
     def _count_skips(self, step: int, result: StepResult) -> None:
@@ -274,9 +287,20 @@ class Trainer:
                                f"or gradient norm and were skipped (optimizer.max_skipped_steps {limit}); the run has "
                                f"diverged: {where} with a lower optimizer.learning_rate")
 
+    def _start_wandb(self, last_logged_step: int) -> None:
+        """``logging.wandb``: global rank 0's W&B run, given the resolved config and the parameter count."""
+        if not self.is_main:
+            return
+        p = self.parameters
+        config = dict(self.config.to_dict(), parameters={"total": p.total, "embedding": p.embedding, "rest": p.rest})
+        self.metrics.wandb = start_wandb(self.config.logging.wandb, self.config.general.run, self.run_dir, config,
+                                         self.last_step, last_logged_step, self.metrics.info)
+        if self.metrics.wandb is not None:
+            self.metrics.resend(self.metrics.wandb.replay_after)
+
     def close(self) -> None:
         self._release_loader()
-        self.metrics.close()
+        self.metrics.close(failed=self._failed)
         self.parallel_context.destroy()
 
     def _release_loader(self) -> None:
@@ -292,7 +316,11 @@ class Trainer:
         record.step_skipped = record.step_skipped and not self.plan.surgery.skips(step)
         record.extensions[SURGERY_KEY] = surgery_record(self.plan.surgery)
         record.extensions[MIXING_KEY] = self.mixing.checkpoint_state()
-        return self.checkpoints.save(self.engine, step, record)
+        began = time.perf_counter()
+        path = self.checkpoints.save(self.engine, step, record)
+        self.metrics.info(f"checkpoint {path} saved in {duration(time.perf_counter() - began)}")
+        self._step_end = time.perf_counter()  # the next step's time (tokens/s, the ETA) leaves the save out
+        return path
 
     def _resume(self) -> int:
         path = self.start.checkpoint
@@ -339,5 +367,6 @@ class Trainer:
         losses = ", ".join(f"{name} {loss:.4f}" for name, loss in summary.final_loss_per_stage.items())
         metrics = summary.metrics_file
         wrote = f"; metrics: {metrics}" if metrics is not None and metrics.is_file() and metrics.stat().st_size else ""
-        self.metrics.info(f"done: step {summary.last_step}/{self.config.tokens.train_steps}; final loss per stage: "
+        self.metrics.info(f"done: step {summary.last_step}/{self.config.tokens.train_steps} in "
+                          f"{clock(self.progress.elapsed())}; final loss per stage: "
                           f"{losses or 'none (nothing left to train)'}; checkpoint: {summary.checkpoint}{wrote}")

@@ -227,10 +227,29 @@ def _home(path: str | None) -> str | None:
     return os.path.expanduser(path) if path is not None else None
 
 
+WandbMode = Literal["online", "offline", "disabled"]
+
+
+@dataclass
+class WandbArgs:
+    """Weights & Biases (the ``wandb`` extra): global rank 0 logs every metrics.jsonl row (runtime/wandb_logger.py)."""
+
+    project: str  # the W&B project
+    entity: str | None = None  # the team or user; default: the API key's own
+    name: str | None = None  # the run's display name; default: general.run
+    tags: list[str] = field(default_factory=list)
+    mode: WandbMode = "online"  # offline: files under dir only (`wandb sync` uploads them); disabled: nothing
+    dir: str | None = None  # where W&B writes its files (a `wandb` folder in it); default: the run folder
+
+    def __post_init__(self) -> None:
+        self.dir = _home(self.dir)
+
+
 @dataclass
 class LoggingArgs:
     log_interval: int = key(1)  # a console line every N steps (metrics.jsonl gets every step)
     tensorboard: bool = True  # write TensorBoard events when the package is installed
+    wandb: WandbArgs | None = None  # Weights & Biases; null: off
 
 
 @dataclass

@@ -473,8 +473,10 @@ def test_a_worker_killed_by_a_signal_is_one_line_and_128_plus_the_signal(shards,
 
 
 def step_lines(stdout: str) -> list[str]:
-    """The run's console lines, each step's cut to its number (its figures vary with the machine's speed)."""
-    return [line.split(" |")[0] if line.startswith("step ") else line for line in stdout.splitlines()]
+    """The run's console lines, each step's cut to its number (its figures vary with the machine's speed), without
+    the start-up's size lines and the checkpoint lines (tests/runtime/test_console.py checks them)."""
+    return [line.split(" |")[0] if line.startswith("step ") else line for line in stdout.splitlines()
+            if not line.startswith(("model: ", "tokens: ", "checkpoint "))]
 
 
 def check_broken_collective_traceback(run: Path, rank: int, step: int) -> None:
@@ -507,7 +509,7 @@ def test_a_worker_killed_mid_run_is_one_line_from_the_launcher_and_the_rerun_res
         f"{survivor} ended with it (its broken collective's traceback: {run / 'tracebacks' / f'rank-{survivor}.txt'}); "
         f"rerun the same command to resume from the latest checkpoint\n")
     lines = step_lines(out)
-    assert lines[0].startswith("stage 'pretrain' at step 1 ") and lines[1:] == [f"step {i:6d}" for i in range(1, 5)]
+    assert lines[0].startswith("stage 'pretrain' at step 1 ") and lines[1:] == [f"step {i:6d}/12" for i in range(1, 5)]
     check_broken_collective_traceback(run, survivor, 4)
     rerun = nanoset_train("--config", cfg, cwd=shards)
     out, err = rerun.communicate(timeout=600)
@@ -524,7 +526,7 @@ def test_a_worker_killed_under_plain_torchrun_leaves_no_traceback_and_no_false_n
                     check=False)
     assert proc.returncode == 1, proc.stderr
     lines = step_lines(proc.stdout)
-    assert lines[0].startswith("stage 'pretrain' at step 1 ") and lines[1:] == [f"step {i:6d}" for i in range(1, 5)]
+    assert lines[0].startswith("stage 'pretrain' at step 1 ") and lines[1:] == [f"step {i:6d}/12" for i in range(1, 5)]
     assert proc.stderr.count("Traceback (most recent call last)") == 1  # torchrun's own, before its report
     assert "[rank0]" not in proc.stderr and "exitcode  : -9 (pid" in proc.stderr
     assert ("traceback : rank 0: a collective operation failed after step 4, most likely because another rank ended "
@@ -565,7 +567,7 @@ def test_a_stop_signal_while_a_failed_run_unwinds_says_nothing_false(shards, tmp
     proc = subprocess.run([sys.executable, str(script), "--config", str(cfg)], capture_output=True, text=True,
                           cwd=shards, env=ENV, timeout=300)
     assert proc.returncode == 1
-    assert step_lines(proc.stdout)[1:] == ["step      1", "step      2"]
+    assert step_lines(proc.stdout)[1:] == ["step      1/12", "step      2/12"]
     lines = proc.stderr.splitlines()  # (torch.distributed prefixes a traceback's lines with the rank)
     assert lines[0] == "[rank0]: Traceback (most recent call last):" and lines[-1] == (
         "[rank0]: RuntimeError: a bug in step 3") and "note:" not in proc.stdout, proc.stderr

@@ -157,7 +157,7 @@ def test_metrics_that_cannot_be_written_are_one_line_naming_the_file(shards, tmp
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert error_lines(proc.stderr) == [f"error: {run / 'metrics.jsonl'}: cannot write it (File too large); free "
                                         f"some space (or fix the cause) and rerun the same command"]
-    assert "step      1 |" in proc.stdout and "step     12 |" not in proc.stdout  # it stopped where it could not log
+    assert "step      1/12 |" in proc.stdout and "step     12/12 |" not in proc.stdout  # stopped where it could not log
 
 
 def test_metrics_on_a_full_disk_are_one_line_naming_the_file(tmp_path):

@@ -128,7 +128,9 @@ def test_tensorboard_gets_loss_and_mix_per_source(tmp_path):
     logger.log({"step": 7, "stage": "s", "loss": 2.0, "lr": 1e-3, "grad_norm": 1.0, "tokens_per_s": 1.0,
                 "data_wait_ms": 0.0, "sources": sources})
     per_source = [s for s in logger.tb.scalars if "/" in s[0]]
-    assert per_source == [("loss/web", 2.0, 7), ("mix/web", 0.75, 7), ("mix/code", 0.25, 7)]
+    assert per_source == [("loss/web", 2.0, 7), ("mix/web", 0.75, 7), ("samples/web", 3, 7),
+                          ("label_tokens/web", 30, 7), ("mix/code", 0.25, 7), ("samples/code", 1, 7),
+                          ("label_tokens/code", 0, 7)]
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["sources"]["shards/code"]["loss"] is None
 
 

@@ -289,7 +289,8 @@ def test_validation_rows_tensorboard_and_log_line(tmp_path, capsys):
                "chat": {"loss": 1.0, "ppl": math.e, "tokens": 7}}
     logger.log_validation(8, "anneal", results, describe(results))
     assert metrics(tmp_path) == [{"step": 8, "stage": "anneal", "val": results}]
-    assert scalars == [("val/web/loss", 2.5, 8), ("val/chat/loss", 1.0, 8)]
+    assert scalars == [("val/web/loss", 2.5, 8), ("val/web/ppl", math.exp(2.5), 8), ("val/web/tokens", 40, 8),
+                       ("val/chat/loss", 1.0, 8), ("val/chat/ppl", math.e, 8), ("val/chat/tokens", 7, 8)]
     assert capsys.readouterr().out == ("val       8 | anneal | web: loss 2.5000 ppl 12.18 tokens 40 | "
                                        "chat: loss 1.0000 ppl 2.72 tokens 7\n")
 
@@ -307,7 +308,8 @@ def test_a_set_without_label_tokens_is_a_json_row_and_says_so(tmp_path, capsys):
     logger.log_validation(4, "sft", results, describe(results))
     row = json.loads((tmp_path / "metrics.jsonl").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert row["val"]["chat"] == {"loss": None, "ppl": None, "tokens": 0}
-    assert scalars == [("val/web/loss", 2.5, 4)]
+    assert scalars == [("val/chat/tokens", 0, 4), ("val/web/loss", 2.5, 4), ("val/web/ppl", math.exp(2.5), 4),
+                       ("val/web/tokens", 2, 4)]
     assert capsys.readouterr().out == ("val       4 | sft | chat: no label tokens (raise validation.samples) | "
                                        "web: loss 2.5000 ppl 12.18 tokens 2\n")
 
@@ -332,7 +334,8 @@ def test_a_non_finite_validation_loss_is_null_in_metrics_and_left_out_of_tensorb
             for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows == [{"step": 6, "stage": "pretrain", "val": results},
                     {"step": 7, "stage": "pretrain", "val": {"web": {"loss": None, "ppl": None, "tokens": 40}}}]
-    assert scalars == [("val/chat/loss", 0.5, 6)]
+    assert scalars == [("val/web/tokens", 40, 6), ("val/code/tokens", 8, 6), ("val/chat/loss", 0.5, 6),
+                       ("val/chat/ppl", math.exp(0.5), 6), ("val/chat/tokens", 4, 6), ("val/web/tokens", 40, 7)]
     assert capsys.readouterr().out == (
         "val       6 | pretrain | web: loss not finite (NaN or infinity) tokens 40 | code: loss not finite (NaN or "
         "infinity) tokens 8 | chat: loss 0.5000 ppl 1.65 tokens 4\n"
