@@ -124,9 +124,9 @@ def short_names(labels: dict[str, str]) -> dict[str, str]:
 
 def scalars(record: dict, source_names: dict[str, str]) -> dict[str, float]:
     """A metrics.jsonl row as the scalars TensorBoard and W&B get, by name (null values left out): every number of
-    the row under its key; per source ``loss/NAME``, ``mix/NAME`` (its share of the step's samples) and each other
-    number as ``FIELD/NAME``; per source ``mix/weight/NAME`` (``weights``: drawn with); per validation set ``val/NAME/FIELD``; any other mapping's numbers as ``KEY/NAME``.
-    NAME: a folder's short name (``short_names``)."""
+    the row under its key; per source ``loss/NAME``, ``mix/NAME`` (its share of the step's samples), each other
+    number as ``FIELD/NAME`` and ``mix/weight/NAME`` (the weight it was drawn with); per validation set
+    ``val/NAME/FIELD``; any other mapping's numbers as ``KEY/NAME``. NAME: a folder's short name (``short_names``)."""
     out: dict[str, float] = {}
     for key, value in record.items():
         if key == "step":
