@@ -6,8 +6,8 @@ The loss is the mean cross-entropy over the unmasked label tokens of the whole g
 every micro-batch contributes ``sum / N`` with ``N`` counted over all micro-batches and dp
 ranks, so the value (and the gradient) is the same whatever the layout. When the batches carry
 ``source_ids``, the last pipeline stage also sums its per-token losses, label tokens and rows per
-source; those few numbers ride in the step's one all-reduce of the loss, so they cost no extra
-collective and no extra host sync.
+source; and every step sums each sample's token loss and label tokens (``runtime/sample_losses.py``).
+Those numbers ride in the step's one all-reduce of the loss: no extra collective, no extra host sync.
 
 With context parallelism the engine takes full-length micro-batches, like every other layout, and
 keeps this cp rank's chunks of the inputs and targets once they are on the device
@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,8 +36,7 @@ from runtime.parallel.context_parallel import ContextParallel
 from runtime.parallel.parallelize import parallelize
 from runtime.parallel.pipeline import build_schedule, chunk_layer_ranges, chunks_of_rank, forward_only, num_chunks
 from runtime.parallel.tied_embedding import TiedEmbeddingSync
-
-IGNORE_INDEX = -100
+from runtime.sample_losses import IGNORE_INDEX, SampleLosses, global_rows, row_sums, scatter
 
 
 @dataclass
@@ -48,6 +48,8 @@ class StepResult:
     # per source of the stage: (samples, label tokens, sum of their token losses) over the global batch;
     # None when a rank's batches carry no source_ids
     sources: list[tuple[int, int, float]] | None = None
+    # every sample of the global batch, in global order: summed token loss and label tokens (None: not counted)
+    samples: SampleLosses | None = None
 
 
 def compute_dtype(config: Config, device: torch.device) -> torch.dtype:
@@ -93,8 +95,9 @@ class Engine:
         self._norm_parameters = [p for c in self.chunks for n, p in c.named_parameters() if c.stored_name(n) == n]
         self._schedules: dict[tuple, object] = {}
         self._loss_scale = 1.0
-        # while a step counts sources: per loss call, each row's source and (1, label tokens, Σ token loss)
-        self._tally: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        # while a step counts: per loss call, each row's source, its global position and (Σ token loss, label tokens)
+        self._tally: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        self.count_samples = True  # per-sample losses in every StepResult (off only to measure their cost)
 
     # ------------------------------------------------------------------ construction ------------
 
@@ -129,23 +132,18 @@ class Engine:
 
     def _loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Sum of token losses of one micro-batch, scaled to its share of the global mean (the per-token losses
-        summed, with or without sources: the same value either way). While sources are counted, the target's
-        last column is each row's source (so it travels with its rows through the pipeline schedule's
-        micro-batch split) and the token losses are also summed per source (``_tally``: one entry a call; the
-        pipeline's set-up calls it once more on its first step, so a step counts only its last calls)."""
-        sources = None
+        summed, counted or not: the same value either way). While a step counts, the target's last two columns
+        are each row's source and global position (so they travel with their rows through the pipeline
+        schedule's micro-batch split) and the token losses are also summed per row (``_tally``: one entry a
+        call; the pipeline's set-up calls it once more on its first step, so a step counts only its last calls)."""
+        extra = None
         if self._tally is not None:
-            target, sources = target[:, :-1], target[:, -1]
+            target, extra = target[:, :-2], target[:, -2:]
         ce = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1), ignore_index=IGNORE_INDEX,
                              reduction="none")
-        if sources is not None:
+        if extra is not None:
             tokens = ce.full_tensor() if hasattr(ce, "full_tensor") else ce  # tp: replicated per-token losses
-            rows = target.shape[0]
-            counted = 1.0 if self.ctx.cp_rank == 0 else 0.0  # every cp rank holds the rows; their tokens split
-            per_row = torch.stack([torch.full((rows,), counted, dtype=torch.float64, device=target.device),
-                                   (target != IGNORE_INDEX).sum(1).double(),
-                                   tokens.detach().view(rows, -1).double().sum(1)], dim=1)
-            self._tally.append((sources, per_row))
+            self._tally.append((extra[:, 0], extra[:, 1], row_sums(tokens, target)))
         return ce.sum() * self._loss_scale
 
     def _loss_context(self):
@@ -173,13 +171,22 @@ class Engine:
             pos = torch.arange(ids.shape[1], device=self.device).expand(ids.shape[0], -1)
         return self._local(ids).contiguous(), self._local(pos).contiguous()
 
-    def _targets(self, batches: list[dict], sources: torch.Tensor | None = None) -> torch.Tensor:
-        """Label ids (masked ones ``IGNORE_INDEX``) of this rank's part of the micro-batches; with ``sources``
-        one more column (after the cp chunks are taken: each row's source is the whole row's)."""
+    def _targets(self, batches: list[dict], extra: torch.Tensor | None = None) -> torch.Tensor:
+        """Label ids (masked ones ``IGNORE_INDEX``) of this rank's part of the micro-batches; with ``extra``
+        (``[rows, 2]``: each row's source and global position) two more columns, after the cp chunks are taken."""
         dev = self._to_device
         targets = self._local(torch.cat([torch.where(dev(b["label_mask"]), dev(b["label_ids"]), IGNORE_INDEX)
                                          for b in batches]))
-        return targets if sources is None else torch.cat([targets, sources[:, None]], dim=1)
+        return targets if extra is None else torch.cat([targets, extra], dim=1)
+
+    def _row_columns(self, batches: list[dict], sources: torch.Tensor | None) -> torch.Tensor | None:
+        """``[rows, 2]``: each row's source (0 without ``source_ids``) and position in the global batch; None when
+        the step counts neither sources nor samples."""
+        if sources is None and not self.count_samples:
+            return None
+        rows = batches[0]["label_ids"].shape[0]
+        positions = global_rows(len(batches), rows, self.ctx.dp_rank, self.ctx.dp_size, self.device)
+        return torch.stack([sources if sources is not None else torch.zeros_like(positions), positions], dim=1)
 
     def _sources(self, batches: list[dict], num_sources: int) -> torch.Tensor | None:
         """Each row's source, on the device, when every micro-batch carries ``source_ids`` (checked in
@@ -203,7 +210,8 @@ class Engine:
             dist.all_reduce(n, group=self.ctx.dp_pg)
         return int(n)
 
-    def train_step(self, batches: list[dict], sequence_length: int | None = None, num_sources: int = 0) -> StepResult:
+    def train_step(self, batches: list[dict], sequence_length: int | None = None, num_sources: int = 0,
+                   keep: Callable[[float], bool] | None = None) -> StepResult:
         """Forward, backward, clip and update on one global step's micro-batches (this rank's rows).
 
         A step whose loss or gradient norm is not finite updates nothing (its gradients are dropped): NaN
@@ -212,33 +220,37 @@ class Engine:
 
         ``sequence_length`` tells middle pipeline ranks (whose batches hold only TensorPointers) the
         shape of this step, so that a stage with another sequence length gets its own schedule.
-        ``num_sources``: the stage's datasets (the same on every rank); the batches' ``source_ids`` index them."""
+        ``num_sources``: the stage's datasets (the same on every rank); the batches' ``source_ids`` index them.
+        ``keep``: called with a finite loss (the same on every rank) before the update; False skips the update
+        as a non-finite step is skipped (a spike's ``action: skip``)."""
         n_tokens = self._count_label_tokens(batches) if self.owns_loss else 0
         # FSDP averages gradients over dp × cp; scaling by dp × cp turns that into the sum we want
         self._loss_scale = self.ctx.dp_cp_size / max(n_tokens, 1)
         sources = self._sources(batches, num_sources) if self.owns_loss else None
-        self._tally = [] if sources is not None else None
+        extra = self._row_columns(batches, sources) if self.owns_loss else None
+        self._tally = [] if extra is not None else None
         losses: list[torch.Tensor] = []
         with self._loss_context():
             if self.ctx.pp_size == 1:
-                self._run_accumulation(batches, losses, sources)
+                self._run_accumulation(batches, losses, extra)
             else:
-                self._run_pipeline(batches, losses, sequence_length, sources)
+                self._run_pipeline(batches, losses, sequence_length, extra)
         if self.tied_sync is not None:
             self.tied_sync.sum_gradients()
-        loss, n_tokens, per_source = self._global_loss(losses, n_tokens, num_sources, len(batches))
+        loss, n_tokens, per_source, samples = self._global_loss(losses, n_tokens, num_sources, len(batches),
+                                                                sources is not None)
         grad_norm = clip_grad_norm_(self.parameters(), self.config.optimizer.clip_grad, self.ctx,
                                     counted=self._norm_parameters)
-        skipped = not (math.isfinite(loss) and math.isfinite(grad_norm))
+        skipped = not (math.isfinite(loss) and math.isfinite(grad_norm)) or keep is not None and not keep(loss)
         if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss, grad_norm, n_tokens, skipped, per_source)
+        return StepResult(loss, grad_norm, n_tokens, skipped, per_source, samples)
 
     def _run_accumulation(self, batches: list[dict], losses: list[torch.Tensor],
-                          sources: torch.Tensor | None = None) -> None:
+                          extra: torch.Tensor | None = None) -> None:
         chunk = self.chunks[0]
-        targets = self._targets(batches, sources)
+        targets = self._targets(batches, extra)
         ids, pos = self._inputs(batches)
         rows = batches[0]["input_ids"].shape[0]
         for i in range(len(batches)):
@@ -250,32 +262,42 @@ class Engine:
             losses.append(loss.detach())
 
     def _run_pipeline(self, batches: list[dict], losses: list[torch.Tensor], sequence_length: int | None,
-                      sources: torch.Tensor | None = None) -> None:
+                      extra: torch.Tensor | None = None) -> None:
         if sequence_length is None and (self.owns_inputs or self.owns_loss):
             sequence_length = batches[0]["input_ids" if self.owns_inputs else "label_ids"].shape[1]
         schedule = self._schedule((sequence_length,))
         if self.owns_inputs:
             schedule.step(*self._inputs(batches))
         elif self.owns_loss:
-            schedule.step(target=self._targets(batches, sources), losses=losses)
+            schedule.step(target=self._targets(batches, extra), losses=losses)
         else:  # a middle rank: the batch dicts hold TensorPointers only and are never read
             schedule.step()
 
-    def _global_loss(self, losses: list[torch.Tensor], n_tokens: int, num_sources: int = 0,
-                     num_batches: int = 0) -> tuple[float, int, list[tuple[int, int, float]] | None]:
+    def _global_loss(self, losses: list[torch.Tensor], n_tokens: int, num_sources: int = 0, num_batches: int = 0,
+                     with_sources: bool = False
+                     ) -> tuple[float, int, list[tuple[int, int, float]] | None, SampleLosses | None]:
         """Σ micro-batch losses / (dp × cp), summed over dp × cp, then sent with the label-token count
         (already global) from the last pp rank to all; the per-source tally (and how many dp × cp ranks had
-        one) rides in the same tensor: ``[loss, tokens, ranks counted, (rows, tokens, Σ loss) per source]``."""
-        total = torch.zeros(3 + 3 * num_sources, dtype=torch.float64, device=self.device)
+        one) and the per-sample sums ride in the same tensor:
+        ``[loss, tokens, ranks counted, (rows, tokens, Σ loss) per source, (Σ loss, tokens) per sample]``."""
+        g = self.config.global_batch_size if self.count_samples else 0  # the same on every pp rank
+        first_sample = 3 + 3 * num_sources
+        total = torch.zeros(first_sample + 2 * g, dtype=torch.float64, device=self.device)
         if self.owns_loss:
             # the pipeline schedule returns losses still attached to the graph: detach (no UserWarning)
             total[0] += sum(float(x.detach()) for x in losses) / self.ctx.dp_cp_size
             if self._tally is not None:  # the step's own loss calls: one per micro-batch, the last ones
                 calls = self._tally[len(self._tally) - num_batches:]
-                tally = torch.zeros((num_sources, 3), dtype=torch.float64, device=self.device)
-                tally.index_add_(0, torch.cat([c[0] for c in calls]), torch.cat([c[1] for c in calls]))
-                total[2] = 1
-                total[3:] = tally.flatten()
+                sums = torch.cat([c[2] for c in calls])
+                if with_sources:
+                    rows = torch.full((len(sums), 1), 1.0 if self.ctx.cp_rank == 0 else 0.0, dtype=torch.float64,
+                                      device=self.device)  # every cp rank holds the rows; their tokens split
+                    tally = torch.zeros((num_sources, 3), dtype=torch.float64, device=self.device)
+                    tally.index_add_(0, torch.cat([c[0] for c in calls]), torch.cat([rows, sums[:, [1, 0]]], 1))
+                    total[2] = 1
+                    total[3:first_sample] = tally.flatten()
+                if g:
+                    total[first_sample:] = scatter(torch.cat([c[1] for c in calls]), sums, g)
             if self.ctx.dp_cp_size > 1:
                 dist.all_reduce(total, group=self.ctx.dp_cp_pg)
             total[1] = n_tokens
@@ -286,7 +308,8 @@ class Engine:
         if num_sources and values[2] == self.ctx.dp_cp_size:  # every dp × cp rank counted its rows
             per_source = [(int(values[3 + 3 * i]), int(values[4 + 3 * i]), values[5 + 3 * i])
                           for i in range(num_sources)]
-        return values[0], int(values[1]), per_source
+        samples = SampleLosses.from_flat(values[first_sample:]) if g else None
+        return values[0], int(values[1]), per_source, samples
 
     @torch.no_grad()
     def eval_step(self, batches: list[dict], sequence_length: int) -> tuple[float, int]:
