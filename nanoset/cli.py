@@ -142,6 +142,16 @@ def train(ctx: click.Context) -> None:
     ctx.exit(status)
 
 
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@click.pass_context
+def explain(ctx: click.Context) -> None:
+    """Where a step's data comes from: nanoset explain --config C --step N | --steps A:B | --document F:D |
+    --suspects STEP (--help for more)."""
+    from runtime.cli.explain import main as run
+
+    ctx.exit(run(ctx.args))
+
+
 class Terminated(Exception):
     """SIGTERM (``kill``, a batch system's time limit) arrived: unwind like Ctrl-C, so that the tokenize
     workers are stopped too (they went on writing, orphaned, for as long as their task took)."""

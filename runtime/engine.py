@@ -352,6 +352,28 @@ class Engine:
         self._from_last_stage(total)
         return float(total[0]), int(total[1])
 
+    @torch.no_grad()
+    def sample_losses(self, batches: list[dict]) -> SampleLosses:
+        """Each row's summed token loss and label tokens, forward only, counted as a training step counts them
+        (the same targets and loss call): ``explain --suspects --checkpoint`` in one process (dp = tp = pp = cp
+        = 1), where ``batches`` are a whole global batch's micro-batches in global order."""
+        assert self.ctx.dp_size == self.ctx.tp_size == self.ctx.pp_size == self.ctx.cp_size == 1, "one process"
+        scale, self._loss_scale = self._loss_scale, 1.0
+        chunk, rows = self.chunks[0], batches[0]["input_ids"].shape[0]
+        positions = global_rows(len(batches), rows, 0, 1, self.device)
+        ids, pos = self._inputs(batches)
+        targets = self._targets(batches, torch.stack([torch.zeros_like(positions), positions], dim=1))
+        self._tally = []
+        try:
+            for i in range(len(batches)):
+                sl = slice(i * rows, (i + 1) * rows)
+                self._loss(chunk(ids[sl], pos[sl]), targets[sl])
+            sums = scatter(torch.cat([c[1] for c in self._tally]), torch.cat([c[2] for c in self._tally]),
+                           len(positions))
+        finally:
+            self._loss_scale, self._tally = scale, None
+        return SampleLosses.from_flat(sums.cpu().numpy())
+
     def _from_last_stage(self, values: torch.Tensor) -> None:
         """With pp > 1, every pipeline rank gets the last stage's ``values`` (in place)."""
         if self.ctx.pp_size > 1:

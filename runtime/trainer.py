@@ -22,6 +22,7 @@ from nanoset.errors import NanosetError, WriteFailed
 from runtime.checkpoint.layout import LATEST, checkpoints_folder, last_step
 from runtime.checkpoint.run_folder import Rewound, move_aside, rewind
 from runtime.checkpoint.store import SKIPPED, SKIPPED_IN_A_ROW, CheckpointManager
+from runtime.cli.explain import explain_step
 from runtime.config import Config
 from runtime.data.loading.feed import StepFeed, training_feed
 from runtime.data.order.plan import StagePlan, training_metadata
@@ -41,10 +42,12 @@ from runtime.metrics import (
 from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
 from runtime.preemption import installed, stop_on_signal
+from runtime.spikes import SpikeDetector, SpikeLog, ranked_samples
 from runtime.startup import Startup, start_up, startup_notes
 from runtime.validation import Validator, describe
 
 KILL_AT_STEP_ENV = "NANOSET_FAULT_KILL_AT_STEP"  # fault injection for tests: SIGKILL rank 0 after this step
+SPIKE_WINDOW = "spike_window"  # metadata key: the spike detector's window of recent losses
 
 
 @dataclass
@@ -83,6 +86,9 @@ class Trainer:
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
                                      config.logging.log_interval)
         self.metrics.source_names = short_names(self.plan.source_names())
+        spike = config.surgery.spike
+        self.spikes = SpikeDetector(spike) if spike is not None else None
+        self.spike_log = SpikeLog(self.run_dir, self.is_main)
         self.train_dataloader: Any = None
         self.last_step = 0
         self._feed: StepFeed | None = None
@@ -132,7 +138,8 @@ class Trainer:
                                    tokens.batch_accumulation_per_replica, self.metrics.info)
         self.checkpoints.clean_stale()
         self.last_step = self._resume()
-        self._writing_metrics(lambda: self.metrics.truncate_after(self.last_step))  # no step logged twice
+        self._writing_metrics(lambda: self.metrics.truncate_after(self.last_step),  # no step logged twice
+                              lambda: self.spike_log.truncate_after(self.last_step))
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config
         last_save = self.last_step
@@ -144,7 +151,9 @@ class Trainer:
                 batches = self._feed.batches(step)
                 data_wait = self._feed.wait
                 lr = self.lr_schedule.apply(self.engine.optimizer, step)
-                result = self.engine.train_step(batches, stage.sequence_length, num_sources=len(stage.dataset_ids))
+                keep = self.spikes.keep_for(stage.name) if self.spikes is not None else None
+                result = self.engine.train_step(batches, stage.sequence_length, num_sources=len(stage.dataset_ids),
+                                                keep=keep)
                 self.last_step = step
                 self._log_and_validate(step, stage, result, lr, data_wait, summary)
                 self._count_skips(step, result)
@@ -207,7 +216,22 @@ class Trainer:
         }
         if result.sources is not None:  # per dataset of the stage; none from a loader without source ids
             row["sources"] = source_metrics([self.plan.datasets[d].folder for d in stage.dataset_ids], result.sources)
+        spike = self.spikes.last if self.spikes is not None else None
+        if spike is not None:
+            row["spike_z"] = spike[0]
+            if result.skipped:
+                row["skipped"] = "spike"
+            self._log_spike(step, stage, result, spike[0])
         self.metrics.log(row)
+
+    def _log_spike(self, step: int, stage: StagePlan, result: StepResult, z: float) -> None:
+        """A row of spikes.jsonl (its samples named by the data order when they are the config's) and a line."""
+        if not self.is_main:
+            return
+        identities = explain_step(self.plan, step) if self._feed.from_config else None
+        samples = ranked_samples(result.samples, identities) if result.samples is not None else []
+        self.spike_log.append(step, stage.name, result.loss, z, samples)
+        self.metrics.info(self.spikes.describe(step, stage.name, result.loss))
 
     def _validate(self, step: int, stage: StagePlan) -> None:
         results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
@@ -223,9 +247,10 @@ class Trainer:
             good = self.checkpoints.newest_of_a_finite_step()
             where = (f"the newest checkpoint of a finite step is {good}: resume from it (checkpoints.resume: {good})"
                      if good is not None else "no checkpoint of a finite step was saved: start over")
+            spikes = " or were spikes (surgery.spike.action: skip)" if self.spikes and self.spikes.skips else ""
             raise NanosetError(f"steps {first}-{step}: {self._skipped_in_a_row} steps in a row had a non-finite loss "
-                               f"or gradient norm and were skipped (optimizer.max_skipped_steps {limit}); the run has "
-                               f"diverged: {where} with a lower optimizer.learning_rate")
+                               f"or gradient norm{spikes} and were skipped (optimizer.max_skipped_steps {limit}); the "
+                               f"run has diverged: {where} with a lower optimizer.learning_rate")
 
     def close(self) -> None:
         self._release_loader()
@@ -245,7 +270,8 @@ class Trainer:
         meta = {"training": training_metadata(self.plan, step).to_json(),
                 "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict(),
                 "tokenizer": asdict(tokenizer) if tokenizer is not None else None,
-                SKIPPED: self._skipped_in_a_row > 0, SKIPPED_IN_A_ROW: self._skipped_in_a_row}
+                SKIPPED: self._skipped_in_a_row > 0, SKIPPED_IN_A_ROW: self._skipped_in_a_row,
+                SPIKE_WINDOW: self.spikes.state_dict() if self.spikes is not None else None}
         return self.checkpoints.save(self.engine, step, meta)
 
     def _resume(self) -> int:
@@ -259,6 +285,8 @@ class Trainer:
         last = last_step(metadata)
         # a checkpoint from before the count was saved: its own step's skip, if any
         self._skipped_in_a_row = metadata.get(SKIPPED_IN_A_ROW, int(bool(metadata.get(SKIPPED, False))))
+        if self.spikes is not None and metadata.get(SPIKE_WINDOW):  # the window goes on as if never interrupted
+            self.spikes.load_state_dict(metadata[SPIKE_WINDOW])
         self.metrics.info(f"resumed from {path} at step {last}")
         return last
 

@@ -319,6 +319,23 @@ class ValidationArgs:
 
 
 @dataclass
+class SpikeArgs:
+    """A step whose loss exceeds the mean of the last ``window`` trained steps of its stage by ``zscore`` standard
+    deviations is a spike: logged to <run_dir>/spikes.jsonl with its samples, ranked by loss."""
+
+    zscore: float = key(6.0)
+    window: int = key(100, Range(2))  # trained steps of the current stage a step is judged against
+    action: Literal["log", "skip"] = "log"  # skip: no update either (it counts toward optimizer.max_skipped_steps)
+
+
+@dataclass
+class SurgeryArgs:
+    """What a run does about bad data: spikes found and logged (or skipped)."""
+
+    spike: SpikeArgs | None = None  # null: no spike detection
+
+
+@dataclass
 class Config:
     general: GeneralArgs
     model: ModelArgs
@@ -331,6 +348,7 @@ class Config:
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     tokenizer: TokenizerArgs | None = None
     validation: ValidationArgs = field(default_factory=ValidationArgs)
+    surgery: SurgeryArgs = field(default_factory=SurgeryArgs)
 
     def to_dict(self) -> dict:
         return to_dict(self)
