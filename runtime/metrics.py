@@ -42,6 +42,9 @@ def flops_per_token(model_args, sequence_length: int) -> float:
     return 6 * params + 12 * n * q * sequence_length
 
 
+SURGERY_SKIP = "surgery"  # a row's ``skipped`` for a step that data surgery skips (no forward, backward, update)
+
+
 def source_metrics(folders: list[str], totals: list[tuple[int, int, float]]) -> dict[str, dict]:
     """The ``sources`` of a row: per folder ``{"samples", "label_tokens", "loss"}`` (the mean over its label
     tokens, null when it has none or is not finite) from the engine's (samples, label tokens, Σ loss)."""
@@ -153,6 +156,10 @@ class MetricsLogger:
                 if s["loss"] is not None:
                     self.tb.add_scalar(f"loss/{name}", s["loss"], record["step"])
                 self.tb.add_scalar(f"mix/{name}", s["samples"] / samples if samples else 0.0, record["step"])
+        if record.get("skipped") == SURGERY_SKIP:
+            self.info(f"step {record['step']:>6} | {record['stage']} | skipped by surgery: read, not trained "
+                      f"| lr {record['lr']:.3e}")
+            return
         if record["step"] % self.log_interval == 0 or record.get("skipped"):
             mfu = f" | mfu {100 * record['mfu']:.1f}%" if record.get("mfu") is not None else ""
             why = "a spike" if record.get("skipped") == "spike" else "not finite"

@@ -34,11 +34,13 @@ from runtime.checkpoint.run_folder import (
     refuse_a_checkpoint_inside_the_run,
     run_lock,
 )
+from runtime.checkpoint.surgery_log import RewindEntry, run_surgery, surgery_at_resume
 from runtime.config import Config
 from runtime.config.load import load_config
 from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.packing import shorter_sequence_length
 from runtime.data.order.plan import DataPlan
+from runtime.data.order.surgery import Surgery
 from runtime.data.order.validation_sets import ValidationSet, open_validation_sets, training_readers
 from runtime.hf.preflight import check_init_from_hf
 
@@ -67,11 +69,13 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def start_up(config: Config | str | Path, world: int | None = None, lock: bool = True) -> Startup:
+def start_up(config: Config | str | Path, world: int | None = None, lock: bool = True,
+             pending: RewindEntry | None = None) -> Startup:
     """Load (a path) and check the config, its data, the checkpoint it resumes and the run folder.
 
     ``world``: the processes the launcher starts (default: ``WORLD_SIZE``); ``lock``: hold the run folder's
-    lock (global rank 0 of the workers does; a launcher checking for them only tries it)."""
+    lock (global rank 0 of the workers does; a launcher checking for them only tries it); ``pending``: a rewind
+    ``--check`` shows, not recorded yet."""
     path = None if isinstance(config, Config) else config
     if path is not None:
         config = load_config(path)
@@ -80,7 +84,12 @@ def start_up(config: Config | str | Path, world: int | None = None, lock: bool =
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}" if path is not None else str(e)) from None
     start = plan_start(config, lock)
-    plan = DataPlan(config, resolve_stage_folders(config)).resumed_from(start.checkpoint, start.metadata)
+    resumed = last_step(start.metadata) if start.checkpoint is not None else 0
+    surgery = surgery_at_resume(run_surgery(config, pending), start.metadata, resumed, start.checkpoint)
+    plan = DataPlan(config, resolve_stage_folders(config), surgery=Surgery()).resumed_from(start.checkpoint,
+                                                                                             start.metadata)
+    if surgery:
+        plan = plan.with_surgery(surgery)
     check_init_from_hf(config, plan, fresh_start=start.checkpoint is None)
     validation_sets = open_validation_sets(config, training_readers(plan))
     return Startup(config, plan, start, validation_sets)

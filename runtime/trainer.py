@@ -26,12 +26,14 @@ from runtime.cli.explain import explain_step
 from runtime.config import Config
 from runtime.data.loading.feed import StepFeed, training_feed
 from runtime.data.order.plan import StagePlan, training_metadata
+from runtime.data.order.surgery import SURGERY_KEY, surgery_record
 from runtime.engine import Engine, StepResult
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
 from runtime.hf.preflight import data_tokenizer
 from runtime.lr_schedule import LRSchedule
 from runtime.metrics import (
+    SURGERY_SKIP,
     MetricsLogger,
     model_flops_utilization,
     peak_flops,
@@ -151,12 +153,16 @@ class Trainer:
                 batches = self._feed.batches(step)
                 data_wait = self._feed.wait
                 lr = self.lr_schedule.apply(self.engine.optimizer, step)
-                keep = self.spikes.keep_for(stage.name) if self.spikes is not None else None
-                result = self.engine.train_step(batches, stage.sequence_length, num_sources=len(stage.dataset_ids),
-                                                keep=keep)
-                self.last_step = step
-                self._log_and_validate(step, stage, result, lr, data_wait, summary)
-                self._count_skips(step, result)
+                if self.plan.surgery.skips(step):  # read (the order goes on), never trained: no engine call at all
+                    self.last_step = step
+                    self._log_surgery_skip(step, stage, lr)
+                else:
+                    keep = self.spikes.keep_for(stage.name) if self.spikes is not None else None
+                    result = self.engine.train_step(batches, stage.sequence_length,
+                                                    num_sources=len(stage.dataset_ids), keep=keep)
+                    self.last_step = step
+                    self._log_and_validate(step, stage, result, lr, data_wait, summary)
+                    self._count_skips(step, result)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
                 # every rank stops after the same step; a signal during the last one changes nothing
@@ -233,6 +239,15 @@ class Trainer:
         self.spike_log.append(step, stage.name, result.loss, z, samples)
         self.metrics.info(self.spikes.describe(step, stage.name, result.loss))
 
+    def _log_surgery_skip(self, step: int, stage: StagePlan, lr: float) -> None:
+        """The row of a step that surgery skips: its step, stage and data hash, ``skipped: "surgery"``, no loss."""
+        self._step_end = time.perf_counter()
+        row = {"step": step, "stage": stage.name, "loss": None, "lr": lr, "grad_norm": None, "skipped": SURGERY_SKIP,
+               "data_hash": self.plan.data_hash(step) if self._feed.from_config and self.is_main else None,
+               "time": time.time()}
+        validate = self.validator.should_validate(step, stage.index)
+        self._writing_metrics(lambda: self.metrics.log(row), lambda: self._validate(step, stage) if validate else None)
+
     def _validate(self, step: int, stage: StagePlan) -> None:
         results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
         self.metrics.log_validation(step, stage.name, results, describe(results))
@@ -271,7 +286,8 @@ class Trainer:
                 "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict(),
                 "tokenizer": asdict(tokenizer) if tokenizer is not None else None,
                 SKIPPED: self._skipped_in_a_row > 0, SKIPPED_IN_A_ROW: self._skipped_in_a_row,
-                SPIKE_WINDOW: self.spikes.state_dict() if self.spikes is not None else None}
+                SPIKE_WINDOW: self.spikes.state_dict() if self.spikes is not None else None,
+                SURGERY_KEY: surgery_record(self.plan.surgery)}
         return self.checkpoints.save(self.engine, step, meta)
 
     def _resume(self) -> int:

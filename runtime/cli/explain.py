@@ -25,12 +25,14 @@ import numpy as np
 
 from nanoset.errors import report_user_errors
 from runtime.checkpoint.layout import CHECKPOINT_OPTION, find_checkpoint, read_metadata
+from runtime.checkpoint.surgery_log import run_surgery
 from runtime.config import ConfigError
 from runtime.config.load import load_config
 from runtime.config.overrides import add_set_option
 from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import document_steps, parse_document
+from runtime.data.order.surgery import SURGERY_KEY, Surgery
 from runtime.data.order.windows import label_mask
 
 
@@ -38,6 +40,7 @@ def explain_step(plan: DataPlan, step: int) -> list[dict]:
     """One dict per sample of global step ``step``, in global batch order."""
     stage, loc = plan.global_batch(step)
     data_hash = plan.data_hash(step, loc)
+    skipped = "surgery" if plan.surgery.skips(step) else None  # read, not trained
     rows = []
     loss_tokens = np.empty(len(loc.sample), dtype=np.int64)
     for d in np.unique(loc.dataset).tolist():
@@ -53,7 +56,7 @@ def explain_step(plan: DataPlan, step: int) -> list[dict]:
             "sample": s, "epoch": e,
             "shards": [sh.name for sh in reader.shards[first : last + 1]], "tokens": [start, stop],
             "documents": reader.document_ids(start, stop).tolist(), "packing": w.packing,
-            "loss_tokens": int(loss_tokens[pos]),
+            "loss_tokens": int(loss_tokens[pos]), "skipped": skipped,
         })
     return rows
 
@@ -99,11 +102,16 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
     if suspects is not None and not 1 <= suspects <= config.tokens.train_steps:
         raise ConfigError(f"--suspects {suspects}: outside [1, tokens.train_steps={config.tokens.train_steps}]")
     first, last = parse_steps(steps, config.tokens.train_steps) if steps is not None else (step, step)
-    plan = DataPlan(config, resolve_stage_folders(config))
+    plan = DataPlan(config, resolve_stage_folders(config), surgery=Surgery())
+    surgery = run_surgery(config)  # the config's and what the run folder records: the order the run trains
     path = None
     if checkpoint:
         path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
-        plan = plan.resumed_from(path, read_metadata(path, model=False))
+        metadata = read_metadata(path, model=False)
+        plan = plan.resumed_from(path, metadata)
+        surgery = surgery.union(Surgery.from_json(metadata.get(SURGERY_KEY), f"{path}: surgery"))
+    if surgery:
+        plan = plan.with_surgery(surgery)
     try:
         if suspects is not None:
             from runtime.cli.suspects import logged_spike, print_suspects, recomputed_spike
@@ -130,8 +138,9 @@ def _print_steps(plan: DataPlan, first: int, last: int, as_json: bool) -> int:
         if as_json:
             out.write(("" if step == first else ", ") + ", ".join(json.dumps(r) for r in of_step))
             continue
+        skipped = " (skipped by surgery: read, not trained)" if of_step[0]["skipped"] else ""
         out.write(f"step {step}: stage {of_step[0]['stage']!r}, {len(of_step)} samples, data_hash "
-                  f"{of_step[0]['data_hash']}\n")
+                  f"{of_step[0]['data_hash']}{skipped}\n")
         for r in of_step:
             docs = r["documents"]
             doc_text = f"{docs[0]}..{docs[-1]}" if len(docs) > 2 else ",".join(map(str, docs))
@@ -171,6 +180,7 @@ def _print_hits(hits: list[dict], queries: list[tuple[str, int]], train_steps: i
         steps = sorted({h["step"] for h in mine})
         print(f"document {name}: {len(mine)} samples in {len(steps)} steps (first {steps[0]}, last {steps[-1]})")
         for h in mine:
+            skipped = "  (skipped by surgery: read, not trained)" if h["skipped"] else ""
             print(f"  step {h['step']:>7}  position {h['position']:>5}  {h['stage']}  {h['dataset']}  sample "
-                  f"{h['sample']}  epoch {h['epoch']}  tokens [{h['tokens'][0]}, {h['tokens'][1]})")
+                  f"{h['sample']}  epoch {h['epoch']}  tokens [{h['tokens'][0]}, {h['tokens'][1]}){skipped}")
     return 0

@@ -80,6 +80,9 @@ class LaunchArgs:
     torchrun: list[str]  # torchrun's options, checked
     nodes: int
     overrides: list[str] = field(default_factory=list)  # --set KEY=VALUE, in order: the workers get them too
+    rewind_to: int | None = None  # --rewind-to STEP: data surgery (runtime/cli/rewind.py)
+    skip_steps: list[str] = field(default_factory=list)  # --skip-steps A:B, repeated
+    exclude_documents: str | None = None  # --exclude-documents FILE
 
 
 def parse_args(argv: list[str]) -> LaunchArgs:
@@ -94,10 +97,20 @@ def parse_args(argv: list[str]) -> LaunchArgs:
     ap.add_argument("--nproc-per-node", "--nproc_per_node", type=_positive("--nproc-per-node"), default=None,
                     help="worker processes on this node (default: the config's world size / nodes)")
     ap.add_argument("--check", action="store_true", help="check everything and print the plan; train nothing")
+    ap.add_argument("--rewind-to", type=int, metavar="STEP", help="data surgery: rewind to the checkpoint of STEP, "
+                    "record the surgery, train on (docs/data-order.md#data-surgery)")
+    ap.add_argument("--skip-steps", action="append", default=[], metavar="A:B",
+                    help="with --rewind-to: steps A to B (both included) are read, not trained (repeatable)")
+    ap.add_argument("--exclude-documents", metavar="FILE", help="with --rewind-to: FOLDER:DOC lines excised from "
+                    "step STEP + 1 on")
     add_set_option(ap)
     args, rest = ap.parse_known_args(argv)
+    if (args.skip_steps or args.exclude_documents) and args.rewind_to is None:
+        _refuse("--skip-steps and --exclude-documents go with --rewind-to STEP (the checkpoint the surgery starts "
+                "after)")
+    surgery = {"rewind_to": args.rewind_to, "skip_steps": args.skip_steps, "exclude_documents": args.exclude_documents}
     if not rest:  # nothing of torchrun's to check: torch is not imported for it (a finished run answers at once)
-        return LaunchArgs(args.config, args.nproc_per_node, args.check, [], 1, args.overrides)
+        return LaunchArgs(args.config, args.nproc_per_node, args.check, [], 1, args.overrides, **surgery)
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
@@ -112,7 +125,8 @@ def parse_args(argv: list[str]) -> LaunchArgs:
         if Path(given).name == TRAIN_SCRIPT.name:
             _refuse(f"takes no script: it runs runtime/train.py itself; drop {given!r} from the command")
         _refuse(f"takes no positional argument ({given!r}): it runs runtime/train.py with --config")
-    return LaunchArgs(args.config, args.nproc_per_node, args.check, rest, _nodes(known.nnodes), args.overrides)
+    return LaunchArgs(args.config, args.nproc_per_node, args.check, rest, _nodes(known.nnodes), args.overrides,
+                      **surgery)
 
 
 def _with_closest(message: str, options: list[str]) -> str:
@@ -193,13 +207,26 @@ def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
     from runtime.startup import describe_start, start_up, startup_notes
 
     config, changes = read_config(args.config, args.overrides)
+    rewinding = None
+    if args.rewind_to is not None:  # the launcher's checks resume what the rewind will
+        from runtime.cli.rewind import plan_rewind, rewind_entry
+
+        rewinding = plan_rewind(config, rewind_entry(args.rewind_to, args.skip_steps, args.exclude_documents,
+                                                     config.tokens.train_steps))
+        config, changes = read_config(args.config, [*args.overrides, f"checkpoints.resume={rewinding.resume}"])
     nproc = workers_per_node(config, args.config, args.nproc, args.nodes)
-    startup = start_up(config, world=nproc * args.nodes, lock=False)
+    pending = rewinding.entry if rewinding is not None and rewinding.checkpoint is not None else None
+    startup = start_up(config, world=nproc * args.nodes, lock=False, pending=pending)
     if args.check:
         print("\n".join([*(f"--set {change}" for change in changes), f"start: {describe_start(startup)}",
-                         *plan_report(startup.plan),
+                         *surgery_report(startup.plan), *plan_report(startup.plan),
                          *(f"note: {note}" for note in startup_notes(startup))]))
         return 0
+    if rewinding is not None:
+        from runtime.cli.rewind import carry_out
+
+        print(carry_out(config, rewinding), flush=True)
+        args.overrides = [*args.overrides, "checkpoints.resume=latest"]  # the workers resume what was rewound to
     finished = finished_run(startup)
     if finished is not None:  # the workers would start, load the checkpoint and say just this
         print(finished, flush=True)
@@ -284,6 +311,22 @@ def quiet_torchrun() -> None:
         if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
             logger.addHandler(logging.NullHandler())
         logger.propagate = False
+
+
+def surgery_report(plan: DataPlan) -> list[str]:
+    """The surgery in force, for ``--check``: the steps skipped, the documents excised, and per stage part the
+    documents and samples its draws pass over."""
+    if not plan.surgery:
+        return []
+    lines, named = [f"surgery: {line}" for line in plan.surgery.describe()], plan.shown_names()
+    for part in plan.stages:
+        skipped = plan.surgery.skipped_in(part.start_step, part.end_step - 1)
+        if skipped:
+            lines.append(f"surgery: stage {part.name!r}: {len(skipped)} step(s) skipped")
+        for d, documents, passed in plan.passed_over(part):
+            lines.append(f"surgery: stage {part.name!r}: {named[plan.datasets[d].folder]}: {documents} document(s) "
+                         f"excluded, {passed:,} sample(s) passed over")
+    return lines
 
 
 def plan_report(plan: DataPlan) -> list[str]:

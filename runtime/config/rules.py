@@ -20,6 +20,7 @@ from runtime.config.schema import (
     RopeScalingArgs,
     WeightsAtStep,
 )
+from runtime.data.order.surgery import parse_document, parse_step_range
 
 
 def validate_config(c: Config) -> None:
@@ -32,6 +33,7 @@ def validate_config(c: Config) -> None:
     _validate_parallelism(c)
     _validate_stages(c)
     _validate_validation(c)
+    _validate_surgery(c)
 
 
 def _check_ranges(section: Any, path: str) -> None:
@@ -267,3 +269,15 @@ def _validate_validation(c: Config) -> None:
         seen = {os.path.normpath(os.path.abspath(f)) for f in folders}
         if len(seen) != len(folders):
             raise ConfigError(f"validation.datasets.{name}: a folder is listed twice in {folders}; list it once")
+
+
+def _validate_surgery(c: Config) -> None:
+    """Step ranges and documents well formed, inside the run (the documents file is read at start-up)."""
+    s, steps = c.surgery, c.tokens.train_steps
+    for text in s.skip_steps:
+        a, b = parse_step_range(text, "surgery.skip_steps")
+        if b > steps:
+            raise ConfigError(f"surgery.skip_steps: {text} ends after tokens.train_steps {steps}; give steps in "
+                              f"[1, {steps}]")
+    for text in s.exclude_documents:
+        parse_document(text, "surgery.exclude_documents")

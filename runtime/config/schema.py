@@ -330,8 +330,13 @@ class SpikeArgs:
 
 @dataclass
 class SurgeryArgs:
-    """What a run does about bad data: spikes found and logged (or skipped)."""
+    """Data surgery: steps read but not trained, documents excised from a step on (docs/data-order.md), and spikes
+    found and logged (or skipped)."""
 
+    skip_steps: list[str] = field(default_factory=list)  # "A:B" ranges (both included): read, not trained
+    exclude_documents: list[str] = field(default_factory=list)  # FOLDER:DOC: no trained sample holds a token of it
+    exclude_documents_file: str | None = None  # a file of FOLDER:DOC lines, excluded as exclude_documents
+    exclude_from_step: int = key(1)  # the first step the exclusions apply to
     spike: SpikeArgs | None = None  # null: no spike detection
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from nanoset import NanosetError, open_dataset
 from runtime.config import Config, ConfigError, DatasetStageArgs, HFDatasetArgs, NanosetDatasetsArgs
 from runtime.data.order.blend import BlendSchedule
+from runtime.data.order.excision import DrawIndex, excised_samples
 from runtime.data.order.packing import PackedDocuments
 from runtime.data.order.permutation import FeistelPermutation
 from runtime.data.order.record import (
@@ -42,6 +43,7 @@ from runtime.data.order.record import (
 )
 from runtime.data.order.sample_space import SampleSpace
 from runtime.data.order.scheduled_blend import ScheduledBlend, WeightSchedule
+from runtime.data.order.surgery import Surgery, config_surgery
 from runtime.data.order.vocab import Known, check_tokenizer, check_unknown_beside_known, check_vocab
 from runtime.data.order.windows import TokenWindows
 
@@ -137,13 +139,16 @@ class DataPlan:
     """All stages of a config over their opened datasets; ``locate`` any stage sample in O(1).
 
     ``history`` is the record of the checkpoint a run resumes from (``checkpoint`` names it in
-    errors); without it the whole order comes from the config.
+    errors); without it the whole order comes from the config. ``surgery``: the steps skipped and the
+    documents excised (``runtime.data.order.surgery``), an input of the order like the config; by default the
+    config's ``surgery:`` section (a run also adds what its run folder and checkpoint record).
     """
 
     def __init__(self, config: Config, stage_folders: list[list[str]] | None = None,
                  history: TrainingMetadata | None = None, checkpoint: str | None = None,
-                 readers: dict[str, object] | None = None) -> None:
+                 readers: dict[str, object] | None = None, surgery: Surgery | None = None) -> None:
         self.config = config
+        self.surgery = surgery if surgery is not None else config_surgery(config)
         if stage_folders is None:
             stage_folders = [_nanoset_folders(s, i) for i, s in enumerate(config.data_stages)]
         self.stage_folders = stage_folders
@@ -173,6 +178,7 @@ class DataPlan:
                 _add_draws(totals, part)
             self.stages.extend(parts)
         self._check_tokenizers()
+        self.draw_indexes = self._excise()
 
     def resumed_from(self, checkpoint: str | Path | None, metadata: dict | None) -> DataPlan:
         """This plan for a run resuming from ``checkpoint`` (``metadata``: what it records), the past taken
@@ -180,7 +186,11 @@ class DataPlan:
         if checkpoint is None or self.checkpoint == str(checkpoint):
             return self
         history = TrainingMetadata.from_json(metadata["training"])
-        return DataPlan(self.config, self.stage_folders, history, str(checkpoint), self._readers)
+        return DataPlan(self.config, self.stage_folders, history, str(checkpoint), self._readers, self.surgery)
+
+    def with_surgery(self, surgery: Surgery) -> DataPlan:
+        """This plan with ``surgery`` in force instead of its own (the same past, datasets and readers)."""
+        return DataPlan(self.config, self.stage_folders, self.history, self.checkpoint, self._readers, surgery)
 
     # ---------------------------------------------------------------- construction --------------
 
@@ -276,6 +286,54 @@ class DataPlan:
                 last_part.draw_offsets.tolist(), parts[-2] if len(parts) > 1 else None)
         return parts
 
+    def _excise(self) -> list[DrawIndex]:
+        """Each dataset's draw index: from each exclusion's first step on, its draws pass over the samples that
+        hold a token of an excluded document (a dataset without exclusions keeps its plain stream)."""
+        by_dataset: dict[int, dict[int, list[int]]] = {}  # dataset → first step → documents
+        for step, docs in sorted(self.surgery.exclusions.items()):
+            for folder, doc in sorted(docs):
+                for d in self.datasets_named(folder, "surgery"):
+                    reader = self.datasets[d].reader
+                    if not 0 <= doc < reader.num_documents:
+                        raise ConfigError(f"surgery: {folder}:{doc}: {folder} has {reader.num_documents} documents; "
+                                          f"give an index in [0, {reader.num_documents})")
+                    by_dataset.setdefault(d, {}).setdefault(step, []).append(doc)
+        indexes = []
+        for d, w in enumerate(self.datasets):
+            exclusions = [(self._draws_before(step).get(d, 0), excised_samples(w, np.array(docs)))
+                          for step, docs in sorted(by_dataset.get(d, {}).items())]
+            try:
+                indexes.append(DrawIndex(w.num_samples, lambda e, d=d: self.permutation(d, e), exclusions))
+            except ValueError:
+                raise ConfigError(f"surgery: every sample of {w.folder} (sequence length {w.sequence_length}) holds a "
+                                  f"token of an excluded document, so nothing of it is left to train on; exclude "
+                                  f"fewer of its documents or remove it from the stages") from None
+        return indexes
+
+    def _draws_before(self, step: int) -> dict[int, int]:
+        """Draws taken from each dataset by steps ``1..step - 1`` (draw numbers, the blend's count)."""
+        totals: dict[int, int] = {}
+        for part in self.stages:
+            if part.start_step <= step - 1:
+                _add_draws(totals, part, part.consumed_samples(step - 1))
+        return totals
+
+    def datasets_named(self, folder: str, where: str = "") -> list[int]:
+        """The plan's datasets (one per sequence length and packing) read from ``folder``: a folder of a stage, or
+        the Hugging Face source of a stage (whose tokenized copy the plan reads); ``where`` names the asking key."""
+        target = resolved(folder)
+        folders = {target}
+        for i, stage in enumerate(self.config.data_stages):
+            ds = stage.data.dataset
+            if isinstance(ds, HFDatasetArgs) and resolved(ds.hf_dataset_or_datasets) == target:
+                folders.update(resolved(f) for f in self.stage_folders[i])
+        ids = [d for d, f in enumerate(self.folders) if f in folders]
+        if not ids:
+            known = ", ".join(sorted({w.folder for w in self.datasets}))
+            prefix = f"{where}: " if where else ""
+            raise ConfigError(f"{prefix}{folder}: not a dataset of this run; its datasets are: {known}")
+        return ids
+
     def _moved(self, record: PartRecord, ids: list[int]) -> list[str]:
         """The recorded folders, each one that the stage no longer lists replaced by the stage's folder with
         the same content fingerprint: a dataset copied elsewhere (another mount, a node-local disk, a
@@ -307,6 +365,10 @@ class DataPlan:
         local, draw = stage.blend.locate(j)
         dataset = np.asarray(stage.dataset_ids, dtype=np.int64)[local]
         draw = draw + stage.draw_offsets[local]
+        for d in np.unique(dataset).tolist():  # surgery: excised samples passed over (O(log E) a draw)
+            if self.draw_indexes[d].excised:
+                m = dataset == d
+                draw[m] = self.draw_indexes[d].positions(draw[m])
         sizes = np.array([self.datasets[d].num_samples for d in stage.dataset_ids], dtype=np.int64)[local]
         epoch, pos = np.divmod(draw, sizes)
         sample = np.empty_like(pos)
@@ -359,12 +421,29 @@ class DataPlan:
         return sum(s.consumed_samples(last_step) for s in self.stages)
 
     def draws_after(self, last_step: int) -> dict[str, int]:
-        """Samples drawn from each dataset (resolved folder@sequence length) once steps ``1..last_step`` are done."""
-        totals: dict[int, int] = {}
-        for part in self.stages:
-            if part.start_step <= last_step:
-                _add_draws(totals, part, part.consumed_samples(last_step))
+        """Positions of each dataset's stream (resolved folder@sequence length) walked once steps ``1..last_step``
+        are done: its draws, and the excised samples they passed over."""
+        totals = {d: self.stream_position(d, n) for d, n in self._draws_before(last_step + 1).items()}
         return {_draws_key(self.folders[d], self.datasets[d]): n for d, n in sorted(totals.items())}
+
+    def stream_position(self, dataset: int, draws: int) -> int:
+        """The position in ``dataset``'s stream after its first ``draws`` draws (passed-over samples counted)."""
+        if draws <= 0 or not self.draw_indexes[dataset].excised:
+            return max(draws, 0)
+        return int(self.draw_indexes[dataset].positions(np.array([draws - 1]))[0]) + 1
+
+    def passed_over(self, part: StagePlan) -> list[tuple[int, int, int]]:
+        """Per excised dataset of ``part``: (dataset, excluded documents of it, samples its draws pass over)."""
+        out = []
+        docs = {}
+        for (folder, _doc) in self.surgery.documents_from():
+            for d in self.datasets_named(folder, "surgery"):
+                docs[d] = docs.get(d, 0) + 1
+        for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), part.blend.draws(part.num_samples)):
+            if self.draw_indexes[d].excised and n:
+                walked = self.stream_position(d, offset + int(n)) - self.stream_position(d, offset)
+                out.append((d, docs.get(d, 0), walked - int(n)))
+        return out
 
     def record(self, last_step: int) -> list[DataStageMetadata]:
         """Per config stage, what a checkpoint after ``last_step`` records (parts only for stages begun)."""

@@ -13,33 +13,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.config import ConfigError, HFDatasetArgs
-from runtime.data.order.plan import DataPlan, resolved
+from runtime.config import ConfigError
+from runtime.data.order import surgery
+from runtime.data.order.plan import DataPlan
 from runtime.data.order.sample_space import SampleSpace
 
 
 def parse_document(text: str, where: str = "--document") -> tuple[str, int]:
     """``FOLDER:DOC`` → (folder, document index); a bad form is a ``ConfigError`` naming ``where``."""
-    folder, sep, doc = text.strip().rpartition(":")
-    if not sep or not folder or not doc.strip().isdigit():
-        raise ConfigError(f"{where}: expected FOLDER:DOC (a dataset folder and a document index), got {text.strip()!r}")
-    return folder, int(doc)
+    return surgery.parse_document(text, where)
 
 
 def datasets_of(plan: DataPlan, folder: str) -> list[int]:
     """The plan's datasets (one per sequence length and packing) read from ``folder``: a folder of a stage, or
     the Hugging Face source of a stage (whose tokenized copy the plan reads)."""
-    target = resolved(folder)
-    folders = {target}
-    for i, stage in enumerate(plan.config.data_stages):
-        ds = stage.data.dataset
-        if isinstance(ds, HFDatasetArgs) and resolved(ds.hf_dataset_or_datasets) == target:
-            folders.update(resolved(f) for f in plan.stage_folders[i])
-    ids = [d for d, f in enumerate(plan.folders) if f in folders]
-    if not ids:
-        known = ", ".join(sorted({w.folder for w in plan.datasets}))
-        raise ConfigError(f"{folder}: not a dataset of this run; its datasets are: {known}")
-    return ids
+    return plan.datasets_named(folder)
 
 
 def samples_touching(windows: SampleSpace, start: int, stop: int) -> np.ndarray:
@@ -61,7 +49,8 @@ def document_steps(plan: DataPlan, queries: list[tuple[str, int]]) -> list[dict]
 
     One dict per hit, sorted by (query, step, position): ``document`` (``FOLDER:DOC`` as given), ``step``,
     ``stage``, ``position``, ``dataset`` (the folder as ``explain`` prints it), ``sample``, ``epoch``,
-    ``tokens`` (the sample's range, as ``explain``). A document asked for twice is answered once."""
+    ``tokens`` (the sample's range, as ``explain``), ``skipped`` (``"surgery"`` for a step read but not trained).
+    A document asked for twice is answered once."""
     queries = list(dict.fromkeys(queries))  # an audit list may name a document twice: its hits count once
     by_dataset: dict[int, list[tuple[int, np.ndarray]]] = {}
     for q, (folder, doc) in enumerate(queries):
@@ -80,7 +69,8 @@ def document_steps(plan: DataPlan, queries: list[tuple[str, int]]) -> list[dict]
             hits.append({"document": f"{queries[q][0]}:{queries[q][1]}", "step": step,
                          "stage": plan.stage_for_step(step).name, "position": position,
                          "dataset": plan.datasets[d].folder, "sample": sample, "epoch": epoch,
-                         "tokens": [int(start), int(stop)], "query": q})
+                         "tokens": [int(start), int(stop)], "query": q,
+                         "skipped": "surgery" if plan.surgery.skips(step) else None})
     hits.sort(key=lambda h: (h["query"], h["step"], h["position"]))
     for h in hits:
         del h["query"]
@@ -95,11 +85,12 @@ def _hits(plan: DataPlan, d: int, samples: np.ndarray, query: np.ndarray):
             local = part.dataset_ids.index(d)
             taken = int(part.blend.draws(part.num_samples)[local])
             parts.append((part, local, int(part.draw_offsets[local]), taken))
-    total = max((first + taken for _, _, first, taken in parts), default=0)
+    total = plan.stream_position(d, max((first + taken for _, _, first, taken in parts), default=0))
     n = plan.datasets[d].num_samples
     unique, back = np.unique(samples, return_inverse=True)
     for epoch in range(-(-total // n)):
-        draw = epoch * n + plan.permutation(d, epoch).inverse(unique)[back]
+        position = epoch * n + plan.permutation(d, epoch).inverse(unique)[back]
+        draw = plan.draw_indexes[d].draws(position, samples)  # -1: passed over (excised by surgery)
         for part, local, first, taken in parts:
             sel = np.flatnonzero((draw >= first) & (draw < first + taken))
             if not len(sel):

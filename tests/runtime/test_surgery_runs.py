@@ -1,0 +1,158 @@
+"""Data surgery in training: skipped steps update nothing, a resume with surgery is exact, and ``nanoset train
+--rewind-to`` rewinds, records, trains on and does not rewind twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from runtime.checkpoint.layout import read_metadata
+from runtime.checkpoint.store import SKIPPED
+from runtime.cli.explain import explain_step
+from runtime.config.load import load_config
+from runtime.data import DataPlan
+from runtime.data.order.surgery import SURGERY_KEY
+from runtime.startup import start_up
+from tests.support.configs import small_config
+from tests.support.harness import error_lines, metrics, train_one
+
+
+def saved_state(checkpoint: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights and AdamW state, flat: ``model.NAME`` and ``optimizer.NAME.{step,exp_avg,...}``."""
+    out = tmp / f"{checkpoint.name}.pt"
+    dcp_to_torch_save(checkpoint, out)
+    saved = torch.load(out, weights_only=False)
+    return {f"{part}.{k}": v for part in ("model", "optimizer") for k, v in saved[part].items()}
+
+
+def web_documents(config: Path, shards: Path, step: int) -> list[str]:
+    """The web documents step ``step`` of the run without surgery reads, as FOLDER:DOC (absolute folders)."""
+    cwd = os.getcwd()
+    os.chdir(shards)
+    try:
+        plan = DataPlan(load_config(config))
+        rows = explain_step(plan, step)
+    finally:
+        os.chdir(cwd)
+    web = [r for r in rows if r["dataset"].endswith("web")]
+    return sorted({f"{shards / r['dataset']}:{d}" for r in web for d in r["documents"]})
+
+
+def test_skipped_steps_read_the_data_but_update_nothing(shards, tmp_path):
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, dp=1, steps=6, interval=2, single_stage=True, checkpoints={"keep_last": 4},
+                       surgery={"skip_steps": ["3:4"]})
+    base_cfg = small_config(tmp_path, tmp_path / "base", dp=1, steps=6, interval=2, single_stage=True,
+                            name="base.yaml")
+    train_one(cfg, cwd=shards)
+    train_one(base_cfg, cwd=shards)
+    rows, base = metrics(run), metrics(tmp_path / "base")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["data_hash"] for r in rows] == [r["data_hash"] for r in base]  # the order goes on as if trained
+    assert [r["lr"] for r in rows] == [r["lr"] for r in base]  # and the learning-rate schedule
+    for r in rows[2:4]:
+        assert (r["skipped"], r["loss"], r["grad_norm"], r["stage"]) == ("surgery", None, None, "pretrain")
+    assert [r["loss"] for r in rows[:2]] == [r["loss"] for r in base[:2]]
+    two, four = (saved_state(run / "checkpoints" / f"step-00000{s}", tmp_path) for s in (2, 4))
+    assert two.keys() == four.keys() and all(torch.equal(two[k], four[k]) for k in two)  # weights and Adam's steps
+    steps = [v for k, v in four.items() if k.endswith(".step")]
+    assert steps and all(float(v) == 2.0 for v in steps)
+    meta = read_metadata(run / "checkpoints" / "step-000004")
+    assert meta[SKIPPED] is False and meta[SURGERY_KEY] == {"skip_steps": ["3:4"], "exclusions": []}
+
+
+def test_a_resume_with_surgery_continues_exactly(shards, tmp_path):
+    docs_cfg = small_config(tmp_path, tmp_path / "probe", dp=1, steps=8, single_stage=True, name="probe.yaml")
+    docs = web_documents(docs_cfg, shards, 6)
+    surgery = {"skip_steps": ["3:3"], "exclude_documents": docs, "exclude_from_step": 2}
+    whole = small_config(tmp_path, tmp_path / "whole", dp=1, steps=8, interval=4, single_stage=True,
+                         name="whole.yaml", surgery=surgery)
+    cut = small_config(tmp_path, tmp_path / "cut", dp=1, steps=8, interval=4, single_stage=True, name="cut.yaml",
+                       surgery=surgery)
+    train_one(whole, cwd=shards)
+    killed = train_one(cut, cwd=shards, env={"NANOSET_FAULT_KILL_AT_STEP": "6"}, check=False)
+    assert killed.returncode != 0
+    resumed = train_one(cut, cwd=shards)
+    assert f"resumed from {tmp_path / 'cut' / 'checkpoints' / 'step-000004'} at step 4" in resumed.stdout
+    a, b = metrics(tmp_path / "whole"), metrics(tmp_path / "cut")
+    assert [r["step"] for r in b] == list(range(1, 9))
+    assert [(r["loss"], r["data_hash"], r["skipped"]) for r in a] == [(r["loss"], r["data_hash"], r["skipped"])
+                                                                       for r in b]
+    assert a[2]["skipped"] == "surgery"
+
+
+def nanoset_train(*args, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "nanoset.cli", "train", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"nanoset train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def test_rewind_to_rewinds_records_trains_on_and_runs_again_without_rewinding(shards, tmp_path):
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, dp=1, steps=8, interval=2, single_stage=True, checkpoints={"keep_last": 4})
+    train_one(cfg, cwd=shards)
+    before = metrics(run)
+    docs = web_documents(cfg, shards, 7)
+    listed = tmp_path / "report.txt"
+    listed.write_text("\n".join(docs) + "\n")
+    surgery = ["--rewind-to", 4, "--skip-steps", "6:6", "--exclude-documents", listed]
+
+    check = nanoset_train("--config", cfg, *surgery, "--check", cwd=shards).stdout.splitlines()
+    start = [line for line in check if line.startswith("start: ")]
+    assert start == [f"start: rewinds to {run / 'checkpoints' / 'step-000004'} (step 4): trains steps 5-8; the 2 later "
+                     f"checkpoint(s) (step-000006, step-000008) are moved to {run}/rewound-<UTC time>/checkpoints, and "
+                     f"a copy of metrics.jsonl made in {run}/rewound-<UTC time>"]
+    lines = [line for line in check if line.startswith("surgery: ")]
+    assert lines[:3] == ["surgery: skips steps 6 (read, not trained)", f"surgery: excises {len(docs)} document(s) "
+                         f"from step 5", "surgery: stage 'pretrain': 1 step(s) skipped"]
+    assert len(lines) == 4 and lines[3].startswith(f"surgery: stage 'pretrain': shards/web: {len(docs)} document(s) "
+                                                   f"excluded, ")
+    assert not list(run.glob("rewound-*")) and not (run / "surgery.json").exists()  # --check changes nothing
+
+    done = nanoset_train("--config", cfg, *surgery, cwd=shards)
+    (aside,) = run.glob("rewound-*")
+    assert done.stdout.splitlines()[0] == (
+        f"rewound to {run / 'checkpoints' / 'step-000004'} (step 4), surgery recorded in {run / 'surgery.json'}; "
+        f"the run's later checkpoints were moved to {aside / 'checkpoints'}, and a copy of metrics.jsonl made in "
+        f"{aside}")
+    assert json.loads((run / "surgery.json").read_text()) == {"rewinds": [
+        {"rewind_to": 4, "skip_steps": ["6:6"], "exclude_documents": docs}]}
+    after = metrics(run)
+    assert [r["step"] for r in after] == list(range(1, 9)) and after[:4] == before[:4]
+    assert after[5]["skipped"] == "surgery" and after[5]["loss"] is None
+    os.chdir(shards)
+    plan = start_up(load_config(cfg), lock=False).plan  # the run's own order: the recorded surgery in force
+    assert [r["data_hash"] for r in after] == [plan.data_hash(s) for s in range(1, 9)]
+    excluded = {tuple(d.rsplit(":", 1)) for d in docs}
+    for step in range(5, 9):
+        held = {(str(shards / r["dataset"]), str(doc)) for r in explain_step(plan, step) for doc in r["documents"]}
+        assert not held & excluded, step
+    assert read_metadata(run / "checkpoints" / "step-000008")[SURGERY_KEY]["exclusions"] == [
+        {"from_step": 5, "documents": docs}]
+
+    again = nanoset_train("--config", cfg, *surgery, cwd=shards)
+    assert again.stdout.splitlines() == [
+        f"surgery of --rewind-to 4 already recorded in {run / 'surgery.json'}: resuming the latest checkpoint",
+        f"done: {run / 'checkpoints' / 'step-000008'} is at step 8 = tokens.train_steps: nothing left to train, no "
+        f"worker started (raise tokens.train_steps to train on)"]
+    assert len(list(run.glob("rewound-*"))) == 1
+
+    hits = subprocess.run([sys.executable, "-m", "runtime.explain", "--config", str(cfg), "--documents", str(listed),
+                           "--json"], capture_output=True, text=True, cwd=shards, check=True)
+    assert {h["step"] for h in json.loads(hits.stdout)} <= {1, 2, 3, 4}  # excised from step 5: listed before only
+
+    late = nanoset_train("--config", cfg, "--rewind-to", 6, "--skip-steps", "5:6", cwd=shards, check=False)
+    assert error_lines(late.stderr) == ["error: --skip-steps 5:6: starts at or before the step rewound to (6), which "
+                                        "is trained already; skip steps after 6, or rewind to an earlier checkpoint"]
+    missing = nanoset_train("--config", cfg, "--rewind-to", 5, "--skip-steps", "7:7", cwd=shards, check=False)
+    assert error_lines(missing.stderr) == [f"error: --rewind-to 5: {run / 'checkpoints'} has no complete checkpoint "
+                                           f"of step 5 (its checkpoints: step-000002, step-000004, step-000006, "
+                                           f"step-000008); rewind to one of them"]
