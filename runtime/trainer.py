@@ -103,6 +103,8 @@ class Trainer:
             self.metrics.info(f"note: {note}")
         if rewound is not None:
             self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): {rewound.describe()}")
+        for line in self.plan.surgery.describe():
+            self.metrics.info(f"surgery: {line}")
 
     def _prepare_run_folder(self, resumed: int) -> tuple[list[Path], Rewound | None]:
         """Global rank 0 moves an old run aside (``replace_run``) or rewinds to the resumed checkpoint, and makes the
@@ -285,7 +287,8 @@ class Trainer:
         meta = {"training": training_metadata(self.plan, step).to_json(),
                 "lr_schedule": self.lr_schedule.state_dict(), "config": self.config.to_dict(),
                 "tokenizer": asdict(tokenizer) if tokenizer is not None else None,
-                SKIPPED: self._skipped_in_a_row > 0, SKIPPED_IN_A_ROW: self._skipped_in_a_row,
+                SKIPPED: self._skipped_in_a_row > 0 and not self.plan.surgery.skips(step),  # a surgery skip: finite
+                SKIPPED_IN_A_ROW: self._skipped_in_a_row,
                 SPIKE_WINDOW: self.spikes.state_dict() if self.spikes is not None else None,
                 SURGERY_KEY: surgery_record(self.plan.surgery)}
         return self.checkpoints.save(self.engine, step, meta)

@@ -12,6 +12,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from nanoset.atomic import atomic_write_text
 from nanoset.errors import ConfigError
 from runtime.config import Config
@@ -19,7 +21,6 @@ from runtime.data.order.surgery import (
     SURGERY_KEY,
     Surgery,
     config_surgery,
-    parse_document,
     resumed_surgery,
     surgery_of,
 )
@@ -29,14 +30,14 @@ SURGERY_FILE = "surgery.json"
 
 @dataclass(frozen=True)
 class RewindEntry:
-    """One ``--rewind-to STEP [--skip-steps A:B]… [--exclude-documents FILE]``, documents as ``FOLDER:DOC``."""
+    """One ``--rewind-to STEP [--skip-steps A:B]… [--exclude-documents FILE]``."""
 
     rewind_to: int
     skip_steps: list[str] = field(default_factory=list)
-    exclude_documents: list[str] = field(default_factory=list)
+    exclude_documents: dict[str, list[int]] = field(default_factory=dict)  # resolved folder → document indices
 
     def surgery(self) -> Surgery:
-        docs = [parse_document(t, f"{SURGERY_FILE}: rewind to {self.rewind_to}") for t in self.exclude_documents]
+        docs = {f: np.array(d, dtype=np.int64) for f, d in self.exclude_documents.items()}
         return surgery_of(self.skip_steps, docs, self.rewind_to + 1, f"{SURGERY_FILE}: rewind to {self.rewind_to}")
 
 
@@ -51,7 +52,7 @@ def recorded_entries(config: Config) -> list[RewindEntry]:
         return []
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return [RewindEntry(int(e["rewind_to"]), list(e["skip_steps"]), list(e["exclude_documents"]))
+        return [RewindEntry(int(e["rewind_to"]), list(e["skip_steps"]), dict(e["exclude_documents"]))
                 for e in data["rewinds"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{path}: cannot read the run's recorded surgery ({e}); restore the file (a copy is in "

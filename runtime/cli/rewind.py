@@ -13,11 +13,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from nanoset.errors import ConfigError
 from runtime.checkpoint.layout import checkpoint_name, checkpoints_folder, is_complete, saved_checkpoints
 from runtime.checkpoint.run_folder import rewind
 from runtime.checkpoint.surgery_log import SURGERY_FILE, RewindEntry, record_entry, recorded_entries
 from runtime.config import Config
+from runtime.data.order.excision import sorted_unique
 from runtime.data.order.surgery import parse_step_range, read_documents_file
 
 
@@ -49,11 +52,14 @@ def rewind_entry(step: int, skip_steps: list[str], documents_file: str | None, t
             raise ConfigError(f"--skip-steps {text}: ends after tokens.train_steps {train_steps}; give steps in "
                               f"[{step + 1}, {train_steps}]")
         skips.append(f"{a}:{b}")
-    docs = read_documents_file(documents_file, "--exclude-documents") if documents_file is not None else []
+    docs = read_documents_file(documents_file, "--exclude-documents") if documents_file is not None else {}
     if not skips and not docs:
         raise ConfigError(f"--rewind-to {step}: give the surgery: --skip-steps A:B (repeatable) and/or "
                           f"--exclude-documents FILE")
-    return RewindEntry(step, skips, sorted({f"{os.path.realpath(f)}:{d}" for f, d in docs}))
+    resolved: dict[str, list[np.ndarray]] = {}
+    for folder, numbers in docs.items():
+        resolved.setdefault(os.path.realpath(folder), []).append(numbers)
+    return RewindEntry(step, skips, {f: sorted_unique(np.concatenate(a)).tolist() for f, a in sorted(resolved.items())})
 
 
 def plan_rewind(config: Config, entry: RewindEntry) -> RewindPlan:

@@ -16,6 +16,7 @@ from runtime.data.order.permutation import FeistelPermutation
 from runtime.data.order.provenance import document_steps
 from runtime.data.order.surgery import Surgery, resumed_surgery, surgery_of
 from tests.support.configs import make_config
+from tests.support.data import global_batches
 
 
 @pytest.fixture(autouse=True)
@@ -153,23 +154,61 @@ def test_surgery_mistakes_are_one_line(tmp_path):
 
 
 def test_a_surgery_that_contradicts_trained_steps_is_refused_and_a_recorded_one_is_kept():
-    past = surgery_of(["12:14"], [("shards/web", 4)], 9, "surgery")
+    past = surgery_of(["12:14"], {"shards/web": [4]}, 9, "surgery")
     record = past.to_json()
     assert resumed_surgery(past, record, 10, "ckpt") == past  # the same surgery resumes
     assert resumed_surgery(Surgery(), record, 10, "ckpt") == past  # never dropped
-    later = surgery_of(["20:20"], [("shards/web", 5)], 11, "surgery")
+    later = surgery_of(["20:20"], {"shards/web": [5]}, 11, "surgery")
     assert resumed_surgery(later, record, 10, "ckpt") == past.union(later)
     with pytest.raises(ConfigError) as e:
-        resumed_surgery(surgery_of(["10:11"], [], 1, "surgery"), record, 10, "ckpt")
+        resumed_surgery(surgery_of(["10:11"], {}, 1, "surgery"), record, 10, "ckpt")
     assert str(e.value) == ("ckpt: surgery skips steps 10-11, but this checkpoint trained steps up to 10; a skip must "
                             "start after the step resumed: rewind to an earlier checkpoint (nanoset train --rewind-to "
                             "STEP with STEP < 10)")
     with pytest.raises(ConfigError) as e:
-        resumed_surgery(surgery_of([], [("shards/web", 5)], 10, "surgery"), record, 10, "ckpt")
-    web = surgery_of([], [("shards/web", 5)], 10, "surgery").documents_from()
-    ((folder, _),) = web
+        resumed_surgery(surgery_of([], {"shards/web": [5]}, 10, "surgery"), record, 10, "ckpt")
+    folder = os.path.realpath("shards/web")
     assert str(e.value) == (f"ckpt: surgery excludes {folder}:5 from step 10, but this checkpoint trained steps up to "
                             f"10; an exclusion must start after the step resumed: rewind to an earlier checkpoint "
                             f"(nanoset train --rewind-to STEP with STEP < 10)")
     # a document the checkpoint excluded earlier may be named again from a later step
-    assert resumed_surgery(surgery_of([], [("shards/web", 4)], 10, "surgery"), record, 10, "ckpt") == past
+    assert resumed_surgery(surgery_of([], {"shards/web": [4]}, 10, "surgery"), record, 10, "ckpt") == past
+
+
+def test_the_loaders_of_every_dp_layout_deliver_the_excised_order():
+    docs = excluded_docs(DataPlan(web_and_code()), 5)
+    surgery = {"exclude_documents": [f"shards/web:{d}" for d in docs], "exclude_from_step": 3}
+    one = DataPlan(web_and_code(**surgery))
+    expected = []
+    for step in range(1, 16):
+        _, loc = one.global_batch(step)
+        rows = zip(loc.dataset.tolist(), loc.sample.tolist())
+        expected.append(np.stack([one.datasets[d].tokens(s) for d, s in rows]))
+    stages = one.config.to_dict()["data_stages"]
+    for dp, mbs, accum in ((1, 8, 1), (2, 4, 1), (4, 1, 2)):
+        plan = DataPlan(make_config(dp=dp, mbs=mbs, accum=accum, train_steps=30, seq=64, stages=stages,
+                                    surgery=surgery))
+        got = global_batches(plan, plan.stages[0], 15)
+        assert all(np.array_equal(g, e) for g, e in zip(got, expected)), (dp, mbs, accum)
+
+
+def test_the_audit_walk_through_excises_300_reported_documents(tmp_path):
+    """docs/data-order.md: a contamination report names 300 documents; excised from step 16, no later step holds
+    them, and every earlier hit stays as it was."""
+    base = DataPlan(web_and_code())
+    trained = sorted({d for s in range(1, 31) for r in explain_step(base, s) if r["dataset"] == "shards/web"
+                      for d in r["documents"]})
+    never = sorted(set(range(base.datasets[0].reader.num_documents)) - set(trained))
+    report = sorted(trained[:200] + never[:100])  # a report names documents whether the run trained them or not
+    assert len(report) == 300
+    leaked = tmp_path / "leaked.txt"
+    leaked.write_text("".join(f"shards/web:{d}\n" for d in report))
+    cut = DataPlan(web_and_code(exclude_documents_file=str(leaked), exclude_from_step=16))
+    queries = [("shards/web", d) for d in report]
+    hits = document_steps(cut, queries)
+    assert hits and max(h["step"] for h in hits) < 16
+    assert hits == [h for h in document_steps(base, queries) if h["step"] < 16]
+    for step in range(16, 31):
+        held = {d for r in explain_step(cut, step) if r["dataset"] == "shards/web" for d in r["documents"]}
+        assert not held & set(report), step
+    assert cut.passed_over(cut.stages[0])[0][:2] == (0, 300)

@@ -158,12 +158,15 @@ def validation_batches(vset: ValidationSet, sequence_length: int, use_position_i
 
 
 def plan_signature(plan: DataPlan) -> str:
-    """A hash of what the plan draws, by content (dataset fingerprints, not folder names)."""
+    """A hash of what the plan draws, by content (dataset fingerprints, not folder names), and its surgery."""
     parts = [(p.start_step, p.end_step, p.global_batch_size, p.seed, list(p.weights), p.draw_offsets.tolist(),
               [(plan.datasets[d].reader.fingerprint, plan.datasets[d].sequence_length) for d in p.dataset_ids],
               p.schedule.to_json() if p.schedule is not None else None)
              for p in plan.stages]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+    excised = [[(g.first_draw, hashlib.sha256(g.excluded.tobytes()).hexdigest()) for g in index.segments]
+               for index in plan.draw_indexes]  # by content too: folders may be mounted elsewhere on other nodes
+    surgery = [plan.surgery.skip_steps, excised]
+    return hashlib.sha256(json.dumps([parts, surgery]).encode()).hexdigest()[:16]
 
 
 def check_same_plan(plan: DataPlan) -> None:

@@ -289,18 +289,20 @@ class DataPlan:
     def _excise(self) -> list[DrawIndex]:
         """Each dataset's draw index: from each exclusion's first step on, its draws pass over the samples that
         hold a token of an excluded document (a dataset without exclusions keeps its plain stream)."""
-        by_dataset: dict[int, dict[int, list[int]]] = {}  # dataset → first step → documents
+        by_dataset: dict[int, dict[int, np.ndarray]] = {}  # dataset → first step → documents
         for step, docs in sorted(self.surgery.exclusions.items()):
-            for folder, doc in sorted(docs):
+            for folder, numbers in sorted(docs.items()):
                 for d in self.datasets_named(folder, "surgery"):
-                    reader = self.datasets[d].reader
-                    if not 0 <= doc < reader.num_documents:
-                        raise ConfigError(f"surgery: {folder}:{doc}: {folder} has {reader.num_documents} documents; "
-                                          f"give an index in [0, {reader.num_documents})")
-                    by_dataset.setdefault(d, {}).setdefault(step, []).append(doc)
+                    n = self.datasets[d].reader.num_documents
+                    bad = numbers[(numbers < 0) | (numbers >= n)]
+                    if len(bad):
+                        raise ConfigError(f"surgery: {folder}:{int(bad.min())}: {folder} has {n} documents; give an "
+                                          f"index in [0, {n})")
+                    of_step = by_dataset.setdefault(d, {})
+                    of_step[step] = np.concatenate([of_step.get(step, np.zeros(0, dtype=np.int64)), numbers])
         indexes = []
         for d, w in enumerate(self.datasets):
-            exclusions = [(self._draws_before(step).get(d, 0), excised_samples(w, np.array(docs)))
+            exclusions = [(self._draws_before(step).get(d, 0), excised_samples(w, docs))
                           for step, docs in sorted(by_dataset.get(d, {}).items())]
             try:
                 indexes.append(DrawIndex(w.num_samples, lambda e, d=d: self.permutation(d, e), exclusions))
@@ -435,10 +437,10 @@ class DataPlan:
     def passed_over(self, part: StagePlan) -> list[tuple[int, int, int]]:
         """Per excised dataset of ``part``: (dataset, excluded documents of it, samples its draws pass over)."""
         out = []
-        docs = {}
-        for (folder, _doc) in self.surgery.documents_from():
+        docs: dict[int, int] = {}
+        for folder, count in self.surgery.count().items():
             for d in self.datasets_named(folder, "surgery"):
-                docs[d] = docs.get(d, 0) + 1
+                docs[d] = docs.get(d, 0) + count
         for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), part.blend.draws(part.num_samples)):
             if self.draw_indexes[d].excised and n:
                 walked = self.stream_position(d, offset + int(n)) - self.stream_position(d, offset)
