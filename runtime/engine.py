@@ -6,8 +6,9 @@ The loss is the mean cross-entropy over the unmasked label tokens of the whole g
 every micro-batch contributes ``sum / N`` with ``N`` counted over all micro-batches and dp
 ranks, so the value (and the gradient) is the same whatever the layout. When the batches carry
 ``source_ids``, the last pipeline stage also sums its per-token losses, label tokens and rows per
-source; and every step sums each sample's token loss and label tokens (``runtime/sample_losses.py``).
-Those numbers ride in the step's one all-reduce of the loss: no extra collective, no extra host sync.
+source; those few numbers ride in the step's one reduction (``runtime/parallel/step_reduction.py``) with
+the loss sum and the label tokens, so they cost no extra collective and no extra host read; so does
+every sample's summed token loss and label tokens (``runtime/sample_losses.py``), ``2·G`` numbers more.
 
 With context parallelism the engine takes full-length micro-batches, like every other layout, and
 keeps this cp rank's chunks of the inputs and targets once they are on the device
@@ -20,9 +21,9 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -33,8 +34,9 @@ from runtime.data.loading.contract import SOURCE_KEY
 from runtime.models.llama import LlamaChunk, init_weights
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.context_parallel import ContextParallel
-from runtime.parallel.parallelize import parallelize
+from runtime.parallel.parallelize import compile_variants, parallelize, set_recompile_limit
 from runtime.parallel.pipeline import build_schedule, chunk_layer_ranges, chunks_of_rank, forward_only, num_chunks
+from runtime.parallel.step_reduction import StepReduction
 from runtime.parallel.tied_embedding import TiedEmbeddingSync
 from runtime.sample_losses import IGNORE_INDEX, SampleLosses, global_rows, row_sums, scatter
 
@@ -77,6 +79,9 @@ class Engine:
         # FSDP's mixed-precision policy is what casts to the compute dtype, so bf16 needs it even with dp = 1;
         # cp ranks hold the same parameters as replicas do: FSDP shards and reduces them over dp × cp
         self.use_fsdp = ctx.dp_cp_size > 1 or self.device.type == "cuda" or self.dtype != torch.float32
+        if args.compile:
+            lengths = {config.stage_sequence_length(s) for s in config.data_stages} | {config.tokens.sequence_length}
+            set_recompile_limit(compile_variants(lengths, args.activation_checkpointing != "none"))
         self.chunks: list[LlamaChunk] = []
         for c in self.stage_ids:
             with torch.device("meta"):  # no memory until sharded: only this rank's shards are ever allocated
@@ -95,6 +100,7 @@ class Engine:
         self._norm_parameters = [p for c in self.chunks for n, p in c.named_parameters() if c.stored_name(n) == n]
         self._schedules: dict[tuple, object] = {}
         self._loss_scale = 1.0
+        # while a step counts sources: per loss call, each row's source and (1, label tokens, Σ token loss)
         # while a step counts: per loss call, each row's source, its global position and (Σ token loss, label tokens)
         self._tally: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self.count_samples = True  # per-sample losses in every StepResult (off only to measure their cost)
@@ -113,9 +119,10 @@ class Engine:
         decay = [p for p in self.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.parameters() if p.ndim < 2]
         groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        extra = {"fused": True} if self.device.type == "cuda" else {"foreach": True}
+        # fused (CUDA and CPU): one kernel for all parameters, no host read of its step counts (the foreach
+        # path reads each one), and a non-finite step skipped on the device (found_inf)
         return torch.optim.AdamW(groups, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,
-                                 **extra)
+                                 fused=True)
 
     def _schedule(self, key: tuple):
         """One schedule per micro-batch shape: a stage change of sequence length gets its own. Only the
@@ -131,11 +138,11 @@ class Engine:
     # ------------------------------------------------------------------ the step ----------------
 
     def _loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Sum of token losses of one micro-batch, scaled to its share of the global mean (the per-token losses
-        summed, counted or not: the same value either way). While a step counts, the target's last two columns
-        are each row's source and global position (so they travel with their rows through the pipeline
-        schedule's micro-batch split) and the token losses are also summed per row (``_tally``: one entry a
-        call; the pipeline's set-up calls it once more on its first step, so a step counts only its last calls)."""
+        """Sum of token losses of one micro-batch (times ``_loss_scale``; the per-token losses summed, counted or
+        not: the same value either way). While a step counts, the target's last two columns are each row's
+        source and global position (so they travel with their rows through the pipeline schedule's
+        micro-batch split) and the token losses are also summed per row (``_tally``: one entry a call; the
+        pipeline's set-up calls it once more on its first step, so a step counts only its last calls)."""
         extra = None
         if self._tally is not None:
             target, extra = target[:, :-2], target[:, -2:]
@@ -195,37 +202,42 @@ class Engine:
         if not num_sources or not all(isinstance(t, torch.Tensor) for t in ids):
             return None
         for t in ids:
-            if t.device.type == "cpu" and len(t) and not 0 <= int(t.min()) <= int(t.max()) < num_sources:
-                raise ValueError(f"batch key {SOURCE_KEY!r} holds {t.tolist()}; each row's source must index the "
-                                 f"stage's {num_sources} datasets")
+            values = t.numpy() if t.device.type == "cpu" else None  # numpy: host data, no tensor read
+            if values is not None and len(values) and not 0 <= values.min() <= values.max() < num_sources:
+                raise ValueError(f"batch key {SOURCE_KEY!r} holds {values.tolist()}; each row's source must index "
+                                 f"the stage's {num_sources} datasets")
         return torch.cat([self._to_device(t).long() for t in ids])
 
-    def _count_label_tokens(self, batches: list[dict]) -> int:
-        """Unmasked label tokens of the whole global batch (all micro-batches, all dp ranks; each cp rank
-        counts its replica's full-length batches)."""
-        n = torch.zeros((), dtype=torch.int64, device=self.device)
-        if self.owns_loss:
-            n += sum(int(b["label_mask"].sum()) for b in batches)
-        if self.ctx.dp_size > 1:
-            dist.all_reduce(n, group=self.ctx.dp_pg)
-        return int(n)
+    def _local_label_tokens(self, batches: list[dict]) -> int | torch.Tensor:
+        """Unmasked label tokens of this rank's micro-batches: counted on the host from the loader's tensors (numpy:
+        no read of a device value), on the device for batches already there (broadcast to tp and cp ranks)."""
+        masks = [b["label_mask"] for b in batches]
+        if all(m.device.type == "cpu" for m in masks):
+            return int(sum(np.count_nonzero(m.numpy()) for m in masks))
+        return torch.stack([m.to(self.device).sum() for m in masks]).sum()
 
     def train_step(self, batches: list[dict], sequence_length: int | None = None, num_sources: int = 0,
-                   keep: Callable[[float], bool] | None = None) -> StepResult:
+                   reduction: StepReduction | None = None, skip_above: float | None = None) -> StepResult:
         """Forward, backward, clip and update on one global step's micro-batches (this rank's rows).
 
         A step whose loss or gradient norm is not finite updates nothing (its gradients are dropped): NaN
-        would otherwise reach every weight. Both values are global (the same on every rank, with pp too:
-        the last stage's loss is sent to all), so every rank skips the same steps.
+        would otherwise reach every weight. Both values are global (the same on every rank, with pp too), so
+        every rank skips the same steps; the decision stays on the device (the fused AdamW's ``found_inf``).
+
+        Each micro-batch's loss is its sum of token losses (times dp × cp, which FSDP's average over dp × cp
+        turns back into a sum): no scale to know before the backward, so nothing to agree on first. The
+        label-token count ``N`` of the global batch rides in the step's one reduction with the loss sum, and the
+        gradients are divided by ``N`` in the clip's one ``_foreach_mul_``. ``reduction``: the step's numbers,
+        to which the caller has added its own (the trainer's stop and error flags); read once, at the end.
 
         ``sequence_length`` tells middle pipeline ranks (whose batches hold only TensorPointers) the
         shape of this step, so that a stage with another sequence length gets its own schedule.
         ``num_sources``: the stage's datasets (the same on every rank); the batches' ``source_ids`` index them.
-        ``keep``: called with a finite loss (the same on every rank) before the update; False skips the update
-        as a non-finite step is skipped (a spike's ``action: skip``)."""
-        n_tokens = self._count_label_tokens(batches) if self.owns_loss else 0
-        # FSDP averages gradients over dp × cp; scaling by dp × cp turns that into the sum we want
-        self._loss_scale = self.ctx.dp_cp_size / max(n_tokens, 1)
+        ``skip_above``: a loss above it is not applied either (a spike under ``surgery.spike.action: skip``; the
+        threshold comes from earlier steps, so the decision too stays on the device)."""
+        reduction = reduction if reduction is not None else StepReduction(self.device)
+        # FSDP averages gradients over dp × cp; scaling by dp × cp turns that into the sum
+        self._loss_scale = float(self.ctx.dp_cp_size)
         sources = self._sources(batches, num_sources) if self.owns_loss else None
         extra = self._row_columns(batches, sources) if self.owns_loss else None
         self._tally = [] if extra is not None else None
@@ -237,15 +249,74 @@ class Engine:
                 self._run_pipeline(batches, losses, sequence_length, extra)
         if self.tied_sync is not None:
             self.tied_sync.sum_gradients()
-        loss, n_tokens, per_source, samples = self._global_loss(losses, n_tokens, num_sources, len(batches),
-                                                                sources is not None)
+        self._add_step_numbers(reduction, batches, losses, num_sources, sources is not None)
+        n_tokens = reduction.on_device("label_tokens").clamp(min=1)
+        loss = reduction.on_device("loss_sum")[0] / n_tokens[0]
         grad_norm = clip_grad_norm_(self.parameters(), self.config.optimizer.clip_grad, self.ctx,
-                                    counted=self._norm_parameters)
-        skipped = not (math.isfinite(loss) and math.isfinite(grad_norm)) or keep is not None and not keep(loss)
-        if not skipped:
-            self.optimizer.step()
+                                    counted=self._norm_parameters, divisor=n_tokens[0])
+        self._step_unless_not_finite(loss, grad_norm, skip_above)
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss, grad_norm, n_tokens, skipped, per_source, samples)
+        reduction.read(loss, grad_norm)  # the step's one read back to the host
+        loss_value, norm_value = reduction.values("extra")
+        skipped = not (math.isfinite(loss_value) and math.isfinite(norm_value)) or (
+            skip_above is not None and loss_value > skip_above)
+        samples = SampleLosses.from_flat(reduction.values("samples")) if self.count_samples else None
+        return StepResult(loss_value, norm_value, int(reduction.value("label_tokens")), skipped,
+                          self._per_source(reduction, num_sources), samples)
+
+    def _step_unless_not_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor,
+                                skip_above: float | None = None) -> None:
+        """The optimizer's update unless ``loss`` or ``grad_norm`` is not finite, or ``loss`` is above
+        ``skip_above``: decided on the device by the fused AdamW (``found_inf``, as torch's GradScaler uses it: no
+        update, its step count kept); an optimizer without it reads the verdict on the host."""
+        not_finite = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        if skip_above is not None:
+            not_finite = not_finite | (loss > skip_above)
+        if self.optimizer.defaults.get("fused"):
+            self.optimizer.found_inf = not_finite.float()
+            self.optimizer.step()
+        elif not bool(not_finite):
+            self.optimizer.step()
+
+    def _add_step_numbers(self, reduction: StepReduction, batches: list[dict], losses: list[torch.Tensor],
+                          num_sources: int, with_sources: bool = False) -> None:
+        """The engine's parts of the step's reduction (summed over the world, so each is contributed by the ranks
+        that make it whole): ``loss_sum`` (Σ token losses: the last stage's tp rank 0 of each dp × cp rank),
+        ``label_tokens`` (of those, cp rank 0: every cp rank holds its replica's full-length batches), and with
+        sources ``source_ranks`` (how many dp × cp ranks tallied) and ``sources`` (rows, label tokens, Σ loss per
+        source), and ``samples`` (Σ loss, label tokens per position of the global batch: each cp rank adds the
+        sums of its slices)."""
+        owner = self.owns_loss and self.ctx.tp_rank == 0
+        if owner and losses:  # the pipeline schedule returns losses still attached to the graph: detach
+            reduction.add("loss_sum", _summed(losses) / self.ctx.dp_cp_size)
+        else:
+            reduction.add("loss_sum", 0.0)
+        counted = owner and self.ctx.cp_rank == 0
+        reduction.add("label_tokens", self._local_label_tokens(batches) if counted else 0, counted=counted)
+        tallied = owner and self._tally is not None
+        # the step's own loss calls: one per micro-batch, the last ones
+        calls = self._tally[len(self._tally) - len(batches):] if tallied else []
+        sums = torch.cat([c[2] for c in calls]) if calls else None
+        if num_sources:
+            tally = torch.zeros((num_sources, 3), dtype=torch.float64, device=self.device)
+            if calls and with_sources:
+                rows = torch.full((len(sums), 1), 1.0 if self.ctx.cp_rank == 0 else 0.0, dtype=torch.float64,
+                                  device=self.device)  # every cp rank holds the rows; their tokens split
+                tally.index_add_(0, torch.cat([c[0] for c in calls]), torch.cat([rows, sums[:, [1, 0]]], 1))
+            reduction.add("source_ranks", 1.0 if calls and with_sources else 0.0)
+            reduction.add("sources", tally)
+        if self.count_samples:  # the same size on every rank: the config's global batch
+            g = self.config.global_batch_size
+            reduction.add("samples", scatter(torch.cat([c[1] for c in calls]), sums, g) if calls
+                          else torch.zeros(2 * g, dtype=torch.float64, device=self.device))
+        self._tally = None
+
+    def _per_source(self, reduction: StepReduction, num_sources: int) -> list[tuple[int, int, float]] | None:
+        """(rows, label tokens, Σ loss) per source, when every dp × cp rank counted its rows."""
+        if not num_sources or reduction.value("source_ranks") != self.ctx.dp_cp_size:
+            return None
+        v = reduction.values("sources")
+        return [(int(v[3 * i]), int(v[3 * i + 1]), v[3 * i + 2]) for i in range(num_sources)]
 
     def _run_accumulation(self, batches: list[dict], losses: list[torch.Tensor],
                           extra: torch.Tensor | None = None) -> None:
@@ -253,9 +324,10 @@ class Engine:
         targets = self._targets(batches, extra)
         ids, pos = self._inputs(batches)
         rows = batches[0]["input_ids"].shape[0]
+        every = self.config.parallelism.gradient_sync == "every_micro_batch"
         for i in range(len(batches)):
-            if self.use_fsdp:
-                chunk.set_requires_gradient_sync(i == len(batches) - 1)
+            if self.use_fsdp:  # reduce-scatter per micro-batch (sharded gradients between), or at the last only
+                chunk.set_requires_gradient_sync(every or i == len(batches) - 1)
             sl = slice(i * rows, (i + 1) * rows)
             loss = self._loss(chunk(ids[sl], pos[sl]), targets[sl])
             loss.backward()
@@ -272,44 +344,6 @@ class Engine:
             schedule.step(target=self._targets(batches, extra), losses=losses)
         else:  # a middle rank: the batch dicts hold TensorPointers only and are never read
             schedule.step()
-
-    def _global_loss(self, losses: list[torch.Tensor], n_tokens: int, num_sources: int = 0, num_batches: int = 0,
-                     with_sources: bool = False
-                     ) -> tuple[float, int, list[tuple[int, int, float]] | None, SampleLosses | None]:
-        """Σ micro-batch losses / (dp × cp), summed over dp × cp, then sent with the label-token count
-        (already global) from the last pp rank to all; the per-source tally (and how many dp × cp ranks had
-        one) and the per-sample sums ride in the same tensor:
-        ``[loss, tokens, ranks counted, (rows, tokens, Σ loss) per source, (Σ loss, tokens) per sample]``."""
-        g = self.config.global_batch_size if self.count_samples else 0  # the same on every pp rank
-        first_sample = 3 + 3 * num_sources
-        total = torch.zeros(first_sample + 2 * g, dtype=torch.float64, device=self.device)
-        if self.owns_loss:
-            # the pipeline schedule returns losses still attached to the graph: detach (no UserWarning)
-            total[0] += sum(float(x.detach()) for x in losses) / self.ctx.dp_cp_size
-            if self._tally is not None:  # the step's own loss calls: one per micro-batch, the last ones
-                calls = self._tally[len(self._tally) - num_batches:]
-                sums = torch.cat([c[2] for c in calls])
-                if with_sources:
-                    rows = torch.full((len(sums), 1), 1.0 if self.ctx.cp_rank == 0 else 0.0, dtype=torch.float64,
-                                      device=self.device)  # every cp rank holds the rows; their tokens split
-                    tally = torch.zeros((num_sources, 3), dtype=torch.float64, device=self.device)
-                    tally.index_add_(0, torch.cat([c[0] for c in calls]), torch.cat([rows, sums[:, [1, 0]]], 1))
-                    total[2] = 1
-                    total[3:first_sample] = tally.flatten()
-                if g:
-                    total[first_sample:] = scatter(torch.cat([c[1] for c in calls]), sums, g)
-            if self.ctx.dp_cp_size > 1:
-                dist.all_reduce(total, group=self.ctx.dp_cp_pg)
-            total[1] = n_tokens
-        self._tally = None
-        self._from_last_stage(total)
-        values = total.tolist()  # the one read back to the host
-        per_source = None
-        if num_sources and values[2] == self.ctx.dp_cp_size:  # every dp × cp rank counted its rows
-            per_source = [(int(values[3 + 3 * i]), int(values[4 + 3 * i]), values[5 + 3 * i])
-                          for i in range(num_sources)]
-        samples = SampleLosses.from_flat(values[first_sample:]) if g else None
-        return values[0], int(values[1]), per_source, samples
 
     @torch.no_grad()
     def eval_step(self, batches: list[dict], sequence_length: int) -> tuple[float, int]:
@@ -344,13 +378,14 @@ class Engine:
             self._loss_scale, self._tally = scale, tally
         total = torch.zeros(2, dtype=torch.float64, device=self.device)  # Σ loss, label tokens
         if self.owns_loss:
-            total[0] = sum(float(x.detach()) for x in losses)  # this cp rank's part of the sequences
+            total[0] = _summed(losses)  # this cp rank's part of the sequences
             if self.ctx.cp_rank == 0:  # the full-length batches: every cp rank of a replica holds them
-                total[1] = sum(int(b["label_mask"].sum()) for b in batches)
+                total[1] = self._local_label_tokens(batches)
             if self.ctx.dp_cp_size > 1:
                 dist.all_reduce(total, group=self.ctx.dp_cp_pg)
         self._from_last_stage(total)
-        return float(total[0]), int(total[1])
+        loss_sum, tokens = total.tolist()  # the one read back
+        return loss_sum, int(tokens)
 
     @torch.no_grad()
     def sample_losses(self, batches: list[dict]) -> SampleLosses:
@@ -382,33 +417,51 @@ class Engine:
 
 
 def clip_grad_norm_(params: list[nn.Parameter], max_norm: float | None, ctx: ParallelContext,
-                    counted: list[nn.Parameter] | None = None) -> float:
+                    counted: list[nn.Parameter] | None = None, divisor: torch.Tensor | None = None) -> torch.Tensor:
     """Total L2 norm of the gradients of ``counted`` (default: ``params``) over every tp, dp shard and
-    pp stage, then clip all of ``params``.
+    pp stage, divided by ``divisor`` (the gradients are sums of ``divisor`` tokens' losses), then scale all of
+    ``params`` by ``1 / divisor`` and clip them to ``max_norm``; returns the norm (after the division,
+    before clipping), on the device.
 
-    DTensor gradients are grouped by mesh and placement, so each group's norm reduces correctly
-    over its own shards and replicas; pipeline stages add their squares over the pp group.
+    No host read: one ``_foreach_norm`` per group of gradients on the same mesh and placements (each group's
+    norm then reduces correctly over its own shards and replicas), the pipeline stages' squares added over
+    the pp group, and one ``_foreach_mul_`` per group by a coefficient computed on the device. A non-finite
+    norm makes a non-finite coefficient: the engine skips such a step.
     """
-    groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
-    for p in params if counted is None else counted:
-        if p.grad is not None:
-            g = p.grad
-            key = (g.device_mesh, tuple(g.placements)) if hasattr(g, "device_mesh") else ("local",)
-            groups[key].append(g)
     total_sq = torch.zeros((), dtype=torch.float32, device=ctx.device)
-    for grads in groups.values():
-        norms = torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])
-        norm = torch.linalg.vector_norm(norms)
+    for grads in _gradient_groups(params if counted is None else counted).values():
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         total_sq += norm.to(ctx.device) ** 2
     if ctx.pp_size > 1:
         dist.all_reduce(total_sq, group=ctx.pp_pg)
-    total = float(total_sq.sqrt())
-    if max_norm is not None and math.isfinite(total) and total > max_norm:  # a non-finite step is skipped
-        coef = max_norm / (total + 1e-6)
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(coef)
+    total = total_sq.sqrt()
+    if divisor is not None:
+        total = total / divisor
+    coef = None if divisor is None else 1.0 / divisor
+    if max_norm is not None:
+        clip = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        coef = clip if coef is None else coef * clip
+    if coef is not None:
+        for grads in _gradient_groups(params).values():
+            torch._foreach_mul_(grads, coef.to(torch.float32))
     return total
 
+
+def _summed(losses: list[torch.Tensor]) -> torch.Tensor:
+    """Σ of micro-batch losses in float64, on the device; a tensor-parallel loss (a replicated DTensor) as its
+    plain value."""
+    plain = [x.detach().full_tensor() if hasattr(x, "full_tensor") else x.detach() for x in losses]
+    return torch.stack(plain).double().sum()
+
+
+def _gradient_groups(params: list[nn.Parameter]) -> dict[tuple, list[torch.Tensor]]:
+    """The gradients of ``params`` by (device mesh, placements); plain tensors in one group."""
+    groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+    for p in params:
+        if p.grad is not None:
+            g = p.grad
+            key = (g.device_mesh, tuple(g.placements)) if hasattr(g, "device_mesh") else ("local",)
+            groups[key].append(g)
+    return groups

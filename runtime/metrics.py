@@ -20,15 +20,22 @@ from nanoset.atomic import atomic_write_text
 from nanoset.errors import WRITE_ERRNOS, WriteFailed
 from runtime.preemption import leave_a_closed_terminal
 
-# dense bf16 peak FLOP/s by device name fragment, for MFU
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
+# dense bf16 peak FLOP/s by device name fragment, for MFU; the first fragment the name holds decides, so the
+# variants come before their family (H100 PCIe and the NVL cards run at lower clocks than the SXM parts)
+PEAK_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H200 NVL": 835e12, "H800 PCIe": 756e12, "GB200": 2500e12,
+              "B200": 2250e12, "H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12,
+              "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
+
+
+def peak_flops_of(name: str) -> float | None:
+    """Dense bf16 peak of a device called ``name`` (``torch.cuda.get_device_name``); None for one not listed."""
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
 def peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+    return peak_flops_of(torch.cuda.get_device_name(device))
 
 
 def flops_per_token(model_args, sequence_length: int) -> float:

@@ -41,6 +41,8 @@ WATCH_INTERVAL_S = 0.2
 INTERRUPTED_TWICE = ("interrupted twice: stopped at once, without saving what was in progress; rerun the same "
                      "command to resume from the latest checkpoint")  # said by the launcher, or by a worker alone
 STORE_GRACE_S = 2.0  # how long after a broken store connection a worker looks for its launcher's end
+# the codes a rank can contribute, in the step's reduction one count each (its MAX is the highest with a count)
+AGREED_CODES = (*sorted(int(s) for s in STOP_SIGNALS), LAUNCHER_LOST)
 
 
 def from_the_store(error: BaseException) -> bool:
@@ -225,17 +227,34 @@ class StopOnSignal:
             raise
         self.phase = "stopped" if self.agreed_code else "done"
 
+    def _own_code(self) -> int:
+        """This rank's stop code: its signal, LAUNCHER_LOST once its launcher is gone, or 0."""
+        if self.signum is None and not self.launcher_lost and self.launcher_gone():
+            self.launcher_lost = True
+        return self.signum or (LAUNCHER_LOST if self.launcher_lost else 0)
+
     def agreed(self, device) -> bool:
-        """True on every rank as soon as any rank has received a stop signal (or lost its launcher)."""
+        """True on every rank as soon as any rank has received a stop signal (or lost its launcher): one
+        all-reduce of its own (after a checkpoint's save; each step uses ``add_to`` and ``agree_from``)."""
         import torch
         import torch.distributed as dist
 
-        if self.signum is None and not self.launcher_lost and self.launcher_gone():
-            self.launcher_lost = True
-        code = torch.tensor([self.signum or (LAUNCHER_LOST if self.launcher_lost else 0)], device=device)
+        code = torch.tensor([self._own_code()], device=device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(code, op=dist.ReduceOp.MAX)
         self.agreed_code = int(code.item())
+        return self.agreed_code != 0
+
+    def add_to(self, reduction) -> None:
+        """This rank's stop code as a part of the step's reduction (``runtime.parallel.step_reduction``): one
+        count per possible code, so that the world's sum says the highest code any rank has, as a MAX would."""
+        code = self._own_code()
+        reduction.add("stop", [float(code == c) for c in AGREED_CODES])
+
+    def agree_from(self, reduction) -> bool:
+        """``agreed`` from the step's reduced, read ``reduction``: no collective of its own."""
+        counts = reduction.values("stop")
+        self.agreed_code = max((c for c, n in zip(AGREED_CODES, counts) if n > 0), default=0)
         return self.agreed_code != 0
 
     @property

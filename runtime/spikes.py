@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,17 +38,28 @@ class SpikeDetector:
         self.losses: deque[float] = deque(maxlen=args.window)
         self.last: tuple[float, float, float] | None = None  # (z, mean, std) of the step just judged, if a spike
 
-    def judge(self, stage: str, loss: float) -> float | None:
-        """The z-score of a finite ``loss`` of ``stage`` when it is a spike, else None; the loss enters the window."""
+    def threshold(self, stage: str) -> float | None:
+        """The loss above which the next step of ``stage`` is a spike: the window's mean + ``zscore`` standard
+        deviations (population), from earlier steps only, so that the engine can skip on the device; None while
+        the window is not full or flat."""
         if stage != self.stage:
             self.stage = stage
             self.losses.clear()
+        if len(self.losses) < self.args.window:
+            return None
+        window = np.asarray(self.losses, dtype=np.float64)
+        std = float(window.std())
+        return float(window.mean()) + self.args.zscore * std if std > 0 else None
+
+    def judge(self, stage: str, loss: float) -> float | None:
+        """The z-score of a finite ``loss`` of ``stage`` when it is above the threshold (a spike), else None; the
+        loss enters the window. The same comparison as the engine's ``skip_above``: both decide alike."""
+        limit = self.threshold(stage)
         self.last = None
-        if len(self.losses) == self.args.window:
+        if limit is not None and loss > limit:
             window = np.asarray(self.losses, dtype=np.float64)
             mean, std = float(window.mean()), float(window.std())
-            if std > 0 and (loss - mean) / std > self.args.zscore:
-                self.last = ((loss - mean) / std, mean, std)
+            self.last = ((loss - mean) / std, mean, std)
         self.losses.append(loss)
         return self.last[0] if self.last is not None else None
 
@@ -58,15 +68,9 @@ class SpikeDetector:
         """Whether a spike's update is skipped (``action: skip``)."""
         return self.args.action == "skip"
 
-    def keep_for(self, stage: str) -> Callable[[float], bool]:
-        """The engine's ``keep`` for one step of ``stage``: judge its loss; False (no update) for a spike under
-        ``action: skip``. ``last`` is None until it is called (a non-finite step is not judged)."""
+    def forget_verdict(self) -> None:
+        """Before a step: no verdict until it is judged (a non-finite step is not)."""
         self.last = None
-
-        def keep(loss: float) -> bool:
-            return self.judge(stage, loss) is None or not self.skips
-
-        return keep
 
     def state_dict(self) -> dict:
         return {"stage": self.stage, "losses": list(self.losses)}

@@ -7,6 +7,7 @@ from the config's stages), and ``trainer.train_dataloader = loader; trainer.fit(
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -43,11 +44,13 @@ from runtime.metrics import (
 )
 from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
+from runtime.parallel.step_reduction import StepReduction
 from runtime.preemption import installed, stop_on_signal
 from runtime.spikes import SpikeDetector, SpikeLog, ranked_samples
 from runtime.startup import Startup, start_up, startup_notes
 from runtime.validation import Validator, describe
 
+WRITE_FAILED = "write_failed"  # the step reduction's count of ranks whose metrics write failed
 KILL_AT_STEP_ENV = "NANOSET_FAULT_KILL_AT_STEP"  # fault injection for tests: SIGKILL rank 0 after this step
 SPIKE_WINDOW = "spike_window"  # metadata key: the spike detector's window of recent losses
 
@@ -96,6 +99,7 @@ class Trainer:
         self._feed: StepFeed | None = None
         self._step_end = 0.0  # when the previous step ended (tokens/s)
         self._skipped_in_a_row = 0  # non-finite steps since the last finite one (kept in checkpoints)
+        self._write_failure: WriteFailed | None = None  # this rank's failed metrics write, not yet raised
         self._peak = peak_flops(self.parallel_context.device)
         if moved:
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
@@ -144,6 +148,7 @@ class Trainer:
         self.last_step = self._resume()
         self._writing_metrics(lambda: self.metrics.truncate_after(self.last_step),  # no step logged twice
                               lambda: self.spike_log.truncate_after(self.last_step))
+        self._raise_write_failure()
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config
         last_save = self.last_step
@@ -158,24 +163,22 @@ class Trainer:
                 if self.plan.surgery.skips(step):  # read (the order goes on), never trained: no engine call at all
                     self.last_step = step
                     self._log_surgery_skip(step, stage, lr)
+                    agreed = stop.agreed(device)
                 else:
-                    keep = self.spikes.keep_for(stage.name) if self.spikes is not None else None
-                    result = self.engine.train_step(batches, stage.sequence_length,
-                                                    num_sources=len(stage.dataset_ids), keep=keep)
-                    self.last_step = step
-                    self._log_and_validate(step, stage, result, lr, data_wait, summary)
-                    self._count_skips(step, result)
+                    agreed = self._train_step(step, stage, batches, lr, data_wait, summary, stop)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
                 # every rank stops after the same step; a signal during the last one changes nothing
-                summary.stopped_by_signal = stop.agreed(device) and step < c.tokens.train_steps
+                summary.stopped_by_signal = agreed and step < c.tokens.train_steps
                 interval = c.checkpoints.checkpoint_interval
                 if summary.stopped_by_signal or interval and step % interval == 0 and step < c.tokens.train_steps:
+                    self._raise_write_failure()
                     self._save(step)
                     last_save = step
                     summary.stopped_by_signal = stop.agreed(device)  # a signal during the save: this checkpoint is it
                 if summary.stopped_by_signal:
                     break
+            self._raise_write_failure()
             # the final checkpoint; with train_steps 0, of the weights loaded (an exact HF → checkpoint → HF trip)
             loaded_only = c.tokens.train_steps == 0 and self.start.checkpoint is None
             if c.checkpoints.save_final and (self.last_step > last_save or loaded_only):
@@ -189,6 +192,28 @@ class Trainer:
         self._print_summary(summary, stop.reason)
         return summary
 
+    def _train_step(self, step: int, stage: StagePlan, batches: list[dict], lr: float, data_wait: float,
+                    summary: TrainSummary, stop: Any) -> bool:
+        """Train, judge, log and validate one step; whether every rank agreed to stop after it. The stop and
+        write-failure flags ride in the step's one reduction of the numbers it logs."""
+        reduction = StepReduction(self.parallel_context.device)
+        stop.add_to(reduction)
+        reduction.add(WRITE_FAILED, 1.0 if self._write_failure is not None else 0.0)
+        spikes = self.spikes
+        skip_above = spikes.threshold(stage.name) if spikes is not None and spikes.skips else None
+        result = self.engine.train_step(batches, stage.sequence_length, num_sources=len(stage.dataset_ids),
+                                        reduction=reduction, skip_above=skip_above)
+        if reduction.value(WRITE_FAILED):  # a rank could not write the previous step's metrics
+            self._raise_write_failure()
+        self.last_step = step
+        if spikes is not None:  # a non-finite step is not judged and does not enter the window
+            spikes.forget_verdict()
+            if math.isfinite(result.loss) and math.isfinite(result.grad_norm):
+                spikes.judge(stage.name, result.loss)
+        self._log_and_validate(step, stage, result, lr, data_wait, summary)
+        self._count_skips(step, result)
+        return stop.agree_from(reduction)
+
     def _log_and_validate(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,
                           summary: TrainSummary) -> None:
         """Log the step, then validate when due (before this step's checkpoint: never repeated)."""
@@ -198,14 +223,18 @@ class Trainer:
 
     def _writing_metrics(self, *parts: Callable[[], None]) -> None:
         """Run every part on every rank. Rank 0 alone writes metrics.jsonl: a write that fails there (a full disk)
-        is raised on every rank once all parts ran (validation's collectives included), so that no rank goes on
-        alone or dies in the next collective with a traceback."""
-        failure = None
+        is kept until every rank learns of it — in the next step's reduction, or before a checkpoint, or at the
+        loop's end (``_raise_write_failure``) — so that no rank goes on alone or dies in the next collective with a
+        traceback, and no step pays a collective of its own for it."""
         for part in parts:
             try:
                 part()
             except WriteFailed as e:
-                failure = failure or e
+                self._write_failure = self._write_failure or e
+
+    def _raise_write_failure(self) -> None:
+        """Raise on every rank the failed metrics write of the lowest rank that has one, or return on every rank."""
+        failure, self._write_failure = self._write_failure, None
         raise_together(failure, self.parallel_context.device)
 
     def _log_step(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,

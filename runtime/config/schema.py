@@ -89,6 +89,9 @@ class ParallelismArgs:
     cp: int = key(1)
     pp_engine: PipelineEngine = "1f1b"  # the pipeline schedule: afab (GPipe), 1f1b or interleaved-1f1b
     pp_virtual_stages: int = key(2)  # model chunks per pipeline rank with interleaved-1f1b
+    # FSDP's gradient reduce-scatter: after every micro-batch (sharded gradients between them), or only after
+    # the last (full unsharded fp32 gradients kept between micro-batches: 4 bytes × every parameter per GPU)
+    gradient_sync: Literal["every_micro_batch", "last_micro_batch"] = "every_micro_batch"
 
     @property
     def world_size(self) -> int:
@@ -155,6 +158,9 @@ class ModelArgs:
     # recompute layers' activations in the backward pass: every layer (full) or every Nth (selective)
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     activation_checkpointing_every: int = key(2)  # selective: layers 0, N, 2N, ... (global indices)
+    # rotate queries and keys in fp32 (torchtitan's choice, for stages of 32k tokens and more); false: in the
+    # compute dtype, as Hugging Face does, so that exports agree
+    rope_fp32: bool = False
 
     def __post_init__(self) -> None:
         self.init_from_hf = _home(self.init_from_hf)

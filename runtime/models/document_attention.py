@@ -18,8 +18,6 @@ which is why the CPU trains through SDPA.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 import torch.nn.functional as F
 
@@ -39,19 +37,39 @@ def may_attend(q_pos: torch.Tensor, kv_pos: torch.Tensor, q_doc: torch.Tensor | 
     return allowed
 
 
-@lru_cache(maxsize=1)
+_FLEX: tuple | None = None  # the compiled flex_attention and create_block_mask, made once for the process
+_NO_FLEX = ()  # where torch has none
+
+
 def _flex():
-    """The compiled flex_attention and create_block_mask, or None where they are not available."""
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    except ImportError:
-        return None
-    # compiled, the block mask is built block by block instead of as a dense [batch, seq, seq] tensor
-    return torch.compile(flex_attention, dynamic=False), torch.compile(create_block_mask)
+    """The compiled flex_attention and create_block_mask (one pair for the process: every compiled layer calls
+    the same object, which ``use_flex`` makes outside any compiled layer), or None where they are not
+    available. Compiled, the block mask is built block by block instead of as a dense [batch, seq, seq]
+    tensor, and flex_attention is one fused kernel (eager, it is a full score matrix)."""
+    global _FLEX
+    if _FLEX is None:
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        except ImportError:
+            _FLEX = _NO_FLEX
+        else:
+            _FLEX = (torch.compile(flex_attention, dynamic=False), torch.compile(create_block_mask))
+    return _FLEX or None
 
 
 def use_flex(device: torch.device, head_dim: int) -> bool:
     return device.type == "cuda" and head_dim >= 16 and head_dim & (head_dim - 1) == 0 and _flex() is not None
+
+
+def sdpa_reads_grouped_kv(q: torch.Tensor, mask) -> bool:
+    """Whether SDPA takes grouped-query K/V as they are (``enable_gqa``): CUDA's flash kernel does, for causal
+    attention without a mask in bf16 or fp16 at head sizes ≤ 256 (a multiple of 8); then no K/V copy is made or
+    saved for the backward pass. Elsewhere (CPU, where the grouped form runs 5-9× slower, measured with torch
+    2.13; CUDA's memory-efficient kernel for masks and fp32, which has none) K/V are repeated to the query
+    heads."""
+    head = q.shape[-1]
+    return (q.device.type == "cuda" and mask is None and q.dtype in (torch.bfloat16, torch.float16)
+            and head <= 256 and head % 8 == 0)
 
 
 def sequence_mask(q_pos: torch.Tensor, kv_pos: torch.Tensor, q_doc: torch.Tensor | None, kv_doc: torch.Tensor | None,

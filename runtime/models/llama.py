@@ -44,9 +44,10 @@ def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: 
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (first half, second half) of each head by the position's angles."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """Rotate pairs (first half, second half) of each head by the position's angles, in the tables' dtype
+    (fp32 tables with ``model.rope_fp32``: the rotation in fp32, the result back in ``x``'s dtype)."""
+    x1, x2 = x.to(cos.dtype).chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -138,7 +139,9 @@ class LlamaChunk(nn.Module):
             if position_ids is None:
                 position_ids = self._token_positions(x.shape[1], x.device).expand(x.shape[0], -1)
             x = self.embed_tokens(x)
-        cos, sin = rope_tables(position_ids, self.args.head_size, self.args.rope_theta, x.dtype, self.args.rope_scaling)
+        rope_dtype = torch.float32 if self.args.rope_fp32 else x.dtype
+        cos, sin = rope_tables(position_ids, self.args.head_size, self.args.rope_theta, rope_dtype,
+                               self.args.rope_scaling)
         mask = additive(self.attention_mask(position_ids), x.dtype)
         for layer in self.layers.values():
             x = layer(x, cos, sin, mask)

@@ -122,6 +122,35 @@ def compile_layers(chunk: nn.Module) -> None:
         layer.forward = torch.compile(layer.forward, dynamic=False)
 
 
+def compile_variants(sequence_lengths: set[int], checkpointing: bool) -> int:
+    """The graphs a compiled layer may need in one run: per sequence length (a stage's), training and
+    validation (grad mode), and with activation checkpointing its recomputation too."""
+    return len(sequence_lengths) * 2 * (2 if checkpointing else 1)
+
+
+def set_recompile_limit(variants: int) -> int:
+    """Let dynamo keep ``variants`` graphs per compiled function (its default is 8) and fail loudly past the limit:
+    by default it falls back to eager code there, which for flex_attention is a full score matrix per layer
+    (minutes per step, or out of memory, without a word). Returns the limit set."""
+    import torch._dynamo.config as dynamo
+
+    name = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"  # torch < 2.7
+    limit = max(getattr(dynamo, name), variants)
+    setattr(dynamo, name, limit)
+    for fail in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
+        if hasattr(dynamo, fail):
+            setattr(dynamo, fail, True)
+            break
+    return limit
+
+
+def reshards_after_forward(layer_index: int, num_layers: int, mesh_size: int) -> bool:
+    """FSDP's ``reshard_after_forward`` of a decoder layer: not for the last one (its parameters are needed again
+    right away by the root's backward), and not over a one-rank group (FSDP there only casts to bf16: resharding
+    frees nothing and costs a copy per layer)."""
+    return mesh_size > 1 and layer_index < num_layers - 1
+
+
 def apply_fsdp(chunk: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
     """Shard each decoder layer, then the chunk (embedding, norm, head) as the root group."""
     try:
@@ -132,6 +161,6 @@ def apply_fsdp(chunk: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype) 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     layers = list(chunk.layers.values())
     for i, layer in enumerate(layers):
-        # the last layer's parameters are needed again right away by the root's backward
-        fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=i < len(layers) - 1)
-    fully_shard(chunk, mesh=dp_mesh, mp_policy=mp)
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp,
+                    reshard_after_forward=reshards_after_forward(i, len(layers), dp_mesh.size()))
+    fully_shard(chunk, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=dp_mesh.size() > 1)

@@ -60,6 +60,20 @@ def check_same_batches(batches: list[dict], ctx, where: str) -> None:
                           f"docs/parallelism.md)")
 
 
+def on_device(batches: list[dict] | None, keys: list[str], dtype: torch.dtype, shape: tuple[int, ...],
+              device: torch.device) -> torch.Tensor:
+    """``[len(keys), *shape]`` on ``device``: with ``batches`` (the reading rank), every micro-batch's value of
+    each key, gathered on the host into one buffer (pinned on CUDA) and copied in one asynchronous copy, not a
+    synchronous copy per key and micro-batch; without, an empty tensor for the broadcast to fill."""
+    if batches is None:
+        return torch.empty((len(keys), *shape), dtype=dtype, device=device)
+    host = torch.empty((len(keys), *shape), dtype=dtype, pin_memory=device.type == "cuda")
+    for j, k in enumerate(keys):
+        for i, b in enumerate(batches):
+            host[j, i] = b[k]
+    return host.to(device, non_blocking=True)
+
+
 def broadcast_batches(batches: list[dict] | None, num: int, rows: int, length: int, use_position_ids: bool,
                       ctx, with_sources: bool = False) -> list[dict]:
     """The reading rank (``reads_for_replica``) passes ``batches`` (``num`` micro-batches of ``[rows, length]``);
@@ -69,19 +83,13 @@ def broadcast_batches(batches: list[dict] | None, num: int, rows: int, length: i
     keys = owned_keys(ctx.pp_rank, ctx.pp_size, use_position_ids)
     int_keys = [k for k in keys if k in INT_KEYS]
     bool_keys = [k for k in keys if k not in INT_KEYS]
-    ints = torch.empty((len(int_keys), num, rows, length), dtype=torch.int64, device=ctx.device)
-    bools = torch.empty((len(bool_keys), num, rows, length), dtype=torch.bool, device=ctx.device)
-    if reads_for_replica(ctx):
-        for i, b in enumerate(batches):
-            for j, k in enumerate(int_keys):
-                ints[j, i] = b[k]
-            for j, k in enumerate(bool_keys):
-                bools[j, i] = b[k]
+    reads = reads_for_replica(ctx)
+    ints = on_device(batches if reads else None, int_keys, torch.int64, (num, rows, length), ctx.device)
+    bools = on_device(batches if reads else None, bool_keys, torch.bool, (num, rows, length), ctx.device)
     owns_labels = ctx.pp_rank == ctx.pp_size - 1
-    sources = torch.empty((num, rows) if with_sources and owns_labels else (0,), dtype=torch.int64, device=ctx.device)
-    if reads_for_replica(ctx) and sources.numel():
-        for i, b in enumerate(batches):
-            sources[i] = b[SOURCE_KEY]
+    sources = torch.empty((0,), dtype=torch.int64, device=ctx.device)
+    if with_sources and owns_labels:
+        sources = on_device(batches if reads else None, [SOURCE_KEY], torch.int64, (num, rows), ctx.device)[0]
     src = ctx.global_rank_of(ctx.pp_rank, ctx.dp_rank, 0, cp_rank=0)
     for t in (ints, bools, sources):
         if t.numel():
