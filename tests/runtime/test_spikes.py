@@ -46,14 +46,17 @@ def test_a_flat_window_flags_nothing_and_a_new_stage_starts_a_new_window():
     assert again.judge("b", 103.0) == pytest.approx(5.0)  # mean 100.5, std 0.5: resumed as if never stopped
 
 
-def test_keep_skips_only_spikes_and_only_under_action_skip():
-    for action, kept in (("log", True), ("skip", False)):
-        d = SpikeDetector(SpikeArgs(zscore=1.0, window=2, action=action))
-        assert [d.keep_for("a")(x) for x in (1.0, 2.0)] == [True, True]
-        keep = d.keep_for("a")
-        assert d.last is None and keep(9.0) is kept and d.last[0] == pytest.approx(15.0)
-        d.keep_for("a")  # a next step whose loss is not finite is not judged: no verdict left over
-        assert d.last is None
+def test_the_threshold_is_known_before_the_step_and_judging_agrees_with_it():
+    d = SpikeDetector(SpikeArgs(zscore=1.0, window=2, action="skip"))
+    assert d.threshold("a") is None and d.skips
+    assert [d.judge("a", x) for x in (1.0, 2.0)] == [None, None]
+    assert d.threshold("a") == 2.0  # mean 1.5 + 1 · std 0.5: what the engine compares the next loss with
+    assert d.judge("a", 2.0) is None  # not above it
+    assert d.threshold("a") is None  # [2, 2] is flat
+    assert d.judge("a", 5.0) is None and d.threshold("a") == 5.0  # [2, 5]: 3.5 + 1.5
+    assert d.judge("a", 5.5) == pytest.approx(4 / 3) and d.last[1:] == (3.5, 1.5)
+    d.forget_verdict()
+    assert d.last is None and d.threshold("b") is None and d.state_dict() == {"stage": "b", "losses": []}
 
 
 @pytest.mark.parametrize("spike, message", [
