@@ -7,7 +7,8 @@ every micro-batch contributes ``sum / N`` with ``N`` counted over all micro-batc
 ranks, so the value (and the gradient) is the same whatever the layout. When the batches carry
 ``source_ids``, the last pipeline stage also sums its per-token losses, label tokens and rows per
 source; those few numbers ride in the step's one reduction (``runtime/parallel/step_reduction.py``) with
-the loss sum and the label tokens, so they cost no extra collective and no extra host read.
+the loss sum and the label tokens, so they cost no extra collective and no extra host read; so does
+every sample's summed token loss and label tokens (``runtime/sample_losses.py``), ``2·G`` numbers more.
 
 With context parallelism the engine takes full-length micro-batches, like every other layout, and
 keeps this cp rank's chunks of the inputs and targets once they are on the device
@@ -37,8 +38,7 @@ from runtime.parallel.parallelize import compile_variants, parallelize, set_reco
 from runtime.parallel.pipeline import build_schedule, chunk_layer_ranges, chunks_of_rank, forward_only, num_chunks
 from runtime.parallel.step_reduction import StepReduction
 from runtime.parallel.tied_embedding import TiedEmbeddingSync
-
-IGNORE_INDEX = -100
+from runtime.sample_losses import IGNORE_INDEX, SampleLosses, global_rows, row_sums, scatter
 
 
 @dataclass
@@ -50,6 +50,8 @@ class StepResult:
     # per source of the stage: (samples, label tokens, sum of their token losses) over the global batch;
     # None when a rank's batches carry no source_ids
     sources: list[tuple[int, int, float]] | None = None
+    # every sample of the global batch, in global order: summed token loss and label tokens (None: not counted)
+    samples: SampleLosses | None = None
 
 
 def compute_dtype(config: Config, device: torch.device) -> torch.dtype:
@@ -99,7 +101,9 @@ class Engine:
         self._schedules: dict[tuple, object] = {}
         self._loss_scale = 1.0
         # while a step counts sources: per loss call, each row's source and (1, label tokens, Σ token loss)
-        self._tally: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        # while a step counts: per loss call, each row's source, its global position and (Σ token loss, label tokens)
+        self._tally: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        self.count_samples = True  # per-sample losses in every StepResult (off only to measure their cost)
 
     # ------------------------------------------------------------------ construction ------------
 
@@ -134,24 +138,19 @@ class Engine:
     # ------------------------------------------------------------------ the step ----------------
 
     def _loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Sum of token losses of one micro-batch, scaled to its share of the global mean (the per-token losses
-        summed, with or without sources: the same value either way). While sources are counted, the target's
-        last column is each row's source (so it travels with its rows through the pipeline schedule's
-        micro-batch split) and the token losses are also summed per source (``_tally``: one entry a call; the
+        """Sum of token losses of one micro-batch (times ``_loss_scale``; the per-token losses summed, counted or
+        not: the same value either way). While a step counts, the target's last two columns are each row's
+        source and global position (so they travel with their rows through the pipeline schedule's
+        micro-batch split) and the token losses are also summed per row (``_tally``: one entry a call; the
         pipeline's set-up calls it once more on its first step, so a step counts only its last calls)."""
-        sources = None
+        extra = None
         if self._tally is not None:
-            target, sources = target[:, :-1], target[:, -1]
+            target, extra = target[:, :-2], target[:, -2:]
         ce = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(0, 1), ignore_index=IGNORE_INDEX,
                              reduction="none")
-        if sources is not None:
+        if extra is not None:
             tokens = ce.full_tensor() if hasattr(ce, "full_tensor") else ce  # tp: replicated per-token losses
-            rows = target.shape[0]
-            counted = 1.0 if self.ctx.cp_rank == 0 else 0.0  # every cp rank holds the rows; their tokens split
-            per_row = torch.stack([torch.full((rows,), counted, dtype=torch.float64, device=target.device),
-                                   (target != IGNORE_INDEX).sum(1).double(),
-                                   tokens.detach().view(rows, -1).double().sum(1)], dim=1)
-            self._tally.append((sources, per_row))
+            self._tally.append((extra[:, 0], extra[:, 1], row_sums(tokens, target)))
         return ce.sum() * self._loss_scale
 
     def _loss_context(self):
@@ -179,13 +178,22 @@ class Engine:
             pos = torch.arange(ids.shape[1], device=self.device).expand(ids.shape[0], -1)
         return self._local(ids).contiguous(), self._local(pos).contiguous()
 
-    def _targets(self, batches: list[dict], sources: torch.Tensor | None = None) -> torch.Tensor:
-        """Label ids (masked ones ``IGNORE_INDEX``) of this rank's part of the micro-batches; with ``sources``
-        one more column (after the cp chunks are taken: each row's source is the whole row's)."""
+    def _targets(self, batches: list[dict], extra: torch.Tensor | None = None) -> torch.Tensor:
+        """Label ids (masked ones ``IGNORE_INDEX``) of this rank's part of the micro-batches; with ``extra``
+        (``[rows, 2]``: each row's source and global position) two more columns, after the cp chunks are taken."""
         dev = self._to_device
         targets = self._local(torch.cat([torch.where(dev(b["label_mask"]), dev(b["label_ids"]), IGNORE_INDEX)
                                          for b in batches]))
-        return targets if sources is None else torch.cat([targets, sources[:, None]], dim=1)
+        return targets if extra is None else torch.cat([targets, extra], dim=1)
+
+    def _row_columns(self, batches: list[dict], sources: torch.Tensor | None) -> torch.Tensor | None:
+        """``[rows, 2]``: each row's source (0 without ``source_ids``) and position in the global batch; None when
+        the step counts neither sources nor samples."""
+        if sources is None and not self.count_samples:
+            return None
+        rows = batches[0]["label_ids"].shape[0]
+        positions = global_rows(len(batches), rows, self.ctx.dp_rank, self.ctx.dp_size, self.device)
+        return torch.stack([sources if sources is not None else torch.zeros_like(positions), positions], dim=1)
 
     def _sources(self, batches: list[dict], num_sources: int) -> torch.Tensor | None:
         """Each row's source, on the device, when every micro-batch carries ``source_ids`` (checked in
@@ -209,7 +217,7 @@ class Engine:
         return torch.stack([m.to(self.device).sum() for m in masks]).sum()
 
     def train_step(self, batches: list[dict], sequence_length: int | None = None, num_sources: int = 0,
-                   reduction: StepReduction | None = None) -> StepResult:
+                   reduction: StepReduction | None = None, skip_above: float | None = None) -> StepResult:
         """Forward, backward, clip and update on one global step's micro-batches (this rank's rows).
 
         A step whose loss or gradient norm is not finite updates nothing (its gradients are dropped): NaN
@@ -224,38 +232,46 @@ class Engine:
 
         ``sequence_length`` tells middle pipeline ranks (whose batches hold only TensorPointers) the
         shape of this step, so that a stage with another sequence length gets its own schedule.
-        ``num_sources``: the stage's datasets (the same on every rank); the batches' ``source_ids`` index them."""
+        ``num_sources``: the stage's datasets (the same on every rank); the batches' ``source_ids`` index them.
+        ``skip_above``: a loss above it is not applied either (a spike under ``surgery.spike.action: skip``; the
+        threshold comes from earlier steps, so the decision too stays on the device)."""
         reduction = reduction if reduction is not None else StepReduction(self.device)
         # FSDP averages gradients over dp × cp; scaling by dp × cp turns that into the sum
         self._loss_scale = float(self.ctx.dp_cp_size)
         sources = self._sources(batches, num_sources) if self.owns_loss else None
-        self._tally = [] if sources is not None else None
+        extra = self._row_columns(batches, sources) if self.owns_loss else None
+        self._tally = [] if extra is not None else None
         losses: list[torch.Tensor] = []
         with self._loss_context():
             if self.ctx.pp_size == 1:
-                self._run_accumulation(batches, losses, sources)
+                self._run_accumulation(batches, losses, extra)
             else:
-                self._run_pipeline(batches, losses, sequence_length, sources)
+                self._run_pipeline(batches, losses, sequence_length, extra)
         if self.tied_sync is not None:
             self.tied_sync.sum_gradients()
-        self._add_step_numbers(reduction, batches, losses, num_sources)
+        self._add_step_numbers(reduction, batches, losses, num_sources, sources is not None)
         n_tokens = reduction.on_device("label_tokens").clamp(min=1)
         loss = reduction.on_device("loss_sum")[0] / n_tokens[0]
         grad_norm = clip_grad_norm_(self.parameters(), self.config.optimizer.clip_grad, self.ctx,
                                     counted=self._norm_parameters, divisor=n_tokens[0])
-        self._step_unless_not_finite(loss, grad_norm)
+        self._step_unless_not_finite(loss, grad_norm, skip_above)
         self.optimizer.zero_grad(set_to_none=True)
         reduction.read(loss, grad_norm)  # the step's one read back to the host
         loss_value, norm_value = reduction.values("extra")
-        skipped = not (math.isfinite(loss_value) and math.isfinite(norm_value))
+        skipped = not (math.isfinite(loss_value) and math.isfinite(norm_value)) or (
+            skip_above is not None and loss_value > skip_above)
+        samples = SampleLosses.from_flat(reduction.values("samples")) if self.count_samples else None
         return StepResult(loss_value, norm_value, int(reduction.value("label_tokens")), skipped,
-                          self._per_source(reduction, num_sources))
+                          self._per_source(reduction, num_sources), samples)
 
-    def _step_unless_not_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """The optimizer's update unless ``loss`` or ``grad_norm`` is not finite: decided on the device by the
-        fused AdamW (``found_inf``, as torch's GradScaler uses it: no update, its step count kept); an optimizer
-        without it reads the verdict on the host."""
+    def _step_unless_not_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor,
+                                skip_above: float | None = None) -> None:
+        """The optimizer's update unless ``loss`` or ``grad_norm`` is not finite, or ``loss`` is above
+        ``skip_above``: decided on the device by the fused AdamW (``found_inf``, as torch's GradScaler uses it: no
+        update, its step count kept); an optimizer without it reads the verdict on the host."""
         not_finite = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        if skip_above is not None:
+            not_finite = not_finite | (loss > skip_above)
         if self.optimizer.defaults.get("fused"):
             self.optimizer.found_inf = not_finite.float()
             self.optimizer.step()
@@ -263,12 +279,13 @@ class Engine:
             self.optimizer.step()
 
     def _add_step_numbers(self, reduction: StepReduction, batches: list[dict], losses: list[torch.Tensor],
-                          num_sources: int) -> None:
+                          num_sources: int, with_sources: bool = False) -> None:
         """The engine's parts of the step's reduction (summed over the world, so each is contributed by the ranks
         that make it whole): ``loss_sum`` (Σ token losses: the last stage's tp rank 0 of each dp × cp rank),
         ``label_tokens`` (of those, cp rank 0: every cp rank holds its replica's full-length batches), and with
         sources ``source_ranks`` (how many dp × cp ranks tallied) and ``sources`` (rows, label tokens, Σ loss per
-        source)."""
+        source), and ``samples`` (Σ loss, label tokens per position of the global batch: each cp rank adds the
+        sums of its slices)."""
         owner = self.owns_loss and self.ctx.tp_rank == 0
         if owner and losses:  # the pipeline schedule returns losses still attached to the graph: detach
             reduction.add("loss_sum", _summed(losses) / self.ctx.dp_cp_size)
@@ -276,14 +293,22 @@ class Engine:
             reduction.add("loss_sum", 0.0)
         counted = owner and self.ctx.cp_rank == 0
         reduction.add("label_tokens", self._local_label_tokens(batches) if counted else 0, counted=counted)
+        tallied = owner and self._tally is not None
+        # the step's own loss calls: one per micro-batch, the last ones
+        calls = self._tally[len(self._tally) - len(batches):] if tallied else []
+        sums = torch.cat([c[2] for c in calls]) if calls else None
         if num_sources:
-            tallied = owner and self._tally is not None
             tally = torch.zeros((num_sources, 3), dtype=torch.float64, device=self.device)
-            if tallied:  # the step's own loss calls: one per micro-batch, the last ones
-                calls = self._tally[len(self._tally) - len(batches):]
-                tally.index_add_(0, torch.cat([c[0] for c in calls]), torch.cat([c[1] for c in calls]))
-            reduction.add("source_ranks", 1.0 if tallied else 0.0)
+            if calls and with_sources:
+                rows = torch.full((len(sums), 1), 1.0 if self.ctx.cp_rank == 0 else 0.0, dtype=torch.float64,
+                                  device=self.device)  # every cp rank holds the rows; their tokens split
+                tally.index_add_(0, torch.cat([c[0] for c in calls]), torch.cat([rows, sums[:, [1, 0]]], 1))
+            reduction.add("source_ranks", 1.0 if calls and with_sources else 0.0)
             reduction.add("sources", tally)
+        if self.count_samples:  # the same size on every rank: the config's global batch
+            g = self.config.global_batch_size
+            reduction.add("samples", scatter(torch.cat([c[1] for c in calls]), sums, g) if calls
+                          else torch.zeros(2 * g, dtype=torch.float64, device=self.device))
         self._tally = None
 
     def _per_source(self, reduction: StepReduction, num_sources: int) -> list[tuple[int, int, float]] | None:
@@ -294,9 +319,9 @@ class Engine:
         return [(int(v[3 * i]), int(v[3 * i + 1]), v[3 * i + 2]) for i in range(num_sources)]
 
     def _run_accumulation(self, batches: list[dict], losses: list[torch.Tensor],
-                          sources: torch.Tensor | None = None) -> None:
+                          extra: torch.Tensor | None = None) -> None:
         chunk = self.chunks[0]
-        targets = self._targets(batches, sources)
+        targets = self._targets(batches, extra)
         ids, pos = self._inputs(batches)
         rows = batches[0]["input_ids"].shape[0]
         every = self.config.parallelism.gradient_sync == "every_micro_batch"
@@ -309,14 +334,14 @@ class Engine:
             losses.append(loss.detach())
 
     def _run_pipeline(self, batches: list[dict], losses: list[torch.Tensor], sequence_length: int | None,
-                      sources: torch.Tensor | None = None) -> None:
+                      extra: torch.Tensor | None = None) -> None:
         if sequence_length is None and (self.owns_inputs or self.owns_loss):
             sequence_length = batches[0]["input_ids" if self.owns_inputs else "label_ids"].shape[1]
         schedule = self._schedule((sequence_length,))
         if self.owns_inputs:
             schedule.step(*self._inputs(batches))
         elif self.owns_loss:
-            schedule.step(target=self._targets(batches, sources), losses=losses)
+            schedule.step(target=self._targets(batches, extra), losses=losses)
         else:  # a middle rank: the batch dicts hold TensorPointers only and are never read
             schedule.step()
 
@@ -361,6 +386,28 @@ class Engine:
         self._from_last_stage(total)
         loss_sum, tokens = total.tolist()  # the one read back
         return loss_sum, int(tokens)
+
+    @torch.no_grad()
+    def sample_losses(self, batches: list[dict]) -> SampleLosses:
+        """Each row's summed token loss and label tokens, forward only, counted as a training step counts them
+        (the same targets and loss call): ``explain --suspects --checkpoint`` in one process (dp = tp = pp = cp
+        = 1), where ``batches`` are a whole global batch's micro-batches in global order."""
+        assert self.ctx.dp_size == self.ctx.tp_size == self.ctx.pp_size == self.ctx.cp_size == 1, "one process"
+        scale, self._loss_scale = self._loss_scale, 1.0
+        chunk, rows = self.chunks[0], batches[0]["input_ids"].shape[0]
+        positions = global_rows(len(batches), rows, 0, 1, self.device)
+        ids, pos = self._inputs(batches)
+        targets = self._targets(batches, torch.stack([torch.zeros_like(positions), positions], dim=1))
+        self._tally = []
+        try:
+            for i in range(len(batches)):
+                sl = slice(i * rows, (i + 1) * rows)
+                self._loss(chunk(ids[sl], pos[sl]), targets[sl])
+            sums = scatter(torch.cat([c[1] for c in self._tally]), torch.cat([c[2] for c in self._tally]),
+                           len(positions))
+        finally:
+            self._loss_scale, self._tally = scale, None
+        return SampleLosses.from_flat(sums.cpu().numpy())
 
     def _from_last_stage(self, values: torch.Tensor) -> None:
         """With pp > 1, every pipeline rank gets the last stage's ``values`` (in place)."""

@@ -168,6 +168,17 @@ def model_flops_utilization(tokens_per_s: float, config, sequence_length: int, p
     return tokens_per_s * flops_per_token(config.model, sequence_length) / (peak * config.world_size)
 
 
+def append_jsonl(path: Path, row: dict) -> None:
+    """One line of a run's JSONL file; a full disk (or a quota, a file size limit) is one line naming the file."""
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    except OSError as e:
+        if e.errno not in WRITE_ERRNOS:
+            raise
+        raise WriteFailed(path, e.strerror) from None
+
+
 class MetricsLogger:
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, log_interval: int = 1) -> None:
         self.enabled = enabled
@@ -235,7 +246,8 @@ class MetricsLogger:
         if record["step"] % self.log_interval == 0 or record.get("skipped"):
             total = f"/{self.train_steps}" if self.train_steps is not None else ""
             mfu = f" | mfu {100 * record['mfu']:.1f}%" if record.get("mfu") is not None else ""
-            skipped = " (skipped: not finite, no update)" if record.get("skipped") else ""
+            why = "a spike" if record.get("skipped") == "spike" else "not finite"
+            skipped = f" (skipped: {why}, no update)" if record.get("skipped") else ""
             self.info(f"step {record['step']:>6}{total} | {record['stage']} | loss {shown['loss']:.4f}{skipped} "
                       f"| lr {record['lr']:.3e} "
                       f"| grad_norm {shown['grad_norm']:.3f} | tokens/s {record['tokens_per_s']:,.0f} "
@@ -277,14 +289,7 @@ class MetricsLogger:
             self.wandb.log(values, row["step"])
 
     def _append(self, row: dict) -> None:
-        """One line of metrics.jsonl; a full disk (or a quota, a file size limit) is one line naming the file."""
-        try:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-        except OSError as e:
-            if e.errno not in WRITE_ERRNOS:
-                raise
-            raise WriteFailed(self.path, e.strerror) from None
+        append_jsonl(self.path, row)
 
     def info(self, message: str) -> None:
         if not self.enabled:

@@ -7,6 +7,7 @@ from the config's stages), and ``trainer.train_dataloader = loader; trainer.fit(
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -23,6 +24,7 @@ from runtime.checkpoint.layout import LATEST, checkpoints_folder
 from runtime.checkpoint.record import CheckpointRecord
 from runtime.checkpoint.run_folder import Rewound, move_aside, rewind
 from runtime.checkpoint.store import CheckpointManager
+from runtime.cli.explain import explain_step
 from runtime.config import Config
 from runtime.data.loading.feed import StepFeed, training_feed
 from runtime.data.order.plan import StagePlan
@@ -48,12 +50,14 @@ from runtime.parallel.context import ParallelContext
 from runtime.parallel.step_reduction import StepReduction
 from runtime.preemption import installed, stop_on_signal
 from runtime.progress import Progress, clock, describe_tokens, duration
+from runtime.spikes import SpikeDetector, SpikeLog, ranked_samples
 from runtime.startup import Startup, start_up, startup_notes
 from runtime.validation import Validator, describe
 from runtime.wandb_logger import start_wandb
 
 WRITE_FAILED = "write_failed"  # the step reduction's count of ranks whose metrics write failed
 KILL_AT_STEP_ENV = "NANOSET_FAULT_KILL_AT_STEP"  # fault injection for tests: SIGKILL rank 0 after this step
+SPIKE_WINDOW = "spike_window"  # metadata key: the spike detector's window of recent losses
 
 
 @dataclass
@@ -96,6 +100,9 @@ class Trainer:
         self.mixing = RunMixing(self.plan, self.run_dir, self.is_main, saved)
         self.metrics.train_steps = config.tokens.train_steps
         self.parameters = parameter_count(config.model)
+        spike = config.surgery.spike
+        self.spikes = SpikeDetector(spike) if spike is not None else None
+        self.spike_log = SpikeLog(self.run_dir, self.is_main)
         self.train_dataloader: Any = None
         self.last_step = 0
         self._feed: StepFeed | None = None
@@ -154,7 +161,8 @@ class Trainer:
         self.last_step = self._resume()
         logged = self.metrics.last_logged_step()  # what W&B has, before the steps to train again are dropped
         self._writing_metrics(lambda: self.metrics.truncate_after(self.last_step),  # no step logged twice
-                              lambda: self.mixing.start(self.last_step))  # nor decided twice
+                              lambda: self.mixing.start(self.last_step),  # nor decided twice
+                              lambda: self.spike_log.truncate_after(self.last_step))
         self._raise_write_failure()
         self._start_wandb(logged)
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
@@ -169,28 +177,11 @@ class Trainer:
                 batches = self._feed.batches(step)
                 data_wait = self._feed.wait
                 lr = self.lr_schedule.apply(self.engine.optimizer, step)
-                # the stop and write-failure flags ride in the step's one reduction of the numbers it logs
-                reduction = StepReduction(device)
-                stop.add_to(reduction)
-                reduction.add(WRITE_FAILED, 1.0 if self._write_failure is not None else 0.0)
-                if self.plan.surgery.skips(step):  # read (the order goes on), never trained: no engine call at all
-                    reduction.read()
-                    result = None
-                else:
-                    result = self.engine.train_step(batches, stage.sequence_length,
-                                                    num_sources=len(stage.dataset_ids), reduction=reduction)
-                if reduction.value(WRITE_FAILED):  # a rank could not write the previous step's metrics
-                    self._raise_write_failure()
-                self.last_step = step
-                if result is None:
-                    self._log_surgery_skip(step, stage, lr)
-                else:
-                    self._log_and_validate(step, stage, result, lr, data_wait, summary)
-                    self._count_skips(step, result)
+                agreed = self._train_step(step, stage, batches, lr, data_wait, summary, stop)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
                 # every rank stops after the same step; a signal during the last one changes nothing
-                summary.stopped_by_signal = stop.agree_from(reduction) and step < c.tokens.train_steps
+                summary.stopped_by_signal = agreed and step < c.tokens.train_steps
                 interval = c.checkpoints.checkpoint_interval
                 if summary.stopped_by_signal or interval and step % interval == 0 and step < c.tokens.train_steps:
                     self._raise_write_failure()
@@ -212,6 +203,36 @@ class Trainer:
         summary.exit_status = stop.exit_status if summary.stopped_by_signal else 0
         self._print_summary(summary, stop.reason)
         return summary
+
+    def _train_step(self, step: int, stage: StagePlan, batches: list[dict], lr: float, data_wait: float,
+                    summary: TrainSummary, stop: Any) -> bool:
+        """Train, judge, log and validate one step (a step surgery skips: read, never trained, no engine call at all);
+        whether every rank agreed to stop after it. The stop and write-failure flags ride in the step's one reduction
+        of the numbers it logs."""
+        reduction = StepReduction(self.parallel_context.device)
+        stop.add_to(reduction)
+        reduction.add(WRITE_FAILED, 1.0 if self._write_failure is not None else 0.0)
+        spikes = self.spikes
+        result = None
+        if self.plan.surgery.skips(step):
+            reduction.read()
+        else:
+            skip_above = spikes.threshold(stage.name) if spikes is not None and spikes.skips else None
+            result = self.engine.train_step(batches, stage.sequence_length, num_sources=len(stage.dataset_ids),
+                                            reduction=reduction, skip_above=skip_above)
+        if reduction.value(WRITE_FAILED):  # a rank could not write the previous step's metrics
+            self._raise_write_failure()
+        self.last_step = step
+        if result is None:
+            self._log_surgery_skip(step, stage, lr)
+            return stop.agree_from(reduction)
+        if spikes is not None:  # a non-finite step is not judged and does not enter the window
+            spikes.forget_verdict()
+            if math.isfinite(result.loss) and math.isfinite(result.grad_norm):
+                spikes.judge(stage.name, result.loss)
+        self._log_and_validate(step, stage, result, lr, data_wait, summary)
+        self._count_skips(step, result)
+        return stop.agree_from(reduction)
 
     def _log_and_validate(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,
                           summary: TrainSummary) -> None:
@@ -256,7 +277,22 @@ class Trainer:
         if self._feed.from_config:  # the weights the step was drawn with (adaptive: as decided)
             folders = [self.plan.datasets[d].folder for d in stage.dataset_ids]
             row["weights"] = dict(zip(folders, stage.weights_at(step)))
+        spike = self.spikes.last if self.spikes is not None else None
+        if spike is not None:
+            row["spike_z"] = spike[0]
+            if result.skipped:
+                row["skipped"] = "spike"
+            self._log_spike(step, stage, result, spike[0])
         self.metrics.log(row, self.progress.step_done(step, seconds) if self.is_main else "")
+
+    def _log_spike(self, step: int, stage: StagePlan, result: StepResult, z: float) -> None:
+        """A row of spikes.jsonl (its samples named by the data order when they are the config's) and a line."""
+        if not self.is_main:
+            return
+        identities = explain_step(self.plan, step) if self._feed.from_config else None
+        samples = ranked_samples(result.samples, identities) if result.samples is not None else []
+        self.spike_log.append(step, stage.name, result.loss, z, samples)
+        self.metrics.info(self.spikes.describe(step, stage.name, result.loss))
 
     def _log_surgery_skip(self, step: int, stage: StagePlan, lr: float) -> None:
         """The row of a step that surgery skips: its step, stage and data hash, ``skipped: "surgery"``, no loss."""
@@ -283,9 +319,10 @@ class Trainer:
             good = self.checkpoints.newest_of_a_finite_step()
             where = (f"the newest checkpoint of a finite step is {good}: resume from it (checkpoints.resume: {good})"
                      if good is not None else "no checkpoint of a finite step was saved: start over")
+            spikes = " or were spikes (surgery.spike.action: skip)" if self.spikes and self.spikes.skips else ""
             raise NanosetError(f"steps {first}-{step}: {self._skipped_in_a_row} steps in a row had a non-finite loss "
-                               f"or gradient norm and were skipped (optimizer.max_skipped_steps {limit}); the run has "
-                               f"diverged: {where} with a lower optimizer.learning_rate")
+                               f"or gradient norm{spikes} and were skipped (optimizer.max_skipped_steps {limit}); the "
+                               f"run has diverged: {where} with a lower optimizer.learning_rate")
 
     def _start_wandb(self, last_logged_step: int) -> None:
         """``logging.wandb``: global rank 0's W&B run, given the resolved config and the parameter count."""
@@ -316,6 +353,8 @@ class Trainer:
         record.step_skipped = record.step_skipped and not self.plan.surgery.skips(step)
         record.extensions[SURGERY_KEY] = surgery_record(self.plan.surgery)
         record.extensions[MIXING_KEY] = self.mixing.checkpoint_state()
+        if self.spikes is not None:
+            record.extensions[SPIKE_WINDOW] = self.spikes.state_dict()
         began = time.perf_counter()
         path = self.checkpoints.save(self.engine, step, record)
         self.metrics.info(f"checkpoint {path} saved in {duration(time.perf_counter() - began)}")
@@ -332,6 +371,9 @@ class Trainer:
         record = self.checkpoints.load(self.engine, path)
         last = record.last_step
         self._skipped_in_a_row = record.skipped_in_a_row
+        window = record.extensions.get(SPIKE_WINDOW)
+        if self.spikes is not None and window:  # the window goes on as if never interrupted
+            self.spikes.load_state_dict(window)
         self.metrics.info(f"resumed from {path} at step {last}")
         return last
 

@@ -11,6 +11,9 @@ share). The baseline feeds the engine the very same batches, read beforehand, in
 Prints the overhead ratio (target ≤ 1.03 for the default setting) and the share of step time
 spent waiting for data (target < 1 %): medians over the steps (the first of each run left out)
 of rounds in which the settings alternate, so that bursts of other load on the machine count little.
+
+Then the cost of per-sample losses (``--only sample-losses`` measures just that): the engine's
+``train_step`` on the same batches, steps alternating with and without them (target < 2 %).
 """
 
 from __future__ import annotations
@@ -106,15 +109,40 @@ def measure(config: Config, ctx) -> list[tuple[float, float, float]]:
              r["data_wait_ms"] / 1000) for b, r in zip(bare_s, rows)]
 
 
+def measure_sample_losses(config: Config, ctx, rounds: int) -> tuple[float, float]:
+    """Median seconds of the engine's step (the loader's batches, read beforehand) with and without per-sample
+    losses, the two alternating step by step on one engine so that other load on the machine hits both alike."""
+    data = prefetch(DataPlan(config), ctx)
+    engine = Engine(config, ctx)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(rounds * len(data)):
+        batches = data[i % len(data)]
+        engine.count_samples = i % 2 == 0
+        t0 = time.perf_counter()
+        engine.train_step(batches, num_sources=2 if "source_ids" in batches[0] else 0)
+        times[engine.count_samples].append(time.perf_counter() - t0)
+    return float(np.median(times[True][1:])), float(np.median(times[False][1:]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds; the best of each setting counts")
     ap.add_argument("--work", type=Path, default=Path("bench_work/train"))
+    ap.add_argument("--only", choices=["sample-losses"], help="measure only the cost of per-sample losses")
     args = ap.parse_args()
     from runtime.parallel.context import ParallelContext
 
     ctx = ParallelContext()
+    if args.only is None:
+        trainer_overhead(args, ctx)
+    with_samples, without = measure_sample_losses(make_config(args.work, args.steps, 0), ctx, 2 * args.rounds)
+    print(f"  per-sample losses: engine train_step {1000 * with_samples:.1f} ms/step with them, {1000 * without:.1f} "
+          f"without: {100 * (with_samples / without - 1):+.2f}% (target < 2%)")
+    ctx.destroy()
+
+
+def trainer_overhead(args: argparse.Namespace, ctx) -> None:
     print(f"CPU, 1 process, {torch.get_num_threads()} threads, Llama 256 × 4 layers, two stages (seq 256 then "
           f"128), {args.steps} steps, {args.rounds} alternating rounds; medians over every step of every round "
           f"(robust to other load on the machine):")
@@ -135,7 +163,6 @@ def main() -> None:
               f"overhead ratio {np.median(full) / np.median(bare):.3f} (target <= 1.03); data wait "
               f"{1000 * np.median(wait):.2f} ms/step = {100 * np.median(wait / full):.2f}% of step time "
               f"(target < 1%){mark}")
-    ctx.destroy()
 
 
 if __name__ == "__main__":

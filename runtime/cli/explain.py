@@ -9,7 +9,8 @@ checkpoint with this config: the past comes from the checkpoint's record, as in 
 
 ``--steps A:B`` explains every step of a range at once; ``--document FOLDER:DOC`` (or ``--documents
 FILE``, one ``FOLDER:DOC`` a line) answers the reverse question: which steps, positions and samples
-held any token of document ``DOC`` of ``FOLDER``, in the whole run.
+held any token of document ``DOC`` of ``FOLDER``, in the whole run. ``--suspects STEP`` lists a spike's
+samples ranked by loss and the command that excises them (``runtime/cli/suspects.py``).
 
 ``--decode`` adds each sample's text (its ids decoded with its dataset's recorded tokenizer; ``--max-chars N``
 cuts it). ``nanoset explain`` is this command, with the same options and output.
@@ -99,6 +100,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m runtime.explain")
     what.add_argument("--steps", metavar="A:B", help="every step from A to B (both included)")
     what.add_argument("--document", metavar="FOLDER:DOC", help="every step that held a token of document DOC")
     what.add_argument("--documents", metavar="FILE", help="--document for each FOLDER:DOC line of FILE")
+    what.add_argument("--suspects", type=int, metavar="STEP",
+                      help="the samples of STEP ranked by loss, from spikes.jsonl (with --checkpoint of STEP - 1: "
+                           "recomputed), and the command that excises the top ones")
+    ap.add_argument("--top", type=int, help="with --suspects: excise the N highest samples (default: those whose "
+                                            "loss is above the step's)")
     ap.add_argument("--json", action="store_true", help="print a JSON list, one object per sample (or per hit)")
     ap.add_argument("--decode", action="store_true",
                     help="each sample's text too, decoded with its dataset's recorded tokenizer (--json: 'text')")
@@ -107,19 +113,23 @@ def main(argv: list[str] | None = None, prog: str = "python -m runtime.explain")
     args = ap.parse_args(argv)
     return report_user_errors(lambda: explain(args.config, args.checkpoint, args.step, args.json, args.steps,
                                               args.document, args.documents, args.overrides, args.decode,
-                                              args.max_chars))
+                                              args.max_chars, args.suspects, args.top))
 
 
 def explain(config_path: str, checkpoint: str | None, step: int | None, as_json: bool, steps: str | None = None,
             document: str | None = None, documents: str | None = None, overrides: list[str] | None = None,
-            decode: bool = False, max_chars: int | None = None) -> int:
+            decode: bool = False, max_chars: int | None = None, suspects: int | None = None,
+            top: int | None = None) -> int:
     _check_decode(decode, max_chars, document is not None or documents is not None)
     config = load_config(config_path, overrides or ())
     queries = _queries(document, documents)  # before any data is opened: a typo costs nothing
+    if suspects is not None and not 1 <= suspects <= config.tokens.train_steps:
+        raise ConfigError(f"--suspects {suspects}: outside [1, tokens.train_steps={config.tokens.train_steps}]")
     first, last = parse_steps(steps, config.tokens.train_steps) if steps is not None else (step, step)
     log = log_path(config.general.run_path)  # an adaptive stage's decisions: the run's log
     plan = DataPlan(config, resolve_stage_folders(config), surgery=Surgery(), decisions=read_decisions(log))
     surgery = run_surgery(config)  # the config's and what the run folder records: the order the run trains
+    path = None
     if checkpoint:
         path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
         record = read_metadata(path, model=False)
@@ -128,6 +138,13 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
     if surgery:
         plan = plan.with_surgery(surgery)
     try:
+        if suspects is not None:
+            from runtime.cli.suspects import logged_spike, print_suspects, recomputed_spike
+
+            row = (recomputed_spike(config, plan, path, suspects) if path is not None
+                   else logged_spike(config, suspects))
+            source = f"recomputed from {path}" if path is not None else f"{config.general.run_path}/spikes.jsonl"
+            return print_suspects(config, config_path, row, source, top, as_json)
         if queries is not None:
             open_part = plan.undecided()
             if open_part is not None:

@@ -369,13 +369,25 @@ class ValidationArgs:
 
 
 @dataclass
+class SpikeArgs:
+    """A step whose loss exceeds the mean of the last ``window`` trained steps of its stage by ``zscore`` standard
+    deviations is a spike: logged to <run_dir>/spikes.jsonl with its samples, ranked by loss."""
+
+    zscore: float = key(6.0)
+    window: int = key(100, Range(2))  # trained steps of the current stage a step is judged against
+    action: Literal["log", "skip"] = "log"  # skip: no update either (it counts toward optimizer.max_skipped_steps)
+
+
+@dataclass
 class SurgeryArgs:
-    """Data surgery: steps read but not trained, documents excised from a step on (docs/data-order.md)."""
+    """Data surgery: steps read but not trained, documents excised from a step on (docs/data-order.md), and spikes
+    found and logged (or skipped)."""
 
     skip_steps: list[str] = field(default_factory=list)  # "A:B" ranges (both included): read, not trained
     exclude_documents: list[str] = field(default_factory=list)  # FOLDER:DOC: no trained sample holds a token of it
     exclude_documents_file: str | None = None  # a file of FOLDER:DOC lines, excluded as exclude_documents
     exclude_from_step: int = key(1)  # the first step the exclusions apply to
+    spike: SpikeArgs | None = None  # null: no spike detection
 
 
 @dataclass
