@@ -141,6 +141,10 @@ def test_surgery_mistakes_are_one_line(tmp_path):
     with pytest.raises(ConfigError) as e:
         web_and_code(skip_steps=["5:31"])
     assert "surgery.skip_steps: 5:31 ends after tokens.train_steps 30; give steps in [1, 30]" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        web_and_code(exclude_documents=["shards/web:1"], exclude_from_step=31)
+    assert ("surgery.exclude_from_step: 31 is after tokens.train_steps 30, so nothing would be excised; give a step "
+            "in [1, 30]") in str(e.value)
     code = DataPlan(web_and_code()).datasets[1]
     everything = [f"shards/code:{d}" for d in range(code.reader.num_documents)]
     with pytest.raises(ConfigError) as e:
