@@ -15,7 +15,13 @@ from runtime.data import DataPlan, training_metadata
 from runtime.data.order.excision import DrawIndex, excised_samples
 from runtime.data.order.permutation import FeistelPermutation
 from runtime.data.order.provenance import document_steps
-from runtime.data.order.surgery import Surgery, resumed_surgery, surgery_of
+from runtime.data.order.surgery import (
+    Surgery,
+    parse_step_range,
+    read_documents_file,
+    resumed_surgery,
+    surgery_of,
+)
 from tests.support.configs import make_config
 from tests.support.data import global_batches
 
@@ -219,3 +225,19 @@ def test_the_audit_walk_through_excises_300_reported_documents(tmp_path):
         held = {d for r in explain_step(cut, step) if r["dataset"] == "shards/web" for d in r["documents"]}
         assert not held & set(report), step
     assert cut.passed_over(cut.stages[0])[0][:2] == (0, 300)
+
+
+def test_a_documents_file_means_what_its_lines_say_and_a_bad_index_is_one_line(tmp_path):
+    listed = tmp_path / "docs.txt"
+    listed.write_text("  shards/web:5\nshards/web:6\n")  # an indented line is the document it names
+    read = read_documents_file(str(listed), "--exclude-documents")
+    assert {f: d.tolist() for f, d in read.items()} == {"shards/web": [5, 6]}
+    for line, why in (("shards/web:99999999999999999999", "the document index is too large"),
+                      ("shards/web:²", "expected FOLDER:DOC (a dataset folder and a document index)")):
+        listed.write_text(f"shards/web:1\n{line}\n")
+        with pytest.raises(ConfigError) as e:
+            read_documents_file(str(listed), "--exclude-documents")
+        assert str(e.value).startswith(f"--exclude-documents: {listed} line 2: {why}"), str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_step_range("²:3", "surgery.skip_steps")
+    assert str(e.value) == "surgery.skip_steps: expected A:B with 1 ≤ A ≤ B (steps, both included), got '²:3'"
