@@ -19,8 +19,8 @@ from runtime.config.load import load_config
 from runtime.data import DataPlan
 from runtime.data.order.surgery import SURGERY_KEY
 from runtime.startup import start_up
-from tests.support.configs import small_config
 from tests.runtime.test_nonfinite_steps import POISONED
+from tests.support.configs import small_config
 from tests.support.harness import error_lines, metrics, train_one
 
 
