@@ -241,3 +241,39 @@ def test_a_documents_file_means_what_its_lines_say_and_a_bad_index_is_one_line(t
     with pytest.raises(ConfigError) as e:
         parse_step_range("²:3", "surgery.skip_steps")
     assert str(e.value) == "surgery.skip_steps: expected A:B with 1 ≤ A ≤ B (steps, both included), got '²:3'"
+
+
+def test_a_packed_dataset_passes_over_whole_packed_samples_from_the_step_on():
+    stages = [{"name": "sft", "start_training_step": 1, "data": {"packing": "documents", "dataset": {
+        "dataset_folder": ["shards/sft"]}}}]
+    base = DataPlan(make_config(mbs=4, train_steps=20, seq=64, stages=stages))
+    docs = sorted({d for s in (8, 9) for r in explain_step(base, s) for d in r["documents"]})[:6]
+    cut = DataPlan(make_config(mbs=4, train_steps=20, seq=64, stages=stages, surgery={
+        "exclude_documents": [f"shards/sft:{d}" for d in docs], "exclude_from_step": 8}))
+    for step in range(1, 21):
+        rows = explain_step(cut, step)
+        if step < 8:
+            assert rows == explain_step(base, step)
+        else:
+            assert not any(set(r["documents"]) & set(docs) for r in rows), step
+    drawn = [(r["sample"], r["epoch"]) for s in range(1, 21) for r in explain_step(cut, s)]
+    assert len(set(drawn)) == len(drawn) == 80  # nothing repeats: skip forward, not resample
+
+
+def test_the_reverse_lookup_is_the_truth_with_two_exclusions_across_stages_sharing_a_dataset():
+    stages = [{"name": "a", "start_training_step": 1, "data": {"dataset": {
+        "dataset_folder": ["shards/code", "shards/sft"], "dataset_weights": [0.5, 0.5]}}},
+              {"name": "b", "start_training_step": 21, "data": {"dataset": {"dataset_folder": "shards/code"}}}]
+    base = DataPlan(make_config(mbs=8, train_steps=40, seq=64, stages=stages))
+    early = sorted({d for r in explain_step(base, 5) if r["dataset"] == "shards/code" for d in r["documents"]})[:2]
+    late = sorted({d for r in explain_step(base, 22) for d in r["documents"]})[:2]
+    cut = base.with_surgery(surgery_of([], {"shards/code": np.array(early)}, 8, "a").union(
+        surgery_of(["25:27"], {"shards/code": np.array(late)}, 25, "b")))
+    rows = {step: explain_step(cut, step) for step in range(1, 41)}
+    for doc, first in [*((d, 8) for d in early), *((d, 25) for d in late)]:
+        truth = [(step, i) for step in rows for i, r in enumerate(rows[step])
+                 if r["dataset"] == "shards/code" and doc in r["documents"]]
+        hits = document_steps(cut, [("shards/code", doc)])
+        assert [(h["step"], h["position"]) for h in hits] == truth and truth, doc
+        assert all(step < first for step, _ in truth), doc
+        assert [h["skipped"] for h in hits] == ["surgery" if 25 <= s <= 27 else None for s, _ in truth]
