@@ -315,14 +315,26 @@ class Trainer:
         self._skipped_in_a_row = self._skipped_in_a_row + 1 if result.skipped else 0
         limit = self.config.optimizer.max_skipped_steps
         if self._skipped_in_a_row > limit:
-            first = step - self._skipped_in_a_row + 1
+            first = self._streak_start(step)
+            between = [f"{max(a, first)}-{min(b, step)}" for a, b in self.plan.surgery.skip_steps
+                       if a <= step and b >= first]
+            counted = f" (steps {', '.join(between)}, skipped by surgery, between them not counted)" if between else ""
             good = self.checkpoints.newest_of_a_finite_step()
             where = (f"the newest checkpoint of a finite step is {good}: resume from it (checkpoints.resume: {good})"
                      if good is not None else "no checkpoint of a finite step was saved: start over")
             spikes = " or were spikes (surgery.spike.action: skip)" if self.spikes and self.spikes.skips else ""
             raise NanosetError(f"steps {first}-{step}: {self._skipped_in_a_row} steps in a row had a non-finite loss "
-                               f"or gradient norm{spikes} and were skipped (optimizer.max_skipped_steps {limit}); the "
-                               f"run has diverged: {where} with a lower optimizer.learning_rate")
+                               f"or gradient norm{spikes} and were skipped{counted} "
+                               f"(optimizer.max_skipped_steps {limit}); the run has diverged: {where} with a lower optimizer.learning_rate")
+
+    def _streak_start(self, step: int) -> int:
+        """The first step of the run of non-finite steps ending at ``step``: the steps surgery skips inside it
+        neither count nor end it."""
+        left = self._skipped_in_a_row
+        while left > 1 or self.plan.surgery.skips(step):
+            left -= not self.plan.surgery.skips(step)
+            step -= 1
+        return step
 
     def _start_wandb(self, last_logged_step: int) -> None:
         """``logging.wandb``: global rank 0's W&B run, given the resolved config and the parameter count."""

@@ -302,3 +302,6 @@ def _validate_surgery(c: Config) -> None:
                               f"[1, {steps}]")
     for text in s.exclude_documents:
         parse_document(text, "surgery.exclude_documents")
+    if (s.exclude_documents or s.exclude_documents_file is not None) and s.exclude_from_step > steps:
+        raise ConfigError(f"surgery.exclude_from_step: {s.exclude_from_step} is after tokens.train_steps {steps}, so "
+                          f"nothing would be excised; give a step in [1, {steps}]")

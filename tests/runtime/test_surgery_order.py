@@ -16,7 +16,13 @@ from runtime.data.order.excision import DrawIndex, excised_samples
 from runtime.data.order.permutation import FeistelPermutation
 from runtime.data.order.provenance import document_steps
 from runtime.data.order.record import TrainingMetadata
-from runtime.data.order.surgery import Surgery, resumed_surgery, surgery_of
+from runtime.data.order.surgery import (
+    Surgery,
+    parse_step_range,
+    read_documents_file,
+    resumed_surgery,
+    surgery_of,
+)
 from tests.support.configs import make_config
 from tests.support.data import global_batches
 
@@ -142,6 +148,10 @@ def test_surgery_mistakes_are_one_line(tmp_path):
     with pytest.raises(ConfigError) as e:
         web_and_code(skip_steps=["5:31"])
     assert "surgery.skip_steps: 5:31 ends after tokens.train_steps 30; give steps in [1, 30]" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        web_and_code(exclude_documents=["shards/web:1"], exclude_from_step=31)
+    assert ("surgery.exclude_from_step: 31 is after tokens.train_steps 30, so nothing would be excised; give a step "
+            "in [1, 30]") in str(e.value)
     code = DataPlan(web_and_code()).datasets[1]
     everything = [f"shards/code:{d}" for d in range(code.reader.num_documents)]
     with pytest.raises(ConfigError) as e:
@@ -216,3 +226,55 @@ def test_the_audit_walk_through_excises_300_reported_documents(tmp_path):
         held = {d for r in explain_step(cut, step) if r["dataset"] == "shards/web" for d in r["documents"]}
         assert not held & set(report), step
     assert cut.passed_over(cut.stages[0])[0][:2] == (0, 300)
+
+
+def test_a_documents_file_means_what_its_lines_say_and_a_bad_index_is_one_line(tmp_path):
+    listed = tmp_path / "docs.txt"
+    listed.write_text("  shards/web:5\nshards/web:6\n")  # an indented line is the document it names
+    read = read_documents_file(str(listed), "--exclude-documents")
+    assert {f: d.tolist() for f, d in read.items()} == {"shards/web": [5, 6]}
+    for line, why in (("shards/web:99999999999999999999", "the document index is too large"),
+                      ("shards/web:²", "expected FOLDER:DOC (a dataset folder and a document index)")):
+        listed.write_text(f"shards/web:1\n{line}\n")
+        with pytest.raises(ConfigError) as e:
+            read_documents_file(str(listed), "--exclude-documents")
+        assert str(e.value).startswith(f"--exclude-documents: {listed} line 2: {why}"), str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_step_range("²:3", "surgery.skip_steps")
+    assert str(e.value) == "surgery.skip_steps: expected A:B with 1 ≤ A ≤ B (steps, both included), got '²:3'"
+
+
+def test_a_packed_dataset_passes_over_whole_packed_samples_from_the_step_on():
+    stages = [{"name": "sft", "start_training_step": 1, "data": {"packing": "documents", "dataset": {
+        "dataset_folder": ["shards/sft"]}}}]
+    base = DataPlan(make_config(mbs=4, train_steps=20, seq=64, stages=stages))
+    docs = sorted({d for s in (8, 9) for r in explain_step(base, s) for d in r["documents"]})[:6]
+    cut = DataPlan(make_config(mbs=4, train_steps=20, seq=64, stages=stages, surgery={
+        "exclude_documents": [f"shards/sft:{d}" for d in docs], "exclude_from_step": 8}))
+    for step in range(1, 21):
+        rows = explain_step(cut, step)
+        if step < 8:
+            assert rows == explain_step(base, step)
+        else:
+            assert not any(set(r["documents"]) & set(docs) for r in rows), step
+    drawn = [(r["sample"], r["epoch"]) for s in range(1, 21) for r in explain_step(cut, s)]
+    assert len(set(drawn)) == len(drawn) == 80  # nothing repeats: skip forward, not resample
+
+
+def test_the_reverse_lookup_is_the_truth_with_two_exclusions_across_stages_sharing_a_dataset():
+    stages = [{"name": "a", "start_training_step": 1, "data": {"dataset": {
+        "dataset_folder": ["shards/code", "shards/sft"], "dataset_weights": [0.5, 0.5]}}},
+              {"name": "b", "start_training_step": 21, "data": {"dataset": {"dataset_folder": "shards/code"}}}]
+    base = DataPlan(make_config(mbs=8, train_steps=40, seq=64, stages=stages))
+    early = sorted({d for r in explain_step(base, 5) if r["dataset"] == "shards/code" for d in r["documents"]})[:2]
+    late = sorted({d for r in explain_step(base, 22) for d in r["documents"]})[:2]
+    cut = base.with_surgery(surgery_of([], {"shards/code": np.array(early)}, 8, "a").union(
+        surgery_of(["25:27"], {"shards/code": np.array(late)}, 25, "b")))
+    rows = {step: explain_step(cut, step) for step in range(1, 41)}
+    for doc, first in [*((d, 8) for d in early), *((d, 25) for d in late)]:
+        truth = [(step, i) for step in rows for i, r in enumerate(rows[step])
+                 if r["dataset"] == "shards/code" and doc in r["documents"]]
+        hits = document_steps(cut, [("shards/code", doc)])
+        assert [(h["step"], h["position"]) for h in hits] == truth and truth, doc
+        assert all(step < first for step, _ in truth), doc
+        assert [h["skipped"] for h in hits] == ["surgery" if 25 <= s <= 27 else None for s, _ in truth]

@@ -18,6 +18,7 @@ from runtime.config.load import load_config
 from runtime.data import DataPlan
 from runtime.data.order.surgery import SURGERY_KEY
 from runtime.startup import start_up
+from tests.runtime.test_nonfinite_steps import POISONED
 from tests.support.configs import small_config
 from tests.support.harness import error_lines, metrics, train_one
 
@@ -156,3 +157,22 @@ def test_rewind_to_rewinds_records_trains_on_and_runs_again_without_rewinding(sh
     assert error_lines(missing.stderr) == [f"error: --rewind-to 5: {run / 'checkpoints'} has no complete checkpoint "
                                            f"of step 5 (its checkpoints: step-000002, step-000004, step-000006, "
                                            f"step-000008); rewind to one of them"]
+
+
+def test_a_run_of_non_finite_steps_around_skipped_ones_names_its_real_first_step(shards, tmp_path):
+    """Surgery's skips neither count toward optimizer.max_skipped_steps nor end a run of non-finite steps; the
+    error names the run's first non-finite step (4), not the step that many steps back (6)."""
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, dp=1, steps=10, interval=2, single_stage=True,
+                       optimizer={"max_skipped_steps": 2}, surgery={"skip_steps": ["5:6"]})
+    script = tmp_path / "poisoned.py"
+    script.write_text(POISONED)
+    proc = subprocess.run([sys.executable, str(script), "--config", str(cfg)], capture_output=True, text=True,
+                          cwd=shards, env={**os.environ, "NAN_STEPS": "4,5,6"})  # engine calls: steps 4, 7, 8
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    lines = error_lines(proc.stderr)
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: steps 4-8: 3 steps in a row had a non-finite loss or gradient norm and were skipped (steps 5-6, "
+        "skipped by surgery, between them not counted) (optimizer.max_skipped_steps 2)"), lines
+    assert [(r["step"], r["skipped"]) for r in metrics(run)] == [
+        (1, False), (2, False), (3, False), (4, True), (5, "surgery"), (6, "surgery"), (7, True), (8, True)]
