@@ -325,7 +325,8 @@ class Trainer:
             spikes = " or were spikes (surgery.spike.action: skip)" if self.spikes and self.spikes.skips else ""
             raise NanosetError(f"steps {first}-{step}: {self._skipped_in_a_row} steps in a row had a non-finite loss "
                                f"or gradient norm{spikes} and were skipped{counted} "
-                               f"(optimizer.max_skipped_steps {limit}); the run has diverged: {where} with a lower optimizer.learning_rate")
+                               f"(optimizer.max_skipped_steps {limit}); the run has diverged: {where} with a lower "
+                               f"optimizer.learning_rate")
 
     def _streak_start(self, step: int) -> int:
         """The first step of the run of non-finite steps ending at ``step``: the steps surgery skips inside it
