@@ -42,7 +42,7 @@ from runtime.data.order.record import (
 )
 from runtime.data.order.sample_space import SampleSpace
 from runtime.data.order.scheduled_blend import ScheduledBlend, WeightSchedule
-from runtime.data.order.vocab import Known, check_tokenizer, check_unknown_beside_known, check_vocab
+from runtime.data.order.vocab import SeenTokenizer, check_same_tokenizer, check_unknown_beside_known, check_vocab
 from runtime.data.order.windows import TokenWindows
 
 
@@ -391,11 +391,11 @@ class DataPlan:
 
     def _check_tokenizers(self) -> None:
         """All datasets share one tokenizer, and every token id fits the model's vocabulary."""
-        known: list[Known] = []
+        seen: list[SeenTokenizer] = []
         for w in self.datasets:
-            known = check_tokenizer(w.reader, w.folder, known)
+            seen = check_same_tokenizer(w.reader, w.folder, seen)
             check_vocab(w.reader, w.folder, self.config.model.vocab_size)
-        check_unknown_beside_known([(w.reader, w.folder) for w in self.datasets], known, "data_stages")
+        check_unknown_beside_known([(w.reader, w.folder) for w in self.datasets], seen, "data_stages")
 
 
 def _draws_key(folder: str, dataset: SampleSpace) -> str:
