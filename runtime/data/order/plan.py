@@ -35,9 +35,9 @@ from runtime.data.order.record import (
     PartRecord,
     PartSpec,
     TrainingMetadata,
+    data_changed_error,
     differences,
     packing_mode,
-    refuse,
     started_stages,
 )
 from runtime.data.order.sample_space import SampleSpace
@@ -259,7 +259,7 @@ class DataPlan:
         old = PartSpec.of_record(recorded[-1], folders[-1])
         changes = differences(self.config, i, spec, old, in_progress, last + 1)
         if (changes or content) and not self.config.checkpoints.allow_data_change:
-            raise refuse(self.checkpoint, list(content.values()) + changes, stage.start_training_step,
+            raise data_changed_error(self.checkpoint, list(content.values()) + changes, stage.start_training_step,
                          min(end - 1, last), in_progress)
         last_part = parts[-1]
         if changes and in_progress:  # continue the stage from the resume step with the config's values
