@@ -75,7 +75,7 @@ def train(config_path: str, overrides: list[str] | None = None) -> int:
 
     trainer = Trainer(startup.config, startup=startup)
     try:
-        return report_user_errors(lambda: trainer.train().exit_status, report=lambda message: report_once(
+        return report_user_errors(lambda: trainer.run().exit_status, report=lambda message: report_once(
             message, reporter=trainer.is_main, reporters_node=os.environ.get("GROUP_RANK", "0") == "0"))
     except Exception as e:
         if not leave_quietly(e, trainer.run_dir, trainer.parallel_context.world_rank, trainer.last_step):

@@ -1,8 +1,8 @@
 """The Trainer: multi-stage training loop, stage switching, checkpoint/resume and metrics.
 
-Both of Nanotron's call styles work: ``trainer.train(dataloader_or_dls=...)`` with a loader, or a
-dict of stage name → loader or zero-argument callable returning one (``None`` builds the loaders
-from the config's stages), and ``trainer.train_dataloader = loader; trainer.fit()``.
+``trainer.run(loaders)`` trains on a loader, a dict of stage name → loader or zero-argument callable returning
+one, or (``None``) the config's stages; Nanotron's two call styles, ``trainer.train(dataloader_or_dls=...)`` and
+``trainer.train_dataloader = loader; trainer.fit()``, come from ``runtime.compat.NanotronCallStyles``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from runtime.checkpoint.record import CheckpointRecord
 from runtime.checkpoint.run_folder import Rewound, move_aside, rewind
 from runtime.checkpoint.store import CheckpointManager
 from runtime.cli.explain import explain_step
+from runtime.compat import NanotronCallStyles
 from runtime.config import Config
 from runtime.data.loading.feed import StepFeed, training_feed
 from runtime.data.order.plan import StagePlan
@@ -70,7 +71,7 @@ class TrainSummary:
     exit_status: int = 0  # what the process should exit with: 128 + the signal that stopped it (130: Ctrl-C)
 
 
-class Trainer:
+class Trainer(NanotronCallStyles):
     def __init__(self, config: Config | str | Path, parallel_context: ParallelContext | None = None,
                  startup: Startup | None = None) -> None:
         """``config``: a YAML path or a ``Config``; ``startup``: the checks ``runtime.startup.start_up`` made of
@@ -103,7 +104,6 @@ class Trainer:
         spike = config.surgery.spike
         self.spikes = SpikeDetector(spike) if spike is not None else None
         self.spike_log = SpikeLog(self.run_dir, self.is_main)
-        self.train_dataloader: Any = None
         self.last_step = 0
         self._feed: StepFeed | None = None
         self._step_end = 0.0  # when the previous step ended (tokens/s)
@@ -141,13 +141,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ public -----------------
 
-    def fit(self) -> TrainSummary:
-        """The second call style: train on ``self.train_dataloader`` (or the config's stages when it is None)."""
-        return self.train(self.train_dataloader)
-
-    def train(self, dataloader_or_dls: Any = None) -> TrainSummary:
+    def run(self, loaders: Any = None) -> TrainSummary:
+        """Train on ``loaders``: None (the config's stages), one loader for the run, or stage name → loader."""
         try:
-            return self._train(dataloader_or_dls)
+            return self._train(loaders)
         except BaseException:  # a failed run leaves no loader thread or worker behind
             self._failed = True
             self._release_loader()

@@ -114,3 +114,36 @@ def test_the_minimal_config_of_the_config_page_trains_on_the_fixtures(shards, tm
     assert {r["stage"] for r in rows} == {"pretrain"} and all(r["tokens"] == 2 * 128 for r in rows)
     data = yaml.safe_load(block)
     assert set(data) == {"general", "model", "tokens", "optimizer", "data_stages"}
+
+
+def test_the_readme_code_map_names_every_module_folder_and_root_module():
+    """Each package's folders (``format/``, ``data/order/``, …) and the modules at its root (``cli.py``, ``engine.py``,
+    …) appear in the README's code map, under their package's line."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Code map", 1)[1].split("```", 2)[1]
+    sections = re.split(r"^(?=\S)", block, flags=re.M)
+    missing = []
+    for package in ("nanoset", "runtime"):
+        (section,) = [s for s in sections if s.startswith(f"{package}/")]
+        words = set(re.findall(r"[\w./]+", section))
+        folders = {p.parent.relative_to(ROOT / package).as_posix() + "/" for p in (ROOT / package).rglob("*.py")
+                   if p.parent != ROOT / package}
+        modules = {p.name for p in (ROOT / package).glob("*.py") if p.name != "__init__.py"}
+        missing += [f"{package}/{name}" for name in sorted(folders | modules) if name not in words]
+    assert missing == []
+
+
+def test_the_architecture_page_maps_every_module_to_test_files_that_exist():
+    """docs/architecture.md's module → tests table names every module of both packages (package ``__init__``s
+    aside) exactly once, each with at least one test file, and every file it names exists."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    table = page.split("## Module → tests", 1)[1].split("\n## ", 1)[0]
+    named: list[str] = []
+    for row in [line for line in table.splitlines() if line.startswith("| `")]:
+        modules_cell, tests_cell = row.strip("|").split("|")
+        modules, tests = re.findall(r"`([^`]+)`", modules_cell), re.findall(r"`([^`]+)`", tests_cell)
+        assert tests and all(t.startswith("tests/") and (ROOT / t).is_file() for t in tests), row
+        named += modules
+    every = sorted(p.relative_to(ROOT).as_posix() for package in ("nanoset", "runtime")
+                   for p in (ROOT / package).rglob("*.py") if p.name != "__init__.py")
+    assert sorted(named) == every

@@ -264,7 +264,7 @@ class JobRun:
 
     def __post_init__(self) -> None:
         self.itemsize = np.dtype(self.plan.build["dtype"]).itemsize
-        self.mine = self.plan.share(self.opts.num_tasks, self.opts.task_index)
+        self.assigned_tasks = self.plan.share(self.opts.num_tasks, self.opts.task_index)
         self.fallback = FastokensFallback(self.opts.backend, self.folder.encoder_fallback,
                                           self.folder.record_encoder_fallback, print_note)
 
@@ -287,7 +287,7 @@ class JobRun:
         return notes
 
     def _pending(self) -> list[Task]:
-        return [t for t in self.mine if not self.fallback.stands(self.folder.done(t, self.itemsize))]
+        return [t for t in self.assigned_tasks if not self.fallback.stands(self.folder.done(t, self.itemsize))]
 
     def pending_tasks(self, choice: BackendChoice,
                       on_start: Callable[[], None] | None) -> tuple[dict[int, TaskResult], int]:
@@ -297,7 +297,7 @@ class JobRun:
         ran: dict[int, TaskResult] = {}
         todo = batch = self._pending()
         if not batch:
-            return ran, len(self.mine)
+            return ran, len(self.assigned_tasks)
         if on_start is not None:
             on_start()
         for note in self.start_notes():
@@ -315,7 +315,7 @@ class JobRun:
             if backend == "fastokens":  # another machine saw fastokens differ while this one ran
                 backend = self.fallback.switch(self.fallback.reason, "another run of this job", redo=True)
             batch = self._pending()
-        return ran, len(self.mine) - len(todo)
+        return ran, len(self.assigned_tasks) - len(todo)
 
     def publish(self, ran: dict[int, TaskResult], resumed: int) -> TokenizeSummary:
         """The manifest, once every task of the job (of every task index) has a standing result; else the
@@ -331,7 +331,8 @@ class JobRun:
                 return _summary(opts, plan, finished, list(ran.values()), resumed, True, self.t0)
             # other --task-index runs have work left
             partial = Manifest(self.tokenizer.info, plan.build["dtype"],
-                               [s for t in self.mine if results[t.index] is not None for s in results[t.index].shards],
+                               [s for t in self.assigned_tasks if results[t.index] is not None
+                                for s in results[t.index].shards],
                                loss_masks=chat is not None)
             summary = _summary(opts, plan, partial, list(ran.values()), resumed, False, self.t0)
             # tasks other runs finished with fastokens before the fallback: redone only when those runs rerun
@@ -374,8 +375,8 @@ def _task_errors(opts: TokenizeOptions, folder: OutputFolder) -> Iterator[None]:
             f"so far are kept: rerun the same command to resume (with fewer --workers if memory ran out)"
         ) from None
     except FileNotFoundError as e:  # a file of ours removed under us: by another job on this folder
-        ours = {os.path.realpath(folder.path), os.path.realpath(folder.work)}
-        if e.filename is None or os.path.dirname(os.path.realpath(e.filename)) not in ours:
+        own_folders = {os.path.realpath(folder.path), os.path.realpath(folder.work)}
+        if e.filename is None or os.path.dirname(os.path.realpath(e.filename)) not in own_folders:
             raise
         raise NanosetError(
             f"{opts.output}: {Path(e.filename).name} was removed while this run wrote it: is another `nanoset "

@@ -133,13 +133,13 @@ def _holder(fd: int, kind: int, start: int, length: int) -> str:
         parts = line.split()
         if len(parts) == 4 and parts[1].isdigit():
             runs.append(parts)
-    mine = [r for r in runs if pid and int(r[1]) == pid]
-    if not mine and first is not None:
+    holders = [r for r in runs if pid and int(r[1]) == pid]
+    if not holders and first is not None:
         task = first - 1
-        mine = [r for r in runs if first == FOLDER_BYTE or r[2] == "-" or
+        holders = [r for r in runs if first == FOLDER_BYTE or r[2] == "-" or
                 (r[2].isdigit() and r[3].isdigit() and int(r[2]) > 0 and task % int(r[2]) == int(r[3]))]
-    if mine:
-        host, run_pid, n, i = mine[-1]
+    if holders:
+        host, run_pid, n, i = holders[-1]
         share = f", --task-index {i} of {n}" if n.isdigit() and int(n) > 1 else ""
         return f"host {host}, pid {run_pid}{share}"
     return f"pid {pid}" if pid else "another process"

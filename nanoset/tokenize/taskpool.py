@@ -86,12 +86,12 @@ class TaskPool(Generic[T]):
         self.procs, self.conns = [], []
         self.running: dict[int, T] = {}  # worker -> the task it is running
         for _ in range(workers):
-            ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_worker_main, args=(theirs, initializer, initargs, fn), daemon=True)
+            parent_end, child_end = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(child_end, initializer, initargs, fn), daemon=True)
             proc.start()
-            theirs.close()
+            child_end.close()
             self.procs.append(proc)
-            self.conns.append(ours)
+            self.conns.append(parent_end)
 
     def run(self, tasks: list[T], args_of: Callable[[T], tuple], on_tick: Callable[[], None],
             tick: float = 0.25) -> Iterator[tuple[T, Any]]:

@@ -181,13 +181,13 @@ class OutputFolder:
         state = plan.state_json()
         entries = self._entries()
         saved = _read_text(self.work / WORK_PLAN)
-        ours = saved == state
+        same_plan = saved == state
         manifest = self.completed_manifest()
         if manifest is not None and manifest.build == plan.build and not overwrite:
             self.finish()
             return True
         writable_folder(self.path, UNWRITABLE_ADVICE)
-        if not ours and entries:
+        if not same_plan and entries:
             if not overwrite:
                 touched = _modified_input(plan, saved)
                 if touched and any(self.work.glob(TASK_MARKER_GLOB)):  # its tasks cannot be reused: say which
@@ -209,7 +209,7 @@ class OutputFolder:
             if self.job_lock is not None:  # the work folder is there: the other runs of this job may join
                 self.job_lock.emptied()
             return False
-        if not ours:
+        if not same_plan:
             self._create_work(state)
         return False
 
@@ -381,10 +381,10 @@ class TaskResult:
 def describe_task(task: Task) -> str:
     """The input range of a task, for messages: its piece, or its first and last pieces."""
 
-    def one(p: Piece) -> str:
+    def piece_range(p: Piece) -> str:
         unit = "rows" if p.source.kind in ("parquet", "hf") else "bytes"
         return p.source.path + (f"[{p.source.split}]" if p.source.split else "") + f" {unit} {p.start}-{p.stop}"
 
     if len(task.pieces) == 1:
-        return one(task.pieces[0])
-    return f"{one(task.pieces[0])} to {one(task.pieces[-1])}, {len(task.pieces)} pieces"
+        return piece_range(task.pieces[0])
+    return f"{piece_range(task.pieces[0])} to {piece_range(task.pieces[-1])}, {len(task.pieces)} pieces"

@@ -20,7 +20,7 @@ _EXPORTS = {
     "get_sampler": "runtime.data.loading.sampler",
     "StageDataset": "runtime.data.loading.dataset",
     "TensorPointerLoader": "runtime.data.loading.dataloader",
-    "get_train_dataloader": "runtime.data.loading.dataloader",
+    "get_train_dataloader": "runtime.compat",
     "TensorPointer": "runtime.parallel.tensor_pointer",
     "DataPlan": "runtime.data.order.plan",
     "StagePlan": "runtime.data.order.plan",

@@ -40,11 +40,11 @@ def read_hf_config(folder: str | Path) -> dict:
     if not any(a in ARCHITECTURES for a in archs):
         raise ConfigError(f"model.init_from_hf: {path}: architectures {archs} is not one of {list(ARCHITECTURES)}; "
                           f"only Llama-style models can be imported")
-    refuse = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu", "sliding_window": None}
-    for key, ours in refuse.items():
-        if cfg.get(key, ours) != ours:
+    supported_only = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu", "sliding_window": None}
+    for key, supported in supported_only.items():
+        if cfg.get(key, supported) != supported:
             raise ConfigError(f"model.init_from_hf: {path}: {key} {cfg[key]!r} is not supported (our Llama has "
-                              f"{key} {ours!r})")
+                              f"{key} {supported!r})")
     if cfg.get("pretraining_tp", 1) != 1:
         raise ConfigError(f"model.init_from_hf: {path}: pretraining_tp {cfg['pretraining_tp']} is not supported "
                           f"(only 1)")
@@ -121,15 +121,15 @@ def apply_hf_config(model: ModelArgs, given: set[str]) -> None:
     values = hf_model_values(model.init_from_hf)
     for key, value in values.items():
         if key in given:
-            mine = getattr(model, key)
-            if key == "num_key_value_heads" and mine is None:
-                mine = model.num_attention_heads
-            if key == "head_dim" and (mine or 0) == values["hidden_size"] // values["num_attention_heads"]:
-                mine = None
-            if key == "rope_scaling" and mine is not None:
-                mine = RopeScalingArgs(**asdict(mine))
-            if mine != value:
-                raise ConfigError(f"model.{key}: {_show(mine)} in the config but {_show(value)} in "
+            configured = getattr(model, key)
+            if key == "num_key_value_heads" and configured is None:
+                configured = model.num_attention_heads
+            if key == "head_dim" and (configured or 0) == values["hidden_size"] // values["num_attention_heads"]:
+                configured = None
+            if key == "rope_scaling" and configured is not None:
+                configured = RopeScalingArgs(**asdict(configured))
+            if configured != value:
+                raise ConfigError(f"model.{key}: {_show(configured)} in the config but {_show(value)} in "
                                   f"{Path(model.init_from_hf) / 'config.json'} (model.init_from_hf); remove the key "
                                   f"or make them agree")
         setattr(model, key, value)

@@ -17,7 +17,7 @@ def data_tokenizer(plan) -> TokenizerInfo | None:
     return next((w.reader.tokenizer for w in plan.datasets if w.reader.tokenizer is not None), None)
 
 
-def check_tokenizer(folder: str | Path, data: TokenizerInfo | None) -> None:
+def check_model_tokenizer(folder: str | Path, data: TokenizerInfo | None) -> None:
     """``folder/tokenizer.json``, when there is one, must encode as the tokenizer the data was made with: the same
     file, or one that encodes alike (``transformers`` saving a tokenizer again changes its bytes, not its ids). The
     encodings are compared with the file the manifest names only while it is still the file the data was made with
@@ -57,7 +57,7 @@ def check_init_from_hf(config: Config, plan, fresh_start: bool) -> None:
     folder = config.model.init_from_hf
     if folder is None:
         return
-    check_tokenizer(folder, data_tokenizer(plan))
+    check_model_tokenizer(folder, data_tokenizer(plan))
     if fresh_start:
         from runtime.hf.load import check_hf_weights
 

@@ -17,7 +17,7 @@ from nanoset import TokenizerInfo  # noqa: E402
 from runtime.config import ConfigError  # noqa: E402
 from runtime.config.load import load_config
 from runtime.hf.load import check_hf_weights  # noqa: E402
-from runtime.hf.preflight import check_tokenizer  # noqa: E402
+from runtime.hf.preflight import check_model_tokenizer  # noqa: E402
 from tests.support.hf_models import LLAMA3, edit_config, rewrite_weights, save_hf, write_yaml  # noqa: E402
 
 
@@ -119,13 +119,13 @@ def test_tokenizer_must_be_the_datas(tmp_path):
     hf.mkdir()
     data = TokenizerInfo(name="tokenizer", vocab_size=1494, sha256=hashlib.sha256(
         (TOKENIZER / "tokenizer.json").read_bytes()).hexdigest())
-    check_tokenizer(hf, data)  # no tokenizer.json in the model folder: nothing to compare
+    check_model_tokenizer(hf, data)  # no tokenizer.json in the model folder: nothing to compare
     (hf / "tokenizer.json").write_bytes((TOKENIZER / "tokenizer.json").read_bytes())
-    check_tokenizer(hf, data)
+    check_model_tokenizer(hf, data)
     (hf / "tokenizer.json").write_bytes((TOKENIZER / "tokenizer.json").read_bytes() + b"\n")
     other = hashlib.sha256((hf / "tokenizer.json").read_bytes()).hexdigest()
     with pytest.raises(ConfigError) as e:
-        check_tokenizer(hf, data)
+        check_model_tokenizer(hf, data)
     assert str(e.value) == (f"model.init_from_hf: {hf / 'tokenizer.json'} (sha256 {other[:12]}) is not the tokenizer "
                             f"the data was made with ('tokenizer' sha256 {data.sha256[:12]}); tokenize the data with "
                             f"the model's tokenizer")
@@ -141,12 +141,12 @@ def test_a_tokenizer_transformers_saved_again_is_the_datas(tmp_path):
     hf = tmp_path / "hf"
     AutoTokenizer.from_pretrained(str(TOKENIZER)).save_pretrained(str(hf))
     assert (hf / "tokenizer.json").read_bytes() != (TOKENIZER / "tokenizer.json").read_bytes()
-    check_tokenizer(hf, data)
+    check_model_tokenizer(hf, data)
     other = json.loads((hf / "tokenizer.json").read_text())
     other["model"]["vocab"] = {t: (i + 1) % len(other["model"]["vocab"]) for t, i in other["model"]["vocab"].items()}
     (hf / "tokenizer.json").write_text(json.dumps(other))
     with pytest.raises(ConfigError) as e:
-        check_tokenizer(hf, data)
+        check_model_tokenizer(hf, data)
     assert str(e.value) == (f"model.init_from_hf: {hf / 'tokenizer.json'} does not encode as the tokenizer the data "
                             f"was made with ({TOKENIZER / 'tokenizer.json'}): their vocabularies (or added tokens) "
                             f"differ; tokenize the data with the model's tokenizer")
@@ -174,7 +174,7 @@ def test_a_tokenizer_file_changed_since_tokenizing_is_not_compared_with(tmp_path
     (hf / "tokenizer.json").write_bytes(recorded.read_bytes())
     changed = hashlib.sha256(recorded.read_bytes()).hexdigest()
     with pytest.raises(ConfigError) as e:
-        check_tokenizer(hf, data)
+        check_model_tokenizer(hf, data)
     assert str(e.value) == (
         f"model.init_from_hf: {hf / 'tokenizer.json'} (sha256 {changed[:12]}) is not the tokenizer the data was made "
         f"with ('tokmut' sha256 {original[:12]}), and {recorded}, where the data's manifest says that tokenizer was, "
@@ -191,7 +191,7 @@ def test_an_encoding_difference_shows_where_the_ids_part(tmp_path):
     hf.mkdir()
     _without_merges(TOKENIZER / "tokenizer.json", hf / "tokenizer.json")
     with pytest.raises(ConfigError) as e:
-        check_tokenizer(hf, data)
+        check_model_tokenizer(hf, data)
     assert str(e.value) == (
         f"model.init_from_hf: {hf / 'tokenizer.json'} does not encode as the tokenizer the data was made with "
         f"({TOKENIZER / 'tokenizer.json'}): a probe text encodes differently from its token 3 on (character 6: "
@@ -206,6 +206,6 @@ def test_an_unreadable_model_tokenizer_names_the_key_and_what_to_do(tmp_path):
     hf.mkdir()
     (hf / "tokenizer.json").write_text('{"version": "1.0", "model": ')
     with pytest.raises(ConfigError) as e:
-        check_tokenizer(hf, data)
+        check_model_tokenizer(hf, data)
     assert str(e.value).startswith(f"model.init_from_hf: {hf / 'tokenizer.json'}: not a valid tokenizers JSON file (")
     assert str(e.value).endswith("); save the model's tokenizer there again (or remove the file) and rerun")

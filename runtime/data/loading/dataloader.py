@@ -55,34 +55,35 @@ def init_worker(worker_init_fn: Any, worker_id: int) -> None:
         worker_init_fn(worker_id)
 
 
-def get_train_dataloader(train_dataset: Any, sequence_length: int, parallel_context: Any, input_pp_rank: int,
-                         output_pp_rank: int, micro_batch_size: int, consumed_train_samples: int = 0,
-                         dataloader_num_workers: int = 0, seed_worker: Any = seed_worker,
-                         dataloader_drop_last: bool = True, dataloader_pin_memory: bool = True,
-                         use_position_ids: bool = False, seed: int = 0, shuffle: bool = False,
-                         prefetch: int = 0) -> Any:
-    """The canonical loader: DP-sharded sampler, CLM collator, workers, pinned memory on CUDA;
-    with 0 workers and ``prefetch`` > 0, a thread keeps that many micro-batches ready (``loading.prefetch``).
+def build_loader(dataset: Any, sequence_length: int, ctx: Any, micro_batch_size: int, consumed_samples: int = 0, *,
+                 num_workers: int = 0, use_position_ids: bool = False, prefetch: int = 0,
+                 pipeline_ends: tuple[int, int] | None = None, worker_init: Any = seed_worker, drop_last: bool = True,
+                 pin_memory: bool = True, seed: int = 0, shuffle: bool = False) -> Any:
+    """The runtime's loader of ``dataset``: DP-sharded sampler from ``consumed_samples`` on, CLM collator, workers,
+    pinned memory on CUDA; with 0 workers and ``prefetch`` > 0, a thread keeps that many micro-batches ready
+    (``loading.prefetch``).
 
-    ``parallel_context`` needs ``dp_rank``, ``dp_size`` and ``pp_rank``. Pipeline ranks that own
-    neither inputs nor labels get a ``TensorPointerLoader`` of the same length and read nothing.
+    ``ctx`` needs ``dp_rank``, ``dp_size`` and ``pp_rank`` (and ``pp_size`` without ``pipeline_ends``, the pipeline
+    ranks that hold the inputs and the labels: by default the first and the last). Pipeline ranks that hold
+    neither get a ``TensorPointerLoader`` of the same length and read nothing. (Nanotron's name and arguments:
+    ``runtime.compat.get_train_dataloader``.)
     """
-    pp_rank = int(parallel_context.pp_rank)
-    sampler = get_sampler(train_dataset, dl_rank=parallel_context.dp_rank, dl_ranks_size=parallel_context.dp_size,
-                          seed=seed, drop_last=dataloader_drop_last, shuffle=shuffle,
-                          micro_batch_size=micro_batch_size, consumed_train_samples=consumed_train_samples)
-    if pp_rank not in (input_pp_rank, output_pp_rank):
-        return TensorPointerLoader(input_pp_rank, output_pp_rank, use_position_ids,
+    pp_rank = int(ctx.pp_rank)
+    input_rank, label_rank = pipeline_ends if pipeline_ends is not None else (0, int(ctx.pp_size) - 1)
+    sampler = get_sampler(dataset, dl_rank=ctx.dp_rank, dl_ranks_size=ctx.dp_size, seed=seed, drop_last=drop_last,
+                          shuffle=shuffle, micro_batch_size=micro_batch_size, consumed_train_samples=consumed_samples)
+    if pp_rank not in (input_rank, label_rank):
+        return TensorPointerLoader(input_rank, label_rank, use_position_ids,
                                    num_batches=len(sampler) // micro_batch_size)
-    collator = collator_class(use_position_ids)(sequence_length, input_pp_rank, output_pp_rank, pp_rank=pp_rank)
+    collator = collator_class(use_position_ids)(sequence_length, input_rank, label_rank, pp_rank=pp_rank)
     loader = DataLoader(
-        train_dataset, batch_size=micro_batch_size, sampler=sampler, collate_fn=collator,
-        num_workers=dataloader_num_workers, pin_memory=dataloader_pin_memory and torch.cuda.is_available(),
-        drop_last=dataloader_drop_last, worker_init_fn=functools.partial(init_worker, seed_worker),
-        persistent_workers=False, prefetch_factor=4 if dataloader_num_workers > 0 else None,
+        dataset, batch_size=micro_batch_size, sampler=sampler, collate_fn=collator,
+        num_workers=num_workers, pin_memory=pin_memory and torch.cuda.is_available(),
+        drop_last=drop_last, worker_init_fn=functools.partial(init_worker, worker_init),
+        persistent_workers=False, prefetch_factor=4 if num_workers > 0 else None,
     )
     # worker processes read ahead already (prefetch_factor): the thread is for reading in-process
-    return PrefetchLoader(loader, prefetch) if prefetch > 0 and dataloader_num_workers == 0 else loader
+    return PrefetchLoader(loader, prefetch) if prefetch > 0 and num_workers == 0 else loader
 
 
 def from_loader_worker(error: NanosetError) -> NanosetError:

@@ -64,11 +64,11 @@ class StageDataset:
         if self._masked is None:
             self._masked = any(self.plan.datasets[d].has_label_mask for d in self.stage.dataset_ids)
         masks = np.ones((len(j), width - 1), dtype=bool) if self._masked else None
-        one = len(dataset) and dataset.min() == dataset.max()
-        for d in [int(dataset[0])] if one else np.unique(dataset).tolist():
-            rows = slice(None) if one else np.flatnonzero(dataset == d)
+        single_dataset = len(dataset) and dataset.min() == dataset.max()
+        for d in [int(dataset[0])] if single_dataset else np.unique(dataset).tolist():
+            rows = slice(None) if single_dataset else np.flatnonzero(dataset == d)
             windows = self.plan.datasets[d]
-            if one:  # straight into the buffer
+            if single_dataset:  # straight into the buffer
                 windows.read(sample, tokens, positions)
             else:  # a blend: this dataset's rows together, then in place
                 part = np.empty((len(ids), len(rows), width), dtype=np.int64)

@@ -29,7 +29,7 @@ import torch
 
 from nanoset.errors import ConfigError
 from runtime.data.loading.collator import collator_class
-from runtime.data.loading.dataloader import get_train_dataloader
+from runtime.data.loading.dataloader import build_loader
 from runtime.data.loading.dataset import StageDataset
 from runtime.data.order.plan import DataPlan, StagePlan
 from runtime.data.order.validation_sets import ValidationSet
@@ -138,7 +138,7 @@ class PlanStages(DataSource):
 
 
 class ConfigStages(PlanStages):
-    """The config's stages through the canonical loader (DP sampler, collator, prefetch)."""
+    """The config's stages through the runtime's loader (``build_loader``: DP sampler, collator, prefetch)."""
 
     from_config = True
     with_sources = True  # StageDataset's examples carry each row's source
@@ -148,11 +148,10 @@ class ConfigStages(PlanStages):
 
     def loader(self, stage: StagePlan, step: int) -> Any:
         decided = stage.blend.decided_samples() if stage.adaptive is not None else None  # no read past a decision
-        return get_train_dataloader(
-            StageDataset(self.plan, stage, decided), stage.sequence_length, self.ctx, input_pp_rank=0,
-            output_pp_rank=self.ctx.pp_size - 1, micro_batch_size=self.micro_batch_size,
-            consumed_train_samples=stage.consumed_samples(step - 1), dataloader_num_workers=stage.num_loading_workers,
-            use_position_ids=stage.use_position_ids, prefetch=stage.prefetch)
+        return build_loader(StageDataset(self.plan, stage, decided), stage.sequence_length, self.ctx,
+                            self.micro_batch_size, stage.consumed_samples(step - 1),
+                            num_workers=stage.num_loading_workers, use_position_ids=stage.use_position_ids,
+                            prefetch=stage.prefetch)
 
 
 class LoadersByStage(PlanStages):

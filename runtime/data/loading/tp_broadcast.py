@@ -47,10 +47,9 @@ def _fingerprint(batches: list[dict]) -> str:
 def check_same_batches(batches: list[dict], ctx, where: str) -> None:
     """Refuse, on every rank of the replica's cp × tp group, micro-batches that differ from those of its first
     rank (cp rank 0, tp rank 0). One small gather; the trainer calls it at a user loader's first step."""
-    mine = _fingerprint(batches)
-    everyone: list = [None] * (ctx.cp_size * ctx.tp_size)
-    dist.all_gather_object(everyone, mine, group=ctx.cp_tp_pg)
-    other = next((i for i, f in enumerate(everyone) if f != everyone[0]), None)
+    fingerprints: list = [None] * (ctx.cp_size * ctx.tp_size)
+    dist.all_gather_object(fingerprints, _fingerprint(batches), group=ctx.cp_tp_pg)
+    other = next((i for i, f in enumerate(fingerprints) if f != fingerprints[0]), None)
     if other is not None:
         cp_rank, tp_rank = divmod(other, ctx.tp_size)  # the group's ranks are the (cp, tp) grid, tp innermost
         raise ConfigError(f"{where}: the data loader gave cp rank {cp_rank}, tp rank {tp_rank} of replica "

@@ -39,15 +39,15 @@ from runtime.data.order.record import (
     PartSpec,
     TrainingMetadata,
     adaptive_options,
+    data_changed_error,
     differences,
     packing_mode,
-    refuse,
     started_stages,
 )
 from runtime.data.order.sample_space import SampleSpace
 from runtime.data.order.scheduled_blend import ScheduledBlend, WeightSchedule
 from runtime.data.order.surgery import Surgery, config_surgery
-from runtime.data.order.vocab import Known, check_tokenizer, check_unknown_beside_known, check_vocab
+from runtime.data.order.vocab import SeenTokenizer, check_same_tokenizer, check_unknown_beside_known, check_vocab
 from runtime.data.order.windows import TokenWindows
 
 
@@ -299,7 +299,7 @@ class DataPlan:
         old = PartSpec.of_record(recorded[-1], folders[-1])
         changes = differences(self.config, i, spec, old, in_progress, last + 1)
         if (changes or content) and not self.config.checkpoints.allow_data_change:
-            raise refuse(self.checkpoint, list(content.values()) + changes, stage.start_training_step,
+            raise data_changed_error(self.checkpoint, list(content.values()) + changes, stage.start_training_step,
                          min(end - 1, last), in_progress)
         last_part = parts[-1]
         if changes and in_progress and (old.adaptive is not None or spec.adaptive is not None):
@@ -534,11 +534,11 @@ class DataPlan:
 
     def _check_tokenizers(self) -> None:
         """All datasets share one tokenizer, and every token id fits the model's vocabulary."""
-        known: list[Known] = []
+        seen: list[SeenTokenizer] = []
         for w in self.datasets:
-            known = check_tokenizer(w.reader, w.folder, known)
+            seen = check_same_tokenizer(w.reader, w.folder, seen)
             check_vocab(w.reader, w.folder, self.config.model.vocab_size)
-        check_unknown_beside_known([(w.reader, w.folder) for w in self.datasets], known, "data_stages")
+        check_unknown_beside_known([(w.reader, w.folder) for w in self.datasets], seen, "data_stages")
 
 
 def _decided_by(part: StagePlan, last_step: int) -> list[list[float]] | None:

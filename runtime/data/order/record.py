@@ -189,7 +189,7 @@ def differences(config: Config, i: int, new: PartSpec, old: PartSpec, in_progres
     return out
 
 
-def refuse(checkpoint: str, changes: list[str], first: int, last: int, in_progress: bool) -> ConfigError:
+def data_changed_error(checkpoint: str, changes: list[str], first: int, last: int, in_progress: bool) -> ConfigError:
     """The error for a stage that has begun and whose data the config changed."""
     follow = (f"continue the stage from step {last + 1} with the new values" if in_progress
               else "keep the checkpoint's record for this finished stage")

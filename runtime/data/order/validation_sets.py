@@ -17,7 +17,7 @@ import numpy as np
 from nanoset import NanosetError, NanosetReader, open_dataset
 from runtime.config import Config, ConfigError
 from runtime.data.order.permutation import FeistelPermutation
-from runtime.data.order.vocab import Known, check_tokenizer, check_unknown_beside_known, check_vocab
+from runtime.data.order.vocab import SeenTokenizer, check_same_tokenizer, check_unknown_beside_known, check_vocab
 from runtime.data.order.windows import TokenWindows
 
 
@@ -82,10 +82,10 @@ def open_validation_sets(config: Config, training: list[tuple[NanosetReader, str
         return []
     seed = v.seed if v.seed is not None else config.general.seed
     longest = max(config.stage_sequence_length(s) for s in config.data_stages)
-    known: list[Known] = []
+    seen: list[SeenTokenizer] = []
     training = list(training or [])
     for reader, folder in training:
-        known = check_tokenizer(reader, folder, known)
+        seen = check_same_tokenizer(reader, folder, seen)
     sets = []
     for name in v.datasets:
         where = f"validation.datasets.{name}"
@@ -95,9 +95,9 @@ def open_validation_sets(config: Config, training: list[tuple[NanosetReader, str
                 readers.append(open_dataset(folder))
             except NanosetError as e:
                 raise ConfigError(f"{where}: {e}") from None
-            known = check_tokenizer(readers[-1], folder, known, validation=where)
+            seen = check_same_tokenizer(readers[-1], folder, seen, validation=where)
             check_vocab(readers[-1], folder, config.model.vocab_size, validation=where)
-        check_unknown_beside_known(list(zip(readers, v.folders(name))) + training, known, where)
+        check_unknown_beside_known(list(zip(readers, v.folders(name))) + training, seen, where)
         vset = ValidationSet(name, v.folders(name), readers, v.samples, seed)
         if vset.num_windows(longest) == 0:
             tokens = sum(r.num_tokens for r in readers)

@@ -23,21 +23,21 @@ def is_unknown(tokenizer: TokenizerInfo | None) -> bool:
 
 
 @dataclass
-class Known:
+class SeenTokenizer:
     """A tokenizer seen so far, and the first folder made with it."""
 
     tokenizer: TokenizerInfo
     folder: str
 
 
-def check_tokenizer(reader: NanosetReader, folder: str, known: list[Known], validation: str | None = None
-                    ) -> list[Known]:
-    """``reader``'s tokenizer is the one ``known`` holds (returned with it added); ``validation``: the validation
+def check_same_tokenizer(reader: NanosetReader, folder: str, seen: list[SeenTokenizer],
+                         validation: str | None = None) -> list[SeenTokenizer]:
+    """``reader``'s tokenizer is the one ``seen`` holds (returned with it added); ``validation``: the validation
     set being checked (its own messages), None for the training stages."""
     tok = reader.tokenizer
     if is_unknown(tok):
-        return known
-    for other in known:
+        return seen
+    for other in seen:
         if not tok.same_as(other.tokenizer):
             if validation is not None:
                 raise ConfigError(f"{validation}: {folder} was tokenized with {tok.describe()}, but {other.folder} "
@@ -46,19 +46,20 @@ def check_tokenizer(reader: NanosetReader, folder: str, known: list[Known], vali
             raise ConfigError(f"data_stages: datasets were tokenized with different tokenizers: {other.folder} "
                               f"({other.tokenizer.describe()}) and {folder} ({tok.describe()}); re-tokenize them with "
                               f"one tokenizer")
-    if all((tok.name, tok.sha256) != (o.tokenizer.name, o.tokenizer.sha256) for o in known):
-        known = known + [Known(tok, folder)]
-    return known
+    if all((tok.name, tok.sha256) != (o.tokenizer.name, o.tokenizer.sha256) for o in seen):
+        seen = seen + [SeenTokenizer(tok, folder)]
+    return seen
 
 
-def check_unknown_beside_known(readers: list[tuple[NanosetReader, str]], known: list[Known], where: str) -> None:
+def check_unknown_beside_known(readers: list[tuple[NanosetReader, str]], seen: list[SeenTokenizer],
+                               where: str) -> None:
     """Data of an unknown tokenizer beside data of a known one: refused, saying how to record its tokenizer."""
-    if not known:
+    if not seen:
         return
     for reader, folder in readers:
         if is_unknown(reader.tokenizer):
             why = "Megatron data records none" if reader.tokenizer is None else "converted without --tokenizer"
-            first = known[0]
+            first = seen[0]
             raise ConfigError(f"{where}: the tokenizer that made {folder} is unknown ({why}), but {first.folder} was "
                               f"tokenized with {first.tokenizer.describe()}: the ids may be another tokenizer's; if "
                               f"it was made with that tokenizer, record it with `nanoset convert {folder} -o OUT "

@@ -1,0 +1,100 @@
+"""The layers of docs/architecture.md, read from the source: no import circle, and each layer imports only the
+layers below it (toolkit → data order → loading → engine → trainer → commands)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("nanoset", "runtime")
+# the commands, and what a worker whose peer died leaves for the launcher to report
+COMMANDS = ("runtime.cli", "runtime.train", "runtime.evaluate", "runtime.explain", "runtime.export",
+            "runtime.broken_collective")
+
+# a layer's modules → the prefixes they may import (their own layer included); the lowest layer first
+LAYERS = {
+    "nanoset": ("nanoset",),
+    "runtime.config": ("nanoset", "runtime.config", "runtime.hf.config_map"),
+    "runtime.data.order": ("nanoset", "runtime.config", "runtime.data.order"),
+    "runtime.parallel": ("nanoset", "runtime.config", "runtime.parallel"),
+    "runtime.models": ("nanoset", "runtime.config", "runtime.parallel", "runtime.models"),
+    "runtime.data.loading": ("nanoset", "runtime.config", "runtime.data.order", "runtime.data.loading",
+                             "runtime.parallel", "runtime.preemption"),
+    "runtime.engine": ("nanoset", "runtime.config", "runtime.data.loading", "runtime.models", "runtime.parallel"),
+}
+# the one import that crosses upwards: `nanoset train`, a toolkit command, starts the runtime's launcher
+COMMAND_BRIDGE = {"nanoset.cli": {"runtime", "runtime.cli", "runtime.cli.launch", "runtime.preemption"}}
+
+
+def module_name(path: Path) -> str:
+    name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+MODULES = {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def imported(path: Path, module_level: bool) -> set[str]:
+    """The project modules ``path`` imports: at module level (what importing it runs) or anywhere in it."""
+    tree = ast.parse(path.read_text())
+    if module_level:
+        nodes = [n for statement in tree.body
+                 for n in (ast.walk(statement) if isinstance(statement, (ast.If, ast.Try)) else [statement])]
+    else:
+        nodes = list(ast.walk(tree))
+    names: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    with_packages = set(names)
+    for name in names:  # importing a.b.c runs a and a.b first
+        parts = name.split(".")
+        with_packages |= {".".join(parts[:i]) for i in range(1, len(parts))}
+    return {name for name in with_packages if name in MODULES}
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_no_module_imports_itself_through_a_circle():
+    """At module level (what ``import`` runs), the import graph of both packages has no cycle; a module's own
+    packages do not count (they are running when it is imported)."""
+    graph = {name: {m for m in imported(path, module_level=True) if m != name and not within(name, m)}
+             for name, path in MODULES.items()}
+    state: dict[str, str] = {}
+    circles: list[list[str]] = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = "open"
+        for other in sorted(graph[name]):
+            if state.get(other) == "open":
+                circles.append(path[path.index(other):] + [other])
+            elif other not in state:
+                visit(other, path + [other])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert len(MODULES) > 100  # both packages were read
+    assert circles == []
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    """Every import, lazy ones too: the toolkit never reaches the runtime (but ``nanoset train``'s bridge), the data
+    order is config and numpy, loading never reaches the engine, the engine never the trainer, and no module below
+    the commands imports one."""
+    wrong = []
+    for name, path in MODULES.items():
+        uses = imported(path, module_level=False) - COMMAND_BRIDGE.get(name, set())
+        layer = max((prefix for prefix in LAYERS if within(name, prefix)), key=len, default=None)
+        if layer is not None:
+            wrong += [(name, m) for m in sorted(uses) if not any(within(m, ok) for ok in LAYERS[layer])
+                      and not any(within(ok, m) for ok in LAYERS[layer])]  # a package __init__ above an allowed one
+        if not any(within(name, command) for command in COMMANDS):
+            wrong += [(name, m) for m in sorted(uses) if any(within(m, command) for command in COMMANDS)]
+    assert wrong == []
