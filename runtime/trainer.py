@@ -24,11 +24,11 @@ from runtime.checkpoint.layout import LATEST, checkpoints_folder
 from runtime.checkpoint.record import CheckpointRecord
 from runtime.checkpoint.run_folder import Rewound, move_aside, rewind
 from runtime.checkpoint.store import CheckpointManager
-from runtime.cli.explain import explain_step
 from runtime.compat import NanotronCallStyles
 from runtime.config import Config
 from runtime.data.loading.feed import StepFeed, training_feed
 from runtime.data.order.plan import StagePlan
+from runtime.data.order.provenance import explain_step
 from runtime.data.order.surgery import SURGERY_KEY, surgery_record
 from runtime.engine import Engine, StepResult
 from runtime.hf.export import export_checkpoint

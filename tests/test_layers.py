@@ -15,16 +15,21 @@ COMMANDS = ("runtime.cli", "runtime.train", "runtime.evaluate", "runtime.explain
 # a layer's modules → the prefixes they may import (their own layer included); the lowest layer first
 LAYERS = {
     "nanoset": ("nanoset",),
-    "runtime.config": ("nanoset", "runtime.config", "runtime.hf.config_map"),
+    # the config's checks parse surgery and mixing rules with the data order's own parsers (numpy only)
+    "runtime.config": ("nanoset", "runtime.config", "runtime.hf.config_map", "runtime.data.order.surgery",
+                       "runtime.data.order.mixing_rules"),
     "runtime.data.order": ("nanoset", "runtime.config", "runtime.data.order"),
     "runtime.parallel": ("nanoset", "runtime.config", "runtime.parallel"),
     "runtime.models": ("nanoset", "runtime.config", "runtime.parallel", "runtime.models"),
     "runtime.data.loading": ("nanoset", "runtime.config", "runtime.data.order", "runtime.data.loading",
                              "runtime.parallel", "runtime.preemption"),
-    "runtime.engine": ("nanoset", "runtime.config", "runtime.data.loading", "runtime.models", "runtime.parallel"),
+    "runtime.engine": ("nanoset", "runtime.config", "runtime.data.loading", "runtime.models", "runtime.parallel",
+                       "runtime.sample_losses"),
 }
-# the one import that crosses upwards: `nanoset train`, a toolkit command, starts the runtime's launcher
-COMMAND_BRIDGE = {"nanoset.cli": {"runtime", "runtime.cli", "runtime.cli.launch", "runtime.preemption"}}
+# the imports that cross upwards: `nanoset train`, a toolkit command, starts the runtime's launcher, and
+# `nanoset metrics` reads a run's metrics.jsonl with the runtime's torch-free summary and plot
+COMMAND_BRIDGE = {"nanoset.cli": {"runtime", "runtime.cli", "runtime.cli.launch", "runtime.preemption",
+                                  "runtime.metrics_summary", "runtime.metrics_plot"}}
 
 
 def module_name(path: Path) -> str:
@@ -38,8 +43,8 @@ MODULES = {module_name(p): p for package in PACKAGES for p in sorted((ROOT / pac
 def imported(path: Path, module_level: bool) -> set[str]:
     """The project modules ``path`` imports: at module level (what importing it runs) or anywhere in it."""
     tree = ast.parse(path.read_text())
-    if module_level:
-        nodes = [n for statement in tree.body
+    if module_level:  # an `if TYPE_CHECKING:` block runs nothing
+        nodes = [n for statement in tree.body if not _type_checking_only(statement)
                  for n in (ast.walk(statement) if isinstance(statement, (ast.If, ast.Try)) else [statement])]
     else:
         nodes = list(ast.walk(tree))
@@ -54,6 +59,11 @@ def imported(path: Path, module_level: bool) -> set[str]:
         parts = name.split(".")
         with_packages |= {".".join(parts[:i]) for i in range(1, len(parts))}
     return {name for name in with_packages if name in MODULES}
+
+
+def _type_checking_only(statement: ast.stmt) -> bool:
+    test = statement.test if isinstance(statement, ast.If) else None
+    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
 
 
 def within(name: str, prefix: str) -> bool:

@@ -25,10 +25,8 @@ import signal
 import sys
 from typing import Any
 
-import numpy as np
-
 from nanoset.errors import report_user_errors
-from nanoset.stats import recorded_decoder, truncate
+from nanoset.stats import recorded_decoder
 from runtime.checkpoint.layout import CHECKPOINT_OPTION, find_checkpoint
 from runtime.checkpoint.record import read_metadata
 from runtime.checkpoint.surgery_log import run_surgery
@@ -39,39 +37,8 @@ from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.adaptive_blend import NotDecided
 from runtime.data.order.mixing_log import log_path, read_decisions
 from runtime.data.order.plan import DataPlan
-from runtime.data.order.provenance import document_steps, parse_document
+from runtime.data.order.provenance import document_steps, explain_step, parse_document
 from runtime.data.order.surgery import SURGERY_KEY, Surgery
-from runtime.data.order.windows import label_mask
-
-
-def explain_step(plan: DataPlan, step: int, decoders: dict[int, Any] | None = None,
-                 max_chars: int | None = None) -> list[dict]:
-    """One dict per sample of global step ``step``, in global batch order; with ``decoders`` (dataset id →
-    tokenizer) its ``text`` too: the sample's ids decoded (cut to ``max_chars`` characters, ending with "…")."""
-    stage, loc = plan.global_batch(step)
-    data_hash = plan.data_hash(step, loc)
-    skipped = "surgery" if plan.surgery.skips(step) else None  # read, not trained
-    rows = []
-    loss_tokens = np.empty(len(loc.sample), dtype=np.int64)
-    for d in np.unique(loc.dataset).tolist():
-        m = loc.dataset == d
-        loss_tokens[m] = label_mask(plan.datasets[d], loc.sample[m], stage.use_position_ids).sum(axis=1)
-    for pos, (d, s, e) in enumerate(zip(loc.dataset.tolist(), loc.sample.tolist(), loc.epoch.tolist())):
-        w = plan.datasets[d]
-        start, stop = w.token_range(s)
-        reader = w.reader
-        first, last = reader.shard_of_token(start), reader.shard_of_token(stop - 1)
-        rows.append({
-            "step": step, "stage": stage.name, "data_hash": data_hash, "position": pos, "dataset": w.folder,
-            "sample": s, "epoch": e,
-            "shards": [sh.name for sh in reader.shards[first : last + 1]], "tokens": [start, stop],
-            "documents": reader.document_ids(start, stop).tolist(), "packing": w.packing,
-            "loss_tokens": int(loss_tokens[pos]), "skipped": skipped,
-        })
-        if decoders is not None:
-            text = decoders[d].decode(reader.tokens(start, stop).tolist(), skip_special_tokens=False)
-            rows[-1]["text"] = truncate(text, max_chars) if max_chars is not None else text
-    return rows
 
 
 def sample_decoders(plan: DataPlan) -> dict[int, Any]:

@@ -6,17 +6,22 @@ overlapping it. Each sample is drawn once per epoch ``e``, as draw ``e·n + perm
 (the Feistel permutation is inverted round by round). The parts of the plan take consecutive
 draw ranges of a dataset (across stages, resumes and batch-size changes), and each part's blend
 maps a draw back to its sample ``j`` of the part, so to its step and position in the global batch.
-The work is O(epochs × samples touching the documents), whatever the number of steps.
+The work is O(epochs × samples touching the documents), whatever the number of steps. ``explain_step`` is
+the forward question: the samples of one step, what ``explain --step`` and a spike's log name.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from nanoset.stats import truncate
 from runtime.config import ConfigError
 from runtime.data.order import surgery
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.sample_space import SampleSpace
+from runtime.data.order.windows import label_mask
 
 
 def parse_document(text: str, where: str = "--document") -> tuple[str, int]:
@@ -99,3 +104,33 @@ def _hits(plan: DataPlan, d: int, samples: np.ndarray, query: np.ndarray):
             step, position = np.divmod(j, part.global_batch_size)
             yield from zip(query[sel].tolist(), (part.start_step + step).tolist(), position.tolist(),
                            samples[sel].tolist(), [epoch] * len(sel))
+
+
+def explain_step(plan: DataPlan, step: int, decoders: dict[int, Any] | None = None,
+                 max_chars: int | None = None) -> list[dict]:
+    """One dict per sample of global step ``step``, in global batch order; with ``decoders`` (dataset id →
+    tokenizer) its ``text`` too: the sample's ids decoded (cut to ``max_chars`` characters, ending with "…")."""
+    stage, loc = plan.global_batch(step)
+    data_hash = plan.data_hash(step, loc)
+    skipped = "surgery" if plan.surgery.skips(step) else None  # read, not trained
+    rows = []
+    loss_tokens = np.empty(len(loc.sample), dtype=np.int64)
+    for d in np.unique(loc.dataset).tolist():
+        m = loc.dataset == d
+        loss_tokens[m] = label_mask(plan.datasets[d], loc.sample[m], stage.use_position_ids).sum(axis=1)
+    for pos, (d, s, e) in enumerate(zip(loc.dataset.tolist(), loc.sample.tolist(), loc.epoch.tolist())):
+        w = plan.datasets[d]
+        start, stop = w.token_range(s)
+        reader = w.reader
+        first, last = reader.shard_of_token(start), reader.shard_of_token(stop - 1)
+        rows.append({
+            "step": step, "stage": stage.name, "data_hash": data_hash, "position": pos, "dataset": w.folder,
+            "sample": s, "epoch": e,
+            "shards": [sh.name for sh in reader.shards[first : last + 1]], "tokens": [start, stop],
+            "documents": reader.document_ids(start, stop).tolist(), "packing": w.packing,
+            "loss_tokens": int(loss_tokens[pos]), "skipped": skipped,
+        })
+        if decoders is not None:
+            text = decoders[d].decode(reader.tokens(start, stop).tolist(), skip_special_tokens=False)
+            rows[-1]["text"] = truncate(text, max_chars) if max_chars is not None else text
+    return rows
