@@ -66,7 +66,7 @@ def test_two_nodes_train_like_one(reference, shards, tmp_path):
     assert names == sorted(p.name for p in (ref_run / "checkpoints").iterdir())
     assert sorted(p.name for p in (run / "checkpoints" / "step-000012").iterdir()) == sorted(
         p.name for p in (ref_run / "checkpoints" / "step-000012").iterdir())
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl"]
+    assert sorted(p.name for p in run.iterdir()) == [".nanoset-run.lock", "checkpoints", "metrics.jsonl"]
 
 
 def start_slow(cfg: Path, tmp_path: Path, shards: Path, new_session: bool = False) -> subprocess.Popen:

@@ -87,7 +87,10 @@ def test_metrics_plot_and_compare(run, shards, tmp_path):
     assert both["difference"] == {"common_steps": STEPS, "first_common_step": 1, "last_common_step": STEPS,
                                   "first_different_step": 4}
     assert both["runs"][1]["stages"][1]["loss"]["first"] == both["runs"][0]["stages"][1]["loss"]["first"] + 0.5
-    assert both["runs"][0]["stages"][0]["weights"] is None
+    first_stage = both["runs"][0]["stages"][0]["name"]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    drawn = [r for r in rows if r.get("stage") == first_stage and "weights" in r]  # the trainer logs each step's
+    assert both["runs"][0]["stages"][0]["weights"] == {"step": drawn[-1]["step"], "weights": drawn[-1]["weights"]}
     assert both["runs"][1]["stages"][0]["weights"] == {"step": 3, "weights": {"shards/web": 0.7, "shards/code": 0.3}}
     assert proc.stderr == f"plot written to {out}\n"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000

@@ -4,6 +4,7 @@ schedule, samples that repeat, packing that loses tokens; nothing when there is 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 from runtime.data.order.plan import DataPlan
 from runtime.startup import RunStart, Startup, startup_notes
@@ -13,7 +14,11 @@ STAGE = {"name": "sft", "start_training_step": 1, "data": {"dataset": {"dataset_
 
 
 def notes(config, metadata=None):
-    start = RunStart(Path("ck/step-000010") if metadata else None, metadata)
+    # the parts of a CheckpointRecord the notes read (the test gives only the fields that matter)
+    record = SimpleNamespace(config=metadata["config"], lr_schedule=metadata.get("lr_schedule", {}),
+                             training=SimpleNamespace(**metadata["training"]),
+                             last_step=metadata["training"]["last_train_step"]) if metadata else None
+    start = RunStart(Path("ck/step-000010") if metadata else None, record)
     return startup_notes(Startup(config, DataPlan(config), start, []))
 
 
