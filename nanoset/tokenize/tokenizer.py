@@ -183,10 +183,13 @@ def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokeni
         return token_id is not None and token_id < base_vocab
 
     in_vocabulary = [n for n in END_OF_TEXT_NAMES if n not in specials and known(n)]
+    own_specials = [s for s in specials if known(s)]  # the candidates an error offers: those it would accept
     if eos_token is not None:
         if not known(eos_token):
-            raise NanosetError(f"--eos-token {eos_token!r} is not in tokenizer {path}; "
-                               f"{_eos_candidates(specials, in_vocabulary)}")
+            beside = path.parent / CONFIG if (path.parent / CONFIG).is_file() else path.parent / SPECIAL_TOKENS_MAP
+            source = f" (only {beside} declares it)" if tok.token_to_id(eos_token) is not None else ""
+            raise NanosetError(f"--eos-token {eos_token!r} is not in tokenizer {path}{source}; "
+                               f"{_eos_candidates(own_specials, in_vocabulary)}")
     else:
         where = path.parent / CONFIG if "eos_token" in read_json_object(path.parent / CONFIG) else \
             path.parent / SPECIAL_TOKENS_MAP
@@ -206,7 +209,7 @@ def resolve_tokenizer(spec: str, eos_token: str | None = None) -> ResolvedTokeni
                          f"another")
         else:
             raise NanosetError(f"tokenizer {path} declares no EOS token; pass --eos-token TOKEN "
-                               f"({_eos_candidates(specials, in_vocabulary)})")
+                               f"({_eos_candidates(own_specials, in_vocabulary)})")
     eos_id = tok.token_to_id(eos_token)
     bos = declared.get("bos_token") or next((n for n in BOS_NAMES if n in specials), None)
     info = TokenizerInfo(

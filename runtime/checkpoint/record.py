@@ -13,7 +13,7 @@ refused in one line.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 from nanoset.atomic import atomic_write_text
@@ -90,21 +90,50 @@ class CheckpointRecord:
         for key, value in (("config", config), ("lr_schedule", lr_schedule), ("extensions", extensions)):
             if not isinstance(value, dict):
                 raise TypeError(f"{key} is a JSON {type(value).__name__}, not an object")
-        skipped = bool(data.get(SKIPPED_KEY, False))
+        skipped = data.get(SKIPPED_KEY, False)
+        if not isinstance(skipped, bool):
+            raise ValueError(f"{SKIPPED_KEY} is {skipped!r}, not true or false")
         in_a_row = data.get("skipped_in_a_row", int(skipped))  # before the count was saved: its own step's skip
         if not isinstance(in_a_row, int):
             raise TypeError(f"skipped_in_a_row is {in_a_row!r}, not a count")
         world = data.get("world_size")
+        if world is not None and not _is_count(world):
+            raise ValueError(f"world_size is {world!r}, not a count")
         tokenizer = data.get("tokenizer")
         try:
             history = TrainingMetadata.from_json(training)
         except KeyError as e:  # a missing field, said where it is missing
             raise KeyError(f"training.{e.args[0]}") from None
+        _check_kinds(history, "training")
         return CheckpointRecord(
             training=history, config=config, lr_schedule=lr_schedule,
             tokenizer=TokenizerRecord.from_json(tokenizer, version) if tokenizer else None, step_skipped=skipped,
             skipped_in_a_row=in_a_row, world_size=world if isinstance(world, int) else None, extensions=extensions,
             version=version)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# what a field declared so must hold (the record's dataclasses declare their types as strings): the check, its name
+_KINDS = {"int": (_is_count, "a count"), "str": (lambda v: isinstance(v, str), "a string"),
+          "list[int]": (lambda v: isinstance(v, list) and all(map(_is_count, v)), "a list of counts"),
+          "list[str]": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")}
+
+
+def _check_kinds(record: object, where: str) -> None:
+    """``ValueError`` naming the first counter, name or list of ``record`` (a training record's dataclasses, nested)
+    that does not hold its declared kind: a string, null or negative step would otherwise be taken here and fail,
+    or count wrongly, in the middle of a resume."""
+    for f in fields(record):
+        value, name = getattr(record, f.name), f"{where}.{f.name}"
+        if f.type in _KINDS and not _KINDS[f.type][0](value):
+            raise ValueError(f"{name} is {value!r}, not {_KINDS[f.type][1]}")
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if is_dataclass(item):
+                    _check_kinds(item, f"{name}[{i}]")
 
 
 class NewerFormat(Exception):

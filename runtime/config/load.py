@@ -144,8 +144,23 @@ def yaml_problem(path: Path, error: yaml.YAMLError) -> str:
 
 
 class ConfigLoader(yaml.SafeLoader):
-    """YAML as a config is written: PyYAML's safe types, and numbers in exponent form without a dot (``3e-4``,
-    ``1e5``) read as numbers (YAML 1.2 does; PyYAML's 1.1 rules made them strings)."""
+    """YAML as a config is written: PyYAML's safe types, numbers in exponent form without a dot (``3e-4``,
+    ``1e5``) read as numbers (YAML 1.2 does; PyYAML's 1.1 rules made them strings), and a key given twice in one
+    mapping refused (PyYAML keeps the last one silently: a second ``tokens:`` would replace the first)."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # ``<<:`` merges are meant to be overridden
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice (first at line {seen[key].start_mark.line + 1}): "
+                                    f"keep one", key_node.start_mark)
+                seen[key] = key_node
+        return super().construct_mapping(node, deep)
 
 
 EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
@@ -167,6 +182,11 @@ def read_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=ConfigLoader)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); save it "
+                          f"as UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config ({e.strerror or e}); pass a YAML file") from None
     except yaml.YAMLError as e:
         raise ConfigError(yaml_problem(path, e)) from None
     changes = []

@@ -191,3 +191,25 @@ def test_broken_tokenizer_config_is_an_error_not_another_eos(tmp_path, config, e
         resolve_tokenizer(str(tmp_path / "tok"))
     (tmp_path / "tok" / "tokenizer_config.json").write_text('{"eos_token": {"content": "<|endoftext|>"}}')
     assert resolve_tokenizer(str(tmp_path / "tok")).info.eos_token == "<|endoftext|>"
+
+
+def test_an_eos_only_declared_beside_the_tokenizer_is_refused_without_listing_it_as_a_candidate(tmp_path):
+    """An EOS that only tokenizer_config.json's added_tokens_decoder adds is refused; the refusal listed that very
+    token among "its special tokens", the candidates to pass instead. It names where the token comes from, and
+    lists only tokens of tokenizer.json itself."""
+    from nanoset.errors import NanosetError
+    from nanoset.tokenize.tokenizer import resolve_tokenizer
+
+    spec = json.loads((TOKENIZER / "tokenizer.json").read_text())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != "<|im_end|>"]
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    decoder = {"1493": {"content": "<|im_end|>", "special": True, "lstrip": False, "rstrip": False,
+                        "normalized": False, "single_word": False}}
+    (folder / "tokenizer_config.json").write_text(json.dumps({"added_tokens_decoder": decoder}))
+    with pytest.raises(NanosetError) as e:
+        resolve_tokenizer(str(folder), eos_token="<|im_end|>")
+    assert str(e.value) == (f"--eos-token '<|im_end|>' is not in tokenizer {folder / 'tokenizer.json'} (only "
+                            f"{folder / 'tokenizer_config.json'} declares it); its special tokens are: "
+                            f"'<|endoftext|>', '<|pad|>', '<|im_start|>'")

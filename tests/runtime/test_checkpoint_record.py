@@ -64,6 +64,30 @@ def test_a_damaged_or_foreign_metadata_file_is_one_line_naming_it(tmp_path, text
                             f"step-N folder that a run saved")
 
 
+@pytest.mark.parametrize("edit, reason", [
+    (lambda d: d["training"].update(last_train_step="3"), "training.last_train_step is '3', not a count"),
+    (lambda d: d["training"].update(last_train_step=None), "training.last_train_step is None, not a count"),
+    (lambda d: d["training"].update(last_train_step=-4), "training.last_train_step is -4, not a count"),
+    (lambda d: d["training"]["data_stages"][0].update(consumed_train_samples=1.5),
+     "training.data_stages[0].consumed_train_samples is 1.5, not a count"),
+    (lambda d: d["training"]["data_stages"][0]["parts"][0].update(draw_offsets=[0, "x"]),
+     "training.data_stages[0].parts[0].draw_offsets is [0, 'x'], not a list of counts"),
+    (lambda d: d["training"]["data_stages"][1].update(name=7), "training.data_stages[1].name is 7, not a string"),
+    (lambda d: d.update(step_skipped="false"), "step_skipped is 'false', not true or false"),
+    (lambda d: d.update(world_size="2"), "world_size is '2', not a count"),
+])
+def test_a_metadata_file_with_a_field_of_the_wrong_kind_is_one_line_naming_the_field(tmp_path, edit, reason):
+    """A count that is a string, null or negative would be taken and fail (or count wrongly) later, in the
+    middle of a resume; ``"false"`` would read as a skipped step. Each is refused where it is read."""
+    data = json.loads((V1 / "metadata.json").read_text())
+    edit(data)
+    (tmp_path / "metadata.json").write_text(json.dumps(data))
+    with pytest.raises(CheckpointError) as e:
+        read_metadata(tmp_path)
+    assert str(e.value) == (f"{tmp_path / 'metadata.json'}: not a training checkpoint's metadata (ValueError: "
+                            f"{reason}); give a step-N folder that a run saved")
+
+
 def newer(tmp_path: Path) -> Path:
     checkpoint = tmp_path / "checkpoints" / "step-000003"
     shutil.copytree(V1, checkpoint)

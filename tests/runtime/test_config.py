@@ -89,6 +89,33 @@ def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(tmp_path, tex
     assert str(e.value) == f"{tmp_path}/{message}"
 
 
+@pytest.mark.parametrize("text, message", [
+    ("tokens: {train_steps: 40}\ntokens: {train_steps: 7}\n",
+     "bad.yaml:2:1: not valid YAML: key 'tokens' given twice (first at line 1): keep one"),
+    ("model:\n  hidden_size: 64\n  hidden_size: 32\n",
+     "bad.yaml:3:3: not valid YAML: key 'hidden_size' given twice (first at line 2): keep one"),
+])
+def test_a_key_given_twice_is_refused_not_silently_the_last(tmp_path, text, message):
+    """PyYAML keeps the last of two equal keys without a word: a second ``tokens:`` section would replace the
+    first one's train steps silently."""
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "bad.yaml")
+    assert str(e.value) == f"{tmp_path}/{message}"
+
+
+def test_an_unreadable_config_file_is_one_line_naming_it(tmp_path):
+    """A config that is not UTF-8 text, or a folder, is one line naming the file (not a traceback)."""
+    (tmp_path / "latin.yaml").write_bytes(b"general: {project: caf\xe9}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "latin.yaml")
+    assert str(e.value) == f"{tmp_path}/latin.yaml: not UTF-8 text (byte 0xe9 at offset 22); save it as UTF-8"
+    (tmp_path / "folder.yaml").mkdir()
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "folder.yaml")
+    assert str(e.value) == f"{tmp_path}/folder.yaml: cannot read the config (Is a directory); pass a YAML file"
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d["model"].update(hidden_size="64"), "model.hidden_size: expected an integer, got '64'"),
     (lambda d: d["model"].update(hiden_size=64), "model.hiden_size: unknown key; did you mean 'hidden_size'?"),
