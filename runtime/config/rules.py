@@ -226,6 +226,9 @@ def _validate_adaptive(key: str, adaptive: AdaptiveMixingArgs, num_folders: int)
         if any(not (w > 0 and math.isfinite(w)) for w in adaptive.initial):
             raise ConfigError(f"{key}.initial: weights must be positive and finite, got {adaptive.initial}")
         _check_sum(f"{key}.initial", adaptive.initial)
+    if adaptive.exploration is not None and adaptive.exploration * num_folders > 1:
+        raise ConfigError(f"{key}.exploration: {adaptive.exploration:g} × {num_folders} folders is > 1, which gives "
+                          f"the lowest weights to the highest losses; give at most {1 / num_folders:g}")
     if adaptive.min_weight * num_folders >= 1:
         raise ConfigError(f"{key}.min_weight: {adaptive.min_weight:g} × {num_folders} folders is ≥ 1, which leaves "
                           f"the weights nothing to decide; give less than {1 / num_folders:g}")
@@ -305,3 +308,9 @@ def _validate_surgery(c: Config) -> None:
     if (s.exclude_documents or s.exclude_documents_file is not None) and s.exclude_from_step > steps:
         raise ConfigError(f"surgery.exclude_from_step: {s.exclude_from_step} is after tokens.train_steps {steps}, so "
                           f"nothing would be excised; give a step in [1, {steps}]")
+    if s.spike is not None:
+        longest = max(c.stage_end_step(st) - st.start_training_step for st in c.data_stages)
+        if longest <= s.spike.window:
+            raise ConfigError(f"surgery.spike.window: {s.spike.window}, but the longest stage has {longest} steps, so "
+                              f"no step would be judged (a step is judged once the window is full); give a window "
+                              f"below {longest}")
