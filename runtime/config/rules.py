@@ -35,6 +35,7 @@ def validate_config(c: Config) -> None:
     _validate_stages(c)
     _validate_validation(c)
     _validate_surgery(c)
+    _validate_wandb(c)
 
 
 def _check_ranges(section: Any, path: str) -> None:
@@ -293,6 +294,27 @@ def _validate_validation(c: Config) -> None:
         seen = {os.path.normpath(os.path.abspath(f)) for f in folders}
         if len(seen) != len(folders):
             raise ConfigError(f"validation.datasets.{name}: a folder is listed twice in {folders}; list it once")
+
+
+WANDB_PROJECT_FORBIDS = "/\\#?%:"  # the characters W&B refuses in a project name (wandb_settings.validate_project)
+
+
+def _validate_wandb(c: Config) -> None:
+    """What W&B would refuse at start-up (where it only stops the logging, with a note): said before the run."""
+    w = c.logging.wandb
+    if w is None:
+        return
+    bad = sorted(set(WANDB_PROJECT_FORBIDS) & set(w.project))
+    if not w.project or len(w.project) > 128 or bad:
+        why = f"contains {' '.join(bad)}" if bad else ("is empty" if not w.project else "is over 128 characters")
+        raise ConfigError(f"logging.wandb.project: {w.project!r} {why}; W&B takes 1-128 characters, none of "
+                          f"{' '.join(WANDB_PROJECT_FORBIDS)}")
+    for name in ("entity", "name"):
+        if getattr(w, name) == "":
+            raise ConfigError(f"logging.wandb.{name}: empty; give one or remove the key")
+    for i, tag in enumerate(w.tags):
+        if not 1 <= len(tag) <= 64:
+            raise ConfigError(f"logging.wandb.tags[{i}]: {tag!r} has {len(tag)} characters; W&B takes tags of 1-64")
 
 
 def _validate_surgery(c: Config) -> None:
