@@ -183,7 +183,8 @@ def _validate_stages(c: Config) -> None:
             if not ds.folders:
                 raise ConfigError(f"{where}.data.dataset.dataset_folder: give at least one folder")
             if ds.adaptive is not None:
-                _validate_adaptive(f"{where}.data.dataset.dataset_weights.adaptive", ds.adaptive, len(ds.folders))
+                _validate_adaptive(f"{where}.data.dataset.dataset_weights.adaptive", ds.adaptive, len(ds.folders),
+                                   c.stage_end_step(s) - s.start_training_step)
             elif ds.schedule is not None:
                 _validate_schedule(c, s, f"{where}.data.dataset.dataset_weights", ds.schedule, len(ds.folders))
             elif len(ds.weights) != len(ds.folders):
@@ -214,12 +215,16 @@ def _validate_stages(c: Config) -> None:
         raise ConfigError(f"data_stages: stages must be listed in order of start_training_step, got {starts}")
 
 
-def _validate_adaptive(key: str, adaptive: AdaptiveMixingArgs, num_folders: int) -> None:
-    """Adaptive weights: a known rule (or an importable ``module:function``), one initial weight per folder, and a
-    floor that leaves room for the weights to move."""
+def _validate_adaptive(key: str, adaptive: AdaptiveMixingArgs, num_folders: int, stage_steps: int) -> None:
+    """Adaptive weights: a known rule (or an importable ``module:function``), one initial weight per folder, a
+    floor that leaves room for the weights to move, and a stage long enough to train a decided block."""
     from runtime.data.order.mixing_rules import resolve_rule
 
     resolve_rule(adaptive.rule, f"{key}.rule")
+    if 2 * adaptive.every >= stage_steps:
+        raise ConfigError(f"{key}.every: {adaptive.every}, but the stage has {stage_steps} steps: blocks 1 and 2 "
+                          f"(steps 1-{2 * adaptive.every} of it) train with initial, so no decided weight would "
+                          f"be trained; give every below {(stage_steps + 1) // 2}")
     if adaptive.initial is not None:
         if len(adaptive.initial) != num_folders:
             raise ConfigError(f"{key}.initial: {len(adaptive.initial)} weights for {num_folders} folders; give one "
