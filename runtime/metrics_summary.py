@@ -65,7 +65,8 @@ def _sum(values: list) -> Any:
 
 def _stage(name: str, rows: list[dict], val_rows: list[dict]) -> dict[str, Any]:
     losses = [(r["step"], loss) for r in rows if (loss := finite_loss(r)) is not None]
-    tokens, seconds = _sum([r.get("tokens") for r in rows]), _sum([step_seconds(r) for r in rows])
+    trained = [r for r in rows if r.get("skipped") != "surgery"]  # a step surgery skips reads its data, trains none
+    tokens, seconds = _sum([r.get("tokens") for r in trained]), _sum([step_seconds(r) for r in trained])
     low = min(losses, key=lambda sl: sl[1]) if losses else None
     sources: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -84,7 +85,7 @@ def _stage(name: str, rows: list[dict], val_rows: list[dict]) -> dict[str, Any]:
         "name": name, "first_step": rows[0]["step"] if rows else None, "last_step": rows[-1]["step"] if rows else None,
         "steps": len(rows), "tokens": tokens, "time_s": seconds,
         "tokens_per_s": tokens / seconds if tokens and seconds else None,
-        "label_tokens": _sum([r.get("label_tokens") for r in rows]),
+        "label_tokens": _sum([r.get("label_tokens") for r in trained]),
         "loss": {"first": losses[0][1] if losses else None, "last": losses[-1][1] if losses else None,
                  "min": low[1] if low else None, "min_step": low[0] if low else None},
         "skipped_steps": [r["step"] for r in rows if r.get("skipped")],

@@ -35,6 +35,7 @@ def validate_config(c: Config) -> None:
     _validate_stages(c)
     _validate_validation(c)
     _validate_surgery(c)
+    _validate_wandb(c)
 
 
 def _check_ranges(section: Any, path: str) -> None:
@@ -182,7 +183,8 @@ def _validate_stages(c: Config) -> None:
             if not ds.folders:
                 raise ConfigError(f"{where}.data.dataset.dataset_folder: give at least one folder")
             if ds.adaptive is not None:
-                _validate_adaptive(f"{where}.data.dataset.dataset_weights.adaptive", ds.adaptive, len(ds.folders))
+                _validate_adaptive(f"{where}.data.dataset.dataset_weights.adaptive", ds.adaptive, len(ds.folders),
+                                   c.stage_end_step(s) - s.start_training_step)
             elif ds.schedule is not None:
                 _validate_schedule(c, s, f"{where}.data.dataset.dataset_weights", ds.schedule, len(ds.folders))
             elif len(ds.weights) != len(ds.folders):
@@ -213,12 +215,16 @@ def _validate_stages(c: Config) -> None:
         raise ConfigError(f"data_stages: stages must be listed in order of start_training_step, got {starts}")
 
 
-def _validate_adaptive(key: str, adaptive: AdaptiveMixingArgs, num_folders: int) -> None:
-    """Adaptive weights: a known rule (or an importable ``module:function``), one initial weight per folder, and a
-    floor that leaves room for the weights to move."""
+def _validate_adaptive(key: str, adaptive: AdaptiveMixingArgs, num_folders: int, stage_steps: int) -> None:
+    """Adaptive weights: a known rule (or an importable ``module:function``), one initial weight per folder, a
+    floor that leaves room for the weights to move, and a stage long enough to train a decided block."""
     from runtime.data.order.mixing_rules import resolve_rule
 
     resolve_rule(adaptive.rule, f"{key}.rule")
+    if 2 * adaptive.every >= stage_steps:
+        raise ConfigError(f"{key}.every: {adaptive.every}, but the stage has {stage_steps} steps: blocks 1 and 2 "
+                          f"(steps 1-{2 * adaptive.every} of it) train with initial, so no decided weight would "
+                          f"be trained; give every below {(stage_steps + 1) // 2}")
     if adaptive.initial is not None:
         if len(adaptive.initial) != num_folders:
             raise ConfigError(f"{key}.initial: {len(adaptive.initial)} weights for {num_folders} folders; give one "
@@ -226,6 +232,9 @@ def _validate_adaptive(key: str, adaptive: AdaptiveMixingArgs, num_folders: int)
         if any(not (w > 0 and math.isfinite(w)) for w in adaptive.initial):
             raise ConfigError(f"{key}.initial: weights must be positive and finite, got {adaptive.initial}")
         _check_sum(f"{key}.initial", adaptive.initial)
+    if adaptive.exploration is not None and adaptive.exploration * num_folders > 1:
+        raise ConfigError(f"{key}.exploration: {adaptive.exploration:g} × {num_folders} folders is > 1, which gives "
+                          f"the lowest weights to the highest losses; give at most {1 / num_folders:g}")
     if adaptive.min_weight * num_folders >= 1:
         raise ConfigError(f"{key}.min_weight: {adaptive.min_weight:g} × {num_folders} folders is ≥ 1, which leaves "
                           f"the weights nothing to decide; give less than {1 / num_folders:g}")
@@ -292,6 +301,27 @@ def _validate_validation(c: Config) -> None:
             raise ConfigError(f"validation.datasets.{name}: a folder is listed twice in {folders}; list it once")
 
 
+WANDB_PROJECT_FORBIDS = "/\\#?%:"  # the characters W&B refuses in a project name (wandb_settings.validate_project)
+
+
+def _validate_wandb(c: Config) -> None:
+    """What W&B would refuse at start-up (where it only stops the logging, with a note): said before the run."""
+    w = c.logging.wandb
+    if w is None:
+        return
+    bad = sorted(set(WANDB_PROJECT_FORBIDS) & set(w.project))
+    if not w.project or len(w.project) > 128 or bad:
+        why = f"contains {' '.join(bad)}" if bad else ("is empty" if not w.project else "is over 128 characters")
+        raise ConfigError(f"logging.wandb.project: {w.project!r} {why}; W&B takes 1-128 characters, none of "
+                          f"{' '.join(WANDB_PROJECT_FORBIDS)}")
+    for name in ("entity", "name"):
+        if getattr(w, name) == "":
+            raise ConfigError(f"logging.wandb.{name}: empty; give one or remove the key")
+    for i, tag in enumerate(w.tags):
+        if not 1 <= len(tag) <= 64:
+            raise ConfigError(f"logging.wandb.tags[{i}]: {tag!r} has {len(tag)} characters; W&B takes tags of 1-64")
+
+
 def _validate_surgery(c: Config) -> None:
     """Step ranges and documents well formed, inside the run (the documents file is read at start-up)."""
     s, steps = c.surgery, c.tokens.train_steps
@@ -305,3 +335,9 @@ def _validate_surgery(c: Config) -> None:
     if (s.exclude_documents or s.exclude_documents_file is not None) and s.exclude_from_step > steps:
         raise ConfigError(f"surgery.exclude_from_step: {s.exclude_from_step} is after tokens.train_steps {steps}, so "
                           f"nothing would be excised; give a step in [1, {steps}]")
+    if s.spike is not None:
+        longest = max(c.stage_end_step(st) - st.start_training_step for st in c.data_stages)
+        if longest <= s.spike.window:
+            raise ConfigError(f"surgery.spike.window: {s.spike.window}, but the longest stage has {longest} steps, so "
+                              f"no step would be judged (a step is judged once the window is full); give a window "
+                              f"below {longest}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -176,6 +177,11 @@ def adaptive_config(adaptive: dict, folders=("shards/web", "shards/code")) -> di
     ({"rule": "odm", "every": 5, "min_weight": 0.5}, "adaptive.min_weight: 0.5 × 2 folders is ≥ 1, which leaves the "
      "weights nothing to decide; give less than 0.5"),
     ({"rule": "odm", "every": 5, "schedule": []}, "adaptive.schedule: unknown key"),
+    ({"rule": "odm", "every": 15}, "data_stages[0] (pretrain).data.dataset.dataset_weights.adaptive.every: 15, but "
+     "the stage has 30 steps: blocks 1 and 2 (steps 1-30 of it) train with initial, so no decided weight would be "
+     "trained; give every below 15"),
+    ({"rule": "odm", "every": 5, "exploration": 0.6}, "adaptive.exploration: 0.6 × 2 folders is > 1, which gives "
+     "the lowest weights to the highest losses; give at most 0.5"),
 ])
 def test_bad_adaptive_settings_are_one_line(adaptive, message):
     with pytest.raises(ConfigError) as e:
@@ -215,6 +221,46 @@ def test_a_user_rule_decides_and_the_blend_follows(shards, tmp_path, monkeypatch
     g = config.global_batch_size
     counts = plan.stages[0].blend.step_counts(np.arange(10))
     assert counts[:, 1].sum() == round(g * (4 * 0.5 + 2 * 0.55 + 2 * 0.6 + 2 * 0.65))  # within 1/2 of the target
+
+
+BAD_RULES = {"scalar": 0.5, "none": None, "text": "12", "strings": ["a", "b"], "mapping": {"a": 1.0, "b": 2.0},
+             "nested": [[1.0], [2.0]], "nan": [math.nan, 1.0], "negative": [-1.0, 2.0], "short": [1.0],
+             "zeros": [0.0, 0.0], "flag": [True, False]}
+
+
+@pytest.mark.parametrize("name", BAD_RULES)
+def test_a_user_rule_returning_no_weights_is_one_line_naming_it(name, monkeypatch):
+    from runtime.data.order.mixing_rules import decide, resolve_rule
+
+    module = types.ModuleType("bad_rules")
+    setattr(module, name, lambda history: BAD_RULES[name])
+    monkeypatch.setitem(sys.modules, "bad_rules", module)
+    opts = options(rule=f"bad_rules:{name}")
+    history = MixingHistory(opts, 2)
+    history.blocks.append(BlockRecord(1, [0.5, 0.5], BlockStats([1, 1], [10, 10], [10.0, 20.0])))
+    with pytest.raises(ConfigError) as e:
+        decide(resolve_rule(opts.rule, "rule"), history, {}, "step 2")
+    shown = " ".join(repr(BAD_RULES[name]).split())
+    assert str(e.value) == (f"step 2: the rule 'bad_rules:{name}' returned {shown}; a rule must return a list of 2 "
+                            f"finite weights ≥ 0, not all zero")
+
+
+def test_a_user_rule_may_return_a_numpy_vector(monkeypatch):
+    from runtime.data.order.mixing_rules import decide, resolve_rule
+
+    module = types.ModuleType("vector_rules")
+    module.three_to_one = lambda history: np.array([3.0, 1.0])
+    monkeypatch.setitem(sys.modules, "vector_rules", module)
+    opts = options(rule="vector_rules:three_to_one")
+    history = MixingHistory(opts, 2)
+    history.blocks.append(BlockRecord(1, [0.5, 0.5], BlockStats([1, 1], [10, 10], [10.0, 20.0])))
+    assert decide(resolve_rule(opts.rule, "rule"), history, {}, "step 2") == ([0.75, 0.25], {})
+
+
+def test_loss_proportional_at_a_high_temperature_does_not_overflow():
+    """6 ** 500 overflows a float; (ℓ / max ℓ) ** T keeps the same ratios: 5/6 ** 500 is 1.2e-40."""
+    got = run_rule(loss_proportional, options(temperature=500.0), [([1, 1], [10, 10], [50.0, 60.0])], [0.5, 0.5])
+    assert got[0] == pytest.approx([(5 / 6) ** 500, 1.0], rel=1e-12, abs=0)
 
 
 def test_the_log_is_cut_after_a_step_and_skips_a_torn_line(tmp_path):

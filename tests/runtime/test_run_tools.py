@@ -116,6 +116,23 @@ def test_metrics_mistakes_are_one_line(run, shards, tmp_path):
     assert proc.stderr == f"error: --plot {tmp_path / 'p.svg'}: the plot is a PNG; name a FILE.png\n"
 
 
+def test_metrics_counts_the_trained_steps_beside_steps_surgery_skipped(tmp_path):
+    """A step surgery skips logs no tokens (it trains none): the stage's tokens and time are the trained steps'."""
+    from runtime.metrics_summary import summarize
+
+    trained = {"stage": "s", "lr": 1e-3, "skipped": False, "tokens": 64, "label_tokens": 60, "tokens_per_s": 32.0}
+    rows = [{"step": 1, "loss": 3.0, **trained},
+            {"step": 2, "stage": "s", "loss": None, "lr": 1e-3, "grad_norm": None, "skipped": "surgery"},
+            {"step": 3, "loss": 2.5, **trained}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = summarize(tmp_path)
+    stage = summary["stages"][0]
+    assert (stage["steps"], stage["tokens"], stage["label_tokens"], stage["time_s"], stage["tokens_per_s"]) == (
+        3, 128, 120, 4.0, 32.0)
+    assert (summary["tokens"], summary["time_s"], summary["skipped_steps"]) == (128, 4.0, [2])
+    assert stage["loss"] == {"first": 3.0, "last": 2.5, "min": 2.5, "min_step": 3}
+
+
 @pytest.mark.parametrize("args", [["--step", "2"], ["--steps", "1:6", "--set", "data_stages[0].data.seed=7"],
                                   ["--document", "DOC"]])
 def test_explain_subcommand_equals_python_m(run, shards, args):

@@ -73,6 +73,15 @@ def test_bad_spike_settings_are_one_line_each(spike, message):
     assert str(e.value) == message
 
 
+def test_a_window_no_stage_can_fill_is_one_line():
+    """TINY trains 3 steps in one stage: a window of 3 is never full before a step, so nothing would be judged."""
+    with pytest.raises(ConfigError) as e:
+        build(merged(TINY, surgery={"spike": {"window": 3}}))
+    assert str(e.value) == ("surgery.spike.window: 3, but the longest stage has 3 steps, so no step would be judged "
+                            "(a step is judged once the window is full); give a window below 3")
+    assert build(merged(TINY, surgery={"spike": {"window": 2}})).surgery.spike.window == 2  # step 3 is judged
+
+
 def spike_config(root, action: str, **checkpoints) -> str:
     """16 steps of G = 4 on one document repeated; the schedule brings in random text at step 13 (half of the
     batch from then on). The window of 4 and z-score of 3 are small enough for 12 steps of a tiny model."""

@@ -304,3 +304,25 @@ def test_the_real_offline_files_hold_metrics_jsonl(shards, tmp_path):
     assert config_of_fork["tokens"]["train_steps"] == 8 and list(fork_runs[0].tags) == ["ci"]
     history = dict([(s, v) for s, v in parent_rows if s <= 4] + fork_rows)
     assert history == expected_history(run)
+
+
+@pytest.mark.parametrize("wandb, message", [
+    ({"project": ""}, "logging.wandb.project: '' is empty; W&B takes 1-128 characters, none of / \\ # ? % :"),
+    ({"project": "team/p"}, "logging.wandb.project: 'team/p' contains /; W&B takes 1-128 characters, none of "
+                            "/ \\ # ? % :"),
+    ({"project": "p" * 129}, f"logging.wandb.project: {'p' * 129!r} is over 128 characters; W&B takes 1-128 "
+                             f"characters, none of / \\ # ? % :"),
+    ({"project": "p", "name": ""}, "logging.wandb.name: empty; give one or remove the key"),
+    ({"project": "p", "entity": ""}, "logging.wandb.entity: empty; give one or remove the key"),
+    ({"project": "p", "tags": ["ok", "t" * 65]}, f"logging.wandb.tags[1]: {'t' * 65!r} has 65 characters; W&B takes "
+                                                 f"tags of 1-64"),
+    ({"project": "p", "mode": "local"}, "logging.wandb.mode: 'local' is not one of ['online', 'offline', 'disabled']"),
+])
+def test_settings_wandb_would_refuse_are_one_line_before_the_run(wandb, message):
+    """W&B refusing them at start-up would only stop the logging with a note; the config says them first."""
+    from runtime.config import ConfigError
+    from tests.support.configs import TINY, build, merged
+
+    with pytest.raises(ConfigError) as e:
+        build(merged(TINY, logging={"wandb": wandb}))
+    assert str(e.value) == message

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,7 +111,8 @@ def loss_proportional(history: MixingHistory, state: dict) -> tuple[list[float],
     if not seen:
         return list(history.blocks[-1].weights), {"loss": ell}
     fill = math.fsum(seen) / len(seen)
-    raw = [(fill if x is None else x) ** o.temperature for x in ell]
+    top = max(seen)  # ℓ / max ≤ 1: the same ratios, and no overflow at a high temperature
+    raw = [((fill if x is None else x) / top) ** o.temperature for x in ell]
     if not math.fsum(raw) > 0.0:
         return list(history.blocks[-1].weights), {"loss": ell}
     return raw, {"loss": ell}
@@ -146,9 +148,10 @@ def odm(history: MixingHistory, state: dict) -> tuple[list[float], dict]:
 
 def user_rule(function: Callable[[MixingHistory], Sequence[float]]) -> Callable[[MixingHistory, dict],
                                                                                   tuple[list[float], dict]]:
-    """A user's ``function(history) -> weights`` as a rule: stateless, its history is its input."""
+    """A user's ``function(history) -> weights`` as a rule: stateless, its history is its input (``decide``
+    checks what it returns)."""
     def rule(history: MixingHistory, state: dict) -> tuple[list[float], dict]:
-        return [float(w) for w in function(history)], {}
+        return function(history), {}
 
     return rule
 
@@ -181,10 +184,15 @@ def decide(rule: Callable[[MixingHistory, dict], tuple[list[float], dict]], hist
            where: str) -> tuple[list[float], dict]:
     """The rule's weights, checked (one finite weight ≥ 0 per source, not all zero), then floored at
     ``min_weight`` and normalised; its new state."""
-    weights, new_state = rule(history, state)
-    weights = [float(w) for w in weights]
+    returned, new_state = rule(history, state)
     k = history.num_sources
-    if len(weights) != k or any(not (math.isfinite(w) and w >= 0.0) for w in weights) or not math.fsum(weights) > 0:
-        raise ConfigError(f"{where}: the rule {history.options.rule!r} returned {weights}; a rule must return "
+    numbers_given = isinstance(returned, (list, tuple)) or (hasattr(returned, "tolist") and getattr(returned, "ndim",
+                                                                                                    0) == 1)
+    weights = [float(w) for w in returned] if numbers_given and all(
+        isinstance(w, numbers.Real) and not isinstance(w, bool) for w in returned) else None
+    if (weights is None or len(weights) != k or any(not (math.isfinite(w) and w >= 0.0) for w in weights)
+            or not math.fsum(weights) > 0):
+        got = " ".join(repr(returned).split())[:200]
+        raise ConfigError(f"{where}: the rule {history.options.rule!r} returned {got}; a rule must return a list of "
                           f"{k} finite weights ≥ 0, not all zero")
     return floor_weights(weights, history.options.min_weight), new_state
