@@ -21,9 +21,9 @@ from nanoset.atomic import atomic_write_text
 from nanoset.errors import ConfigError
 from runtime.checkpoint.layout import CHECKPOINT_OPTION, check_same_model
 from runtime.checkpoint.record import read_metadata
-from runtime.cli.explain import explain_step
 from runtime.config import Config
 from runtime.data.order.plan import DataPlan
+from runtime.data.order.provenance import explain_step
 from runtime.spikes import SPIKES_FILE, ranked_samples, read_rows
 
 
