@@ -26,6 +26,8 @@ from runtime.checkpoint.run_folder import Rewound, move_aside, rewind
 from runtime.checkpoint.store import CheckpointManager
 from runtime.compat import NanotronCallStyles
 from runtime.config import Config
+from runtime.control.preemption import installed, stop_on_signal
+from runtime.control.progress import Progress, clock, describe_tokens, duration
 from runtime.data.loading.feed import StepFeed, training_feed
 from runtime.data.order.plan import StagePlan
 from runtime.data.order.provenance import explain_step
@@ -34,7 +36,7 @@ from runtime.engine import Engine, StepResult
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
 from runtime.lr_schedule import LRSchedule
-from runtime.metrics import (
+from runtime.observe.metrics import (
     SURGERY_SKIP,
     MetricsLogger,
     model_flops_utilization,
@@ -44,17 +46,15 @@ from runtime.metrics import (
     source_metrics,
     tokens_per_second,
 )
-from runtime.mixing import CHECKPOINT_KEY as MIXING_KEY
-from runtime.mixing import RunMixing
+from runtime.observe.mixing import CHECKPOINT_KEY as MIXING_KEY
+from runtime.observe.mixing import RunMixing
+from runtime.observe.spikes import SpikeDetector, SpikeLog, ranked_samples
+from runtime.observe.wandb_logger import start_wandb
 from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.step_reduction import StepReduction
-from runtime.preemption import installed, stop_on_signal
-from runtime.progress import Progress, clock, describe_tokens, duration
-from runtime.spikes import SpikeDetector, SpikeLog, ranked_samples
 from runtime.startup import Startup, start_up, startup_notes
 from runtime.validation import Validator, describe
-from runtime.wandb_logger import start_wandb
 
 WRITE_FAILED = "write_failed"  # the step reduction's count of ranks whose metrics write failed
 KILL_AT_STEP_ENV = "NANOSET_FAULT_KILL_AT_STEP"  # fault injection for tests: SIGKILL rank 0 after this step

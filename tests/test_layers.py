@@ -22,14 +22,15 @@ LAYERS = {
     "runtime.parallel": ("nanoset", "runtime.config", "runtime.parallel"),
     "runtime.models": ("nanoset", "runtime.config", "runtime.parallel", "runtime.models"),
     "runtime.data.loading": ("nanoset", "runtime.config", "runtime.data.order", "runtime.data.loading",
-                             "runtime.parallel", "runtime.preemption"),
+                             "runtime.parallel", "runtime.control.preemption"),
     "runtime.engine": ("nanoset", "runtime.config", "runtime.data.loading", "runtime.models", "runtime.parallel",
                        "runtime.sample_losses"),
 }
 # the imports that cross upwards: `nanoset train`, a toolkit command, starts the runtime's launcher, and
 # `nanoset metrics` reads a run's metrics.jsonl with the runtime's torch-free summary and plot
-COMMAND_BRIDGE = {"nanoset.cli": {"runtime", "runtime.cli", "runtime.cli.launch", "runtime.preemption",
-                                  "runtime.metrics_summary", "runtime.metrics_plot"}}
+COMMAND_BRIDGE = {"nanoset.cli": {"runtime", "runtime.cli", "runtime.cli.launch", "runtime.control",
+                                  "runtime.control.preemption", "runtime.observe", "runtime.observe.metrics_summary",
+                                  "runtime.observe.metrics_plot"}}
 
 
 def module_name(path: Path) -> str:

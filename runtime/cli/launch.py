@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from nanoset.errors import ConfigError, NanosetError, killed_by, print_error, report_user_errors
 from runtime.cli.agent import LauncherSignals
 from runtime.config.overrides import add_set_option
-from runtime.preemption import (
+from runtime.control.preemption import (
     INTERRUPTED_TWICE,
     LAUNCHER_PID,
     STOP_SIGNALS,
@@ -261,7 +261,7 @@ def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals, run_dir:
         ours = {s.name for s in STOP_SIGNALS}
         torchrun.signals_to_handle = ",".join(
             s for s in torchrun.signals_to_handle.split(",") if s.strip() and s.strip() not in ours) or "SIGQUIT"
-    os.environ[LAUNCHER_PID] = str(os.getpid())  # the workers stop if this process goes (runtime/preemption.py)
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # the workers stop if this process goes (runtime/control/preemption.py)
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_S)
     if nproc > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets, without its five-line banner
@@ -350,7 +350,7 @@ def plan_report(plan: DataPlan) -> list[str]:
 
 def adaptive_report(plan: DataPlan, part: StagePlan) -> str:
     """An adaptive part in one line: its rule and block, what is decided, and the run's last decision (its log)."""
-    from runtime.data.order.mixing_log import log_path, read_rows
+    from runtime.observe.mixing_log import log_path, read_rows
 
     a, blend = part.adaptive, part.blend
     decided = part.start_step + blend.decided_steps - 1

@@ -24,7 +24,7 @@ from runtime.checkpoint.record import read_metadata
 from runtime.config import Config
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import explain_step
-from runtime.spikes import SPIKES_FILE, ranked_samples, read_rows
+from runtime.observe.spikes import SPIKES_FILE, ranked_samples, read_rows
 
 
 def logged_spike(config: Config, step: int) -> dict:

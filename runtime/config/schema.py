@@ -232,7 +232,7 @@ WandbMode = Literal["online", "offline", "disabled"]
 
 @dataclass
 class WandbArgs:
-    """Weights & Biases (the ``wandb`` extra): global rank 0 logs every metrics.jsonl row (runtime/wandb_logger.py)."""
+    """Weights & Biases (the ``wandb`` extra): rank 0 logs every metrics.jsonl row (runtime/observe/wandb_logger.py)."""
 
     project: str  # the W&B project
     entity: str | None = None  # the team or user; default: the API key's own

@@ -20,7 +20,6 @@ from runtime.config.schema import AdaptiveMixingArgs
 from runtime.data import DataPlan
 from runtime.data.order.adaptive_blend import AdaptiveBlend, NotDecided
 from runtime.data.order.mixer import StageMixer
-from runtime.data.order.mixing_log import append_decision, cut_after, log_path, read_decisions, read_rows
 from runtime.data.order.mixing_rules import (
     BlockRecord,
     BlockStats,
@@ -30,6 +29,7 @@ from runtime.data.order.mixing_rules import (
     odm,
 )
 from runtime.data.order.scheduled_blend import allocate, deviation_bound
+from runtime.observe.mixing_log import append_decision, cut_after, log_path, read_decisions, read_rows
 from tests.support import TOKENIZER
 from tests.support.configs import TWO_STAGE, build, merged, small_config
 from tests.support.harness import error_lines, metrics, torchrun, train_one
@@ -488,7 +488,7 @@ def test_check_says_the_rule_and_the_last_decision(shards, tmp_path, monkeypatch
 
 
 def test_tensorboard_gets_each_weight_as_mix_weight(tmp_path):
-    from runtime.metrics import MetricsLogger
+    from runtime.observe.metrics import MetricsLogger
 
     class Board:
         scalars: list = []

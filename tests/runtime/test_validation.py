@@ -22,7 +22,7 @@ from runtime.config.load import load_config
 from runtime.data.loading.feed import validation_batches
 from runtime.data.order.permutation import FeistelPermutation
 from runtime.data.order.validation_sets import open_validation_sets
-from runtime.metrics import MetricsLogger
+from runtime.observe.metrics import MetricsLogger
 from runtime.validation import describe
 from tests.support import TOKENIZER, run_cli
 from tests.support.configs import small_config

@@ -19,8 +19,8 @@ import torch
 
 from nanoset.atomic import atomic_write_text
 from nanoset.errors import WRITE_ERRNOS, WriteFailed
-from runtime.preemption import leave_a_closed_terminal
-from runtime.progress import duration
+from runtime.control.preemption import leave_a_closed_terminal
+from runtime.control.progress import duration
 
 # dense bf16 peak FLOP/s by device name fragment, for MFU; the first fragment the name holds decides, so the
 # variants come before their family (H100 PCIe and the NVL cards run at lower clocks than the SXM parts)
@@ -186,7 +186,7 @@ class MetricsLogger:
         self.log_interval = log_interval
         self.source_names: dict[str, str] = {}  # folder → its TensorBoard and W&B name (short_names)
         self.train_steps: int | None = None  # the console's `step N/TOTAL`
-        self.wandb = None  # a runtime.wandb_logger.WandbLogger once the trainer started one
+        self.wandb = None  # a runtime.observe.wandb_logger.WandbLogger once the trainer started one
         self.tb = None
         if enabled and tensorboard:
             try:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from runtime.data.order.mixer import StageMixer
-from runtime.data.order.mixing_log import append_decision, cut_after, log_path
 from runtime.data.order.plan import DataPlan, StagePlan
+from runtime.observe.mixing_log import append_decision, cut_after, log_path
 
 CHECKPOINT_KEY = "mixing"
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from nanoset.atomic import atomic_write_text
 from runtime.config.schema import SpikeArgs
-from runtime.metrics import append_jsonl
+from runtime.observe.metrics import append_jsonl
 from runtime.sample_losses import SampleLosses
 
 SPIKES_FILE = "spikes.jsonl"
