@@ -24,7 +24,8 @@ from runtime.checkpoint.record import read_metadata
 from runtime.config import Config
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import explain_step
-from runtime.observe.spikes import SPIKES_FILE, ranked_samples, read_rows
+from runtime.observe.spikes import SPIKES_FILE, ranked_samples
+from runtime.observe.step_log import read_rows
 
 
 def logged_spike(config: Config, step: int) -> dict:
