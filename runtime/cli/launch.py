@@ -26,7 +26,7 @@ import re
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -214,7 +214,9 @@ def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
 
         rewinding = plan_rewind(config, rewind_entry(args.rewind_to, args.skip_steps, args.exclude_documents,
                                                      config.tokens.train_steps))
-        config, changes = read_config(args.config, [*args.overrides, f"checkpoints.resume={rewinding.resume}"])
+        before = config.checkpoints.resume  # the config is read once: the rewind sets where it resumes
+        config.checkpoints = replace(config.checkpoints, resume=rewinding.resume)
+        changes.append(f"checkpoints.resume: {'null' if before is None else before} → {rewinding.resume}")
     nproc = workers_per_node(config, args.config, args.nproc, args.nodes)
     pending = rewinding.entry if rewinding is not None and rewinding.checkpoint is not None else None
     startup = start_up(config, world=nproc * args.nodes, lock=False, pending=pending)

@@ -408,13 +408,6 @@ class Config:
     def to_dict(self) -> dict:
         return to_dict(self)
 
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> Config:
-        """The config at ``path``, loaded strictly and checked (``load_config`` under the seeds' name)."""
-        from runtime.config.load import load_config  # load builds on this module: imported when called
-
-        return load_config(path)
-
     @property
     def world_size(self) -> int:
         return self.parallelism.world_size

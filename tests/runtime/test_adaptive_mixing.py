@@ -263,6 +263,17 @@ def test_loss_proportional_at_a_high_temperature_does_not_overflow():
     assert got[0] == pytest.approx([(5 / 6) ** 500, 1.0], rel=1e-12, abs=0)
 
 
+def test_the_config_knows_the_built_in_rules_by_name():
+    """The config checks ``adaptive.rule`` without the data order: its names are the rules the order has."""
+    from runtime.config.parsers import RULE_NAMES, check_rule
+    from runtime.data.order.mixing_rules import RULES
+
+    assert list(RULES) == list(RULE_NAMES)
+    check_rule("odm", "rule")
+    with pytest.raises(ConfigError, match="^rule: 'nope' is not a rule; give one of loss_proportional, odm or a "):
+        check_rule("nope", "rule")
+
+
 def test_the_log_is_cut_after_a_step_and_skips_a_torn_line(tmp_path):
     path = log_path(tmp_path)
     for step, block in [(2, 1), (4, 2), (6, 3)]:

@@ -1,11 +1,11 @@
-"""Hugging Face ``config.json`` ↔ our ``model`` section, both ways.
+"""Hugging Face ``config.json`` → our ``model`` section (``model.init_from_hf``), torch-free: the config reads it
+while loading; the other way, export, is ``runtime.hf.export.hf_config_json``.
 
 Import reads a ``LlamaForCausalLM`` (or ``MistralForCausalLM`` without sliding window) config in
 the transformers 4 form (``rope_theta``, ``rope_scaling``) or the transformers 5 form
 (``rope_parameters``), refuses what our model cannot reproduce (biases, another activation, a
 rope scaling other than linear and llama3), and fills the sizes the YAML omits; sizes given in
-both must agree. Export writes every field itself: a config that transformers fills with its
-own defaults would silently change the model.
+both must agree.
 """
 
 from __future__ import annotations
@@ -137,38 +137,3 @@ def apply_hf_config(model: ModelArgs, given: set[str]) -> None:
 
 def _show(value) -> object:
     return asdict(value) if isinstance(value, RopeScalingArgs) else value
-
-
-def hf_config_json(model: ModelArgs, bos_id: int | None, eos_id: int | None, dtype: str) -> dict:
-    """A complete ``LlamaForCausalLM`` config.json for ``model`` (both rope forms, so transformers 4 and 5 read it)."""
-    rope = {"rope_type": "default"} if model.rope_scaling is None else {
-        k: v for k, v in asdict(model.rope_scaling).items() if v is not None}
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": model.hidden_size,
-        "intermediate_size": model.intermediate_size,
-        "num_hidden_layers": model.num_hidden_layers,
-        "num_attention_heads": model.num_attention_heads,
-        "num_key_value_heads": model.kv_heads,
-        "head_dim": model.head_size,
-        "vocab_size": model.vocab_size,
-        "max_position_embeddings": model.max_position_embeddings,
-        "rms_norm_eps": model.rms_norm_eps,
-        "rope_theta": model.rope_theta,
-        "rope_scaling": None if model.rope_scaling is None else rope,
-        "rope_parameters": dict(rope, rope_theta=model.rope_theta),
-        "tie_word_embeddings": model.tie_word_embeddings,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "pretraining_tp": 1,
-        "initializer_range": model.init_std,
-        "bos_token_id": bos_id,
-        "eos_token_id": eos_id,
-        "pad_token_id": None,
-        "use_cache": True,
-        "torch_dtype": dtype,
-        "dtype": dtype,
-    }
