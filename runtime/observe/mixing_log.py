@@ -46,4 +46,3 @@ def read_decisions(path: Path) -> dict[str, list[list[float]]]:
         if row["decides_block"] == len(blocks) + 3:
             blocks.append([float(w) for w in row["weights"]])
     return out
-
