@@ -33,7 +33,6 @@ from runtime.data.order.surgery import SURGERY_KEY, surgery_record
 from runtime.engine import Engine, StepResult
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
-from runtime.lr_schedule import LRSchedule
 from runtime.metrics import (
     SURGERY_SKIP,
     MetricsLogger,
@@ -52,6 +51,8 @@ from runtime.parallel.step_reduction import StepReduction
 from runtime.preemption import installed, stop_on_signal
 from runtime.progress import Progress, clock, describe_tokens, duration
 from runtime.spikes import SpikeDetector, SpikeLog, ranked_samples
+from runtime.stage_optimizer import RECORD_KEY as STAGE_OPTIMIZERS_KEY
+from runtime.stage_optimizer import StageOptimizers
 from runtime.startup import Startup, start_up, startup_notes
 from runtime.validation import Validator, describe
 from runtime.wandb_logger import start_wandb
@@ -92,7 +93,7 @@ class Trainer(NanotronCallStyles):
         # resumed or from Hugging Face: every weight is loaded in _resume, so none is drawn first
         self.engine = Engine(config, self.parallel_context,
                              initialize=self.start.checkpoint is None and config.model.init_from_hf is None)
-        self.lr_schedule = LRSchedule(config.lr_scheduler, config.optimizer.learning_rate, config.tokens.train_steps)
+        self.optimizers = StageOptimizers(config)  # each stage's optimizer keys and learning-rate schedule
         self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main)
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
                                      config.logging.log_interval)
@@ -173,7 +174,7 @@ class Trainer(NanotronCallStyles):
                 stage = self.plan.stage_for_step(step)
                 batches = self._feed.batches(step)
                 data_wait = self._feed.wait
-                lr = self.lr_schedule.apply(self.engine.optimizer, step)
+                lr = self.optimizers.apply(self.engine, step)
                 agreed = self._train_step(step, stage, batches, lr, data_wait, summary, stop)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -310,7 +311,7 @@ class Trainer(NanotronCallStyles):
     def _count_skips(self, step: int, result: StepResult) -> None:
         """A run whose steps keep being non-finite (skipped) has diverged: stop it, naming where to resume."""
         self._skipped_in_a_row = self._skipped_in_a_row + 1 if result.skipped else 0
-        limit = self.config.optimizer.max_skipped_steps
+        limit = self.optimizers.at(step).optimizer.max_skipped_steps
         if self._skipped_in_a_row > limit:
             first = self._streak_start(step)
             between = [f"{max(a, first)}-{min(b, step)}" for a, b in self.plan.surgery.skip_steps
@@ -359,10 +360,12 @@ class Trainer(NanotronCallStyles):
     def _save(self, step: int) -> Path:
         """A checkpoint of ``step`` (with the count of skipped steps in a row, so that a resumed diverging run stops
         where an uninterrupted one would; a surgery skip is finite, not a state to avoid)."""
-        record = CheckpointRecord.of_run(self.plan, step, self.lr_schedule.state_dict(), self._skipped_in_a_row)
+        record = CheckpointRecord.of_run(self.plan, step, self.optimizers.run_schedule.state_dict(),
+                                         self._skipped_in_a_row)
         record.step_skipped = record.step_skipped and not self.plan.surgery.skips(step)
         record.extensions[SURGERY_KEY] = surgery_record(self.plan.surgery)
         record.extensions[MIXING_KEY] = self.mixing.checkpoint_state()
+        record.extensions[STAGE_OPTIMIZERS_KEY] = self.optimizers.record()
         if self.spikes is not None:
             record.extensions[SPIKE_WINDOW] = self.spikes.state_dict()
         began = time.perf_counter()
