@@ -10,8 +10,8 @@ has one answer:
 * while training, the handler only sets a flag. A signal can reach the ranks at different steps (or only
   some of them), so in every step the ranks take the MAX of their signal numbers over the world group —
   one part of the step's one reduction, made at the end of its backward — and all stop after the same step
-  (the step in progress; a signal that comes after its reduction, during its update, stops the run after the
-  next one, except in a world of one process, which stops after the step in progress all the same), save one
+  (the step in progress; a signal that comes after its reduction — its update, its metrics line — stops the
+  run after the next one, except during the update in a world of one process, which has no one to ask), save one
   checkpoint together and exit with 128 + that signal (130 after Ctrl-C, 143 after SIGTERM), what a shell
   reports for a process the signal ended: a stopped run has not finished, so ``nanoset train ... && next``
   does not go on and ``sbatch --dependency=afternotok:JOB`` can resubmit it;
@@ -255,9 +255,9 @@ class StopOnSignal:
         reduction.add("stop", lambda: [float(self._own_code() == c) for c in AGREED_CODES])
 
     def agree_from(self, reduction) -> bool:
-        """``agreed`` from the step's reduced, read ``reduction``: no collective of its own. A process alone in
-        its world has no one to agree with: a signal that came after the reduction (during the step's update)
-        stops it after this step too."""
+        """``agreed`` from the step's reduced, read ``reduction`` (right after the step's update): no collective
+        of its own. A process alone in its world has no one to agree with: a signal that came after the
+        reduction (during the step's update) stops it after this step too."""
         counts = reduction.values("stop")
         self.agreed_code = max((c for c, n in zip(AGREED_CODES, counts) if n > 0), default=0)
         if not self.agreed_code and not _in_a_larger_world():

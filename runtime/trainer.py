@@ -94,7 +94,10 @@ class Trainer(NanotronCallStyles):
         self.engine = Engine(config, self.parallel_context,
                              initialize=self.start.checkpoint is None and config.model.init_from_hf is None)
         self.optimizers = StageOptimizers(config)  # each stage's optimizer keys and learning-rate schedule
-        self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main)
+        cuda = self.parallel_context.device.type == "cuda"
+        background = config.checkpoints.async_save if config.checkpoints.async_save is not None else cuda
+        self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main,
+                                             async_save=background, pinned=cuda)
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
                                      config.logging.log_interval)
         self.metrics.source_names = short_names(self.plan.source_names())
@@ -178,6 +181,7 @@ class Trainer(NanotronCallStyles):
                 agreed = self._train_step(step, stage, batches, lr, data_wait, summary, stop)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
+                self._note(self.checkpoints.poll())  # a checkpoint written in the background is complete
                 # every rank stops after the same step; a signal during the last one changes nothing
                 summary.stopped_by_signal = agreed and step < c.tokens.train_steps
                 interval = c.checkpoints.checkpoint_interval
@@ -193,6 +197,7 @@ class Trainer(NanotronCallStyles):
             loaded_only = c.tokens.train_steps == 0 and self.start.checkpoint is None
             if c.checkpoints.save_final and (self.last_step > last_save or loaded_only):
                 self._save(self.last_step)
+            self._note(self.checkpoints.wait())  # a write in the background ends before the run does
         summary.checkpoint = self.checkpoints.resolve(LATEST)
         summary.last_step = self.last_step
         if c.checkpoints.export_hf and not summary.stopped_by_signal and summary.checkpoint is not None:
@@ -221,16 +226,24 @@ class Trainer(NanotronCallStyles):
         if reduction.value(WRITE_FAILED):  # a rank could not write the previous step's metrics
             self._raise_write_failure()
         self.last_step = step
+        agreed = stop.agree_from(reduction)
+        self.metrics.hold_rows = self._saves_after(step, agreed)  # its row carries the checkpoint's blocking time
         if result is None:
             self._log_surgery_skip(step, stage, lr)
-            return stop.agree_from(reduction)
+            return agreed
         if spikes is not None:  # a non-finite step is not judged and does not enter the window
             spikes.forget_verdict()
             if math.isfinite(result.loss) and math.isfinite(result.grad_norm):
                 spikes.judge(stage.name, result.loss)
         self._log_and_validate(step, stage, result, lr, data_wait, summary)
         self._count_skips(step, result)
-        return stop.agree_from(reduction)
+        return agreed
+
+    def _saves_after(self, step: int, stop: bool) -> bool:
+        """Whether a checkpoint follows step ``step`` (the loop's rule, or the final one)."""
+        c = self.config.checkpoints
+        last = step == self.config.tokens.train_steps
+        return c.save_final if last else stop or bool(c.checkpoint_interval and step % c.checkpoint_interval == 0)
 
     def _log_and_validate(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,
                           summary: TrainSummary) -> None:
@@ -369,8 +382,12 @@ class Trainer(NanotronCallStyles):
         if self.spikes is not None:
             record.extensions[SPIKE_WINDOW] = self.spikes.state_dict()
         began = time.perf_counter()
-        path = self.checkpoints.save(self.engine, step, record)
-        self.metrics.info(f"checkpoint {path} saved in {duration(time.perf_counter() - began)}")
+        self._note(self.checkpoints.wait())  # the previous one's write, when still in the background
+        blocking = lambda: round(time.perf_counter() - began, 4)  # noqa: E731
+        path = self.checkpoints.save(self.engine, step, record, before_commit=lambda: self._writing_metrics(
+            lambda: self.metrics.release(checkpoint_blocking_s=blocking())))
+        how = "staged (writing it in the background)" if self.checkpoints.in_flight is not None else "saved"
+        self.metrics.info(f"checkpoint {path} {how} in {duration(time.perf_counter() - began)}")
         self._step_end = time.perf_counter()  # the next step's time (tokens/s, the ETA) leaves the save out
         return path
 
@@ -389,6 +406,10 @@ class Trainer(NanotronCallStyles):
             self.spikes.load_state_dict(window)
         self.metrics.info(f"resumed from {path} at step {last}")
         return last
+
+    def _note(self, line: str | None) -> None:
+        if line is not None:
+            self.metrics.info(line)
 
     def _export_hf(self, checkpoint: Path) -> None:
         """``checkpoints.export_hf``: the final checkpoint as a Hugging Face folder, ``run_dir/hf`` (rank 0).

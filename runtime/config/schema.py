@@ -250,6 +250,9 @@ class CheckpointsArgs:
     allow_data_change: bool = False
     replace_run: bool = False  # starting fresh where a run exists: move the old one to <run_dir>.old-<time>
     export_hf: bool = False  # at the end of training: the final checkpoint as a Hugging Face folder, <run_dir>/hf
+    # write checkpoints in the background: the loop waits only while the state is copied to host memory; null: on
+    # for CUDA, off on CPU
+    async_save: bool | None = None
 
     def __post_init__(self) -> None:
         self.checkpoints_path = _home(self.checkpoints_path)

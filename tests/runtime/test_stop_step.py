@@ -9,44 +9,53 @@ from tests.support import ROOT
 from tests.support.configs import small_config
 from tests.support.harness import metrics, torchrun
 
-# the real runtime.train main; the signal is sent to this process while step AT trains (in its forward or backward,
-# before the step's numbers are reduced) or, with AFTER_REDUCTION, while its metrics line is written
+# the real runtime.train main; the signal is sent to this process while step AT trains: in its forward or backward
+# (before the step's numbers are reduced; WHEN "step"), in its optimizer update ("update") or while its metrics line
+# is written ("line")
 SIGNAL_IN_STEP = f'''
 import os, signal, sys
 sys.path.insert(0, {str(ROOT)!r})
+import torch
 import torch.distributed as dist
 from runtime.engine import Engine
 from runtime.metrics import MetricsLogger
-AT, SIG, RANK, AFTER_REDUCTION = int(os.environ["AT"]), int(os.environ["SIG"]), int(os.environ["TO_RANK"]), \\
-    os.environ.get("AFTER_REDUCTION") == "1"
-calls = {{"n": 0}}
-step = Engine.train_step
-log = MetricsLogger.log
+AT, SIG, RANK, WHEN = int(os.environ["AT"]), int(os.environ["SIG"]), int(os.environ["TO_RANK"]), os.environ["WHEN"]
+calls = {{"step": 0, "update": 0}}
+step, update, log = Engine.train_step, torch.optim.Adam.step, MetricsLogger.log
+
+def signal_at(when):
+    if when == WHEN and dist.get_rank() == RANK:
+        os.kill(os.getpid(), SIG)
 
 def train_step(self, *a, **k):
-    calls["n"] += 1
-    if calls["n"] == AT and not AFTER_REDUCTION and dist.get_rank() == RANK:
-        os.kill(os.getpid(), SIG)
+    calls["step"] += 1
+    if calls["step"] == AT:
+        signal_at("step")
     return step(self, *a, **k)
 
+def update_step(self, *a, **k):
+    calls["update"] += 1
+    if calls["update"] == AT:
+        signal_at("update")
+    return update(self, *a, **k)
+
 def log_row(self, row, *a, **k):
-    if row["step"] == AT and AFTER_REDUCTION and dist.get_rank() == RANK:
-        os.kill(os.getpid(), SIG)
+    if row["step"] == AT:
+        signal_at("line")
     return log(self, row, *a, **k)
 
-Engine.train_step, MetricsLogger.log = train_step, log_row
+Engine.train_step, torch.optim.AdamW.step, MetricsLogger.log = train_step, update_step, log_row
 from runtime.train import main
 sys.exit(main())
 '''
 
 
-def stopped_run(shards, tmp_path, nproc: int, at: int, sig: signal.Signals, to_rank: int = 0,
-                after_reduction: bool = False):
+def stopped_run(shards, tmp_path, nproc: int, at: int, sig: signal.Signals, to_rank: int = 0, when: str = "step"):
     script = tmp_path / "signal_in_step.py"
     script.write_text(SIGNAL_IN_STEP)
     run = tmp_path / "run"
     cfg = small_config(tmp_path, run, dp=nproc, steps=8, interval=0, single_stage=True)
-    env = {"AT": str(at), "SIG": str(int(sig)), "TO_RANK": str(to_rank), "AFTER_REDUCTION": str(int(after_reduction))}
+    env = {"AT": str(at), "SIG": str(int(sig)), "TO_RANK": str(to_rank), "WHEN": when}
     proc = torchrun(cfg, nproc, cwd=shards, script=script, env=env, check=False)
     return run, proc
 
@@ -59,8 +68,8 @@ def test_one_process_stops_after_the_step_the_signal_came_in(shards, tmp_path):
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-000003"
 
 
-def test_one_process_stops_after_the_step_even_for_a_signal_after_its_reduction(shards, tmp_path):
-    run, proc = stopped_run(shards, tmp_path, 1, at=2, sig=signal.SIGUSR1, after_reduction=True)
+def test_one_process_stops_after_the_step_even_for_a_signal_in_its_update(shards, tmp_path):
+    run, proc = stopped_run(shards, tmp_path, 1, at=2, sig=signal.SIGUSR1, when="update")
     assert [r["step"] for r in metrics(run)] == [1, 2], proc.stderr
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-000002"
 
@@ -75,6 +84,6 @@ def test_two_ranks_stop_after_the_step_one_of_them_got_the_signal_in(shards, tmp
 
 def test_two_ranks_stop_after_the_next_step_for_a_signal_after_the_reduction(shards, tmp_path):
     """Past the step's one reduction the ranks can learn of a signal only in the next step's."""
-    run, proc = stopped_run(shards, tmp_path, 2, at=2, sig=signal.SIGUSR1, to_rank=1, after_reduction=True)
+    run, proc = stopped_run(shards, tmp_path, 2, at=2, sig=signal.SIGUSR1, to_rank=1, when="line")
     assert [r["step"] for r in metrics(run)] == [1, 2, 3], proc.stderr
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-000003"
