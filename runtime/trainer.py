@@ -383,9 +383,8 @@ class Trainer(NanotronCallStyles):
             record.extensions[SPIKE_WINDOW] = self.spikes.state_dict()
         began = time.perf_counter()
         self._note(self.checkpoints.wait())  # the previous one's write, when still in the background
-        blocking = lambda: round(time.perf_counter() - began, 4)  # noqa: E731
         path = self.checkpoints.save(self.engine, step, record, before_commit=lambda: self._writing_metrics(
-            lambda: self.metrics.release(checkpoint_blocking_s=blocking())))
+            lambda: self.metrics.release(checkpoint_blocking_s=round(time.perf_counter() - began, 4))))
         how = "staged (writing it in the background)" if self.checkpoints.in_flight is not None else "saved"
         self.metrics.info(f"checkpoint {path} {how} in {duration(time.perf_counter() - began)}")
         self._step_end = time.perf_counter()  # the next step's time (tokens/s, the ETA) leaves the save out

@@ -4,6 +4,9 @@ with reset_state; a resume inside the stage equal to the uninterrupted run; the 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +15,7 @@ import yaml
 
 from nanoset.errors import ConfigError
 from runtime.stage_optimizer import RECORD_KEY, StageOptimizers, reset_state
+from tests.support import ROOT
 from tests.support.configs import TWO_STAGE, build, merged, small_config
 from tests.support.harness import metrics, train_one
 
@@ -135,3 +139,15 @@ def test_a_resume_inside_the_stage_equals_the_uninterrupted_run(shards, tmp_path
     stage_run(tmp_path / "b", run, shards)
     resumed = metrics(run)
     assert [(r["step"], r["loss"], r["lr"]) for r in resumed] == [(r["step"], r["loss"], r["lr"]) for r in whole]
+
+
+def test_check_shows_the_stage_s_optimizer(shards, tmp_path):
+    cfg = small_config(tmp_path, tmp_path / "run", dp=1, steps=10, boundary=7)
+    data = yaml.safe_load(cfg.read_text())
+    data["data_stages"][1].update(SFT)
+    cfg.write_text(yaml.safe_dump(data))
+    proc = subprocess.run([sys.executable, "-m", "nanoset.cli", "train", "--config", str(cfg), "--check"], cwd=shards,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert ("optimizer: stage 'anneal' (steps 7-10): lr 0.001 (warm-up 2, linear to 0.0001); weight_decay 0, betas "
+            "(0.9, 0.95), eps 1e-08, clip_grad 1; optimizer state reset at its first step") in proc.stdout.splitlines()
