@@ -334,6 +334,7 @@ class Trainer(NanotronCallStyles):
             where = (f"the newest checkpoint of a finite step is {good}: resume from it (checkpoints.resume: {good})"
                      if good is not None else "no checkpoint of a finite step was saved: start over")
             spikes = " or were spikes (surgery.spike.action: skip)" if self.spikes and self.spikes.skips else ""
+            self._writing_metrics(self.metrics.release)  # a row held for the checkpoint this run will not save
             raise NanosetError(f"steps {first}-{step}: {self._skipped_in_a_row} steps in a row had a non-finite loss "
                                f"or gradient norm{spikes} and were skipped{counted} "
                                f"(optimizer.max_skipped_steps {limit}); the run has diverged: {where} with a lower "

@@ -159,12 +159,13 @@ class CheckpointManager:
                 staged = stage_latest(self.folder, final) if future is None else None
         except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
             failure = _cause(e)
-        failures = [""] * dist.get_world_size()
-        dist.all_gather_object(failures, failure)  # every rank learns of a failure: none waits alone
-        if any(failures):
-            if future is not None:
-                _settled(future)  # its thread is done with the folder before it is removed
-            self._failed(tmp, staged, step, next(f for f in failures if f))
+        results = [("", False)] * dist.get_world_size()
+        dist.all_gather_object(results, (failure, future is not None))  # every rank learns of a failure
+        failures = [f for f, _ in results if f]
+        if failures:
+            if all(started for _, started in results):  # every rank's write goes on: over before the folder goes
+                _settled(future)
+            self._failed(tmp, staged, step, failures[0])
         if before_commit is not None:
             before_commit()
         if future is not None:
