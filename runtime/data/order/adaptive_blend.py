@@ -26,11 +26,16 @@ class AdaptiveBlend(ScheduledBlend):
     stage starting at ``start_step`` (block 1 begins there)."""
 
     kind = "adaptive"
+    schedule = None
 
-    def __init__(self, initial: list[float], every: int, start_step: int, num_steps: int, global_batch: int) -> None:
+    def __init__(self, initial: list[float], every: int, start_step: int, num_steps: int, global_batch: int,
+                 options: dict | None = None) -> None:
+        """``options``: adaptive mixing's options as recorded (``record.adaptive_options``)."""
         if not 0 < global_batch < MAX_GLOBAL_BATCH:
             raise ValueError(f"an adaptive blend needs a global batch in [1, {MAX_GLOBAL_BATCH}), got {global_batch}")
         self.every = int(every)
+        self.options = options
+        self.weights = [float(w) for w in initial]
         self.start_step, self.num_steps, self.global_batch = start_step, num_steps, global_batch
         self.k = len(initial)
         self.initial_deviation = np.zeros(self.k)
@@ -91,8 +96,20 @@ class AdaptiveBlend(ScheduledBlend):
             raise self._undecided(self.start_step + (num_samples - 1) // self.global_batch)
         return super().draws(num_samples)
 
-    def decided_samples(self) -> int:
-        return self.decided_steps * self.global_batch
+    def decided_samples(self, num_samples: int) -> int:
+        return min(num_samples, self.decided_steps * self.global_batch)
+
+    def weights_at(self, step: int) -> list[float]:
+        return list(self.block_weights[self.block_of(step) - 1])
+
+    def weights_shown(self) -> list[str]:
+        return [f"{w:g} then adaptive" for w in self.weights]
+
+    def record(self, last_step: int) -> dict:
+        """With the decisions made by the end of ``last_step`` (block b's, at its last step, for block b + 2)."""
+        finished = max(0, min(last_step - self.start_step + 1, self.num_steps)) // self.every
+        return {"weights": None, "blend": self.kind, "schedule": None, "adaptive": self.options,
+                "decisions": [list(w) for w in self.block_weights[2 : 2 + finished]]}
 
     def position(self, dataset: np.ndarray, draw: np.ndarray) -> np.ndarray:
         """As the scheduled blend's, over the decided steps (a draw past them is outside the part's known range)."""

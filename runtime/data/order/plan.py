@@ -28,8 +28,7 @@ import numpy as np
 
 from nanoset import NanosetError, open_dataset
 from runtime.config import Config, ConfigError, DatasetStageArgs, HFDatasetArgs, NanosetDatasetsArgs
-from runtime.data.order.adaptive_blend import AdaptiveBlend, NotDecided
-from runtime.data.order.blend import BlendSchedule
+from runtime.data.order.adaptive_blend import NotDecided
 from runtime.data.order.excision import DrawIndex, excised_samples
 from runtime.data.order.packing import PackedDocuments
 from runtime.data.order.permutation import FeistelPermutation
@@ -45,7 +44,8 @@ from runtime.data.order.record import (
     started_stages,
 )
 from runtime.data.order.sample_space import SampleSpace
-from runtime.data.order.scheduled_blend import ScheduledBlend, WeightSchedule
+from runtime.data.order.scheduled_blend import WeightSchedule
+from runtime.data.order.stage_blend import Blend, part_blend
 from runtime.data.order.surgery import Surgery, config_surgery
 from runtime.data.order.vocab import SeenTokenizer, check_same_tokenizer, check_unknown_beside_known, check_vocab
 from runtime.data.order.windows import TokenWindows
@@ -70,11 +70,8 @@ class StagePlan:
     num_loading_workers: int
     prefetch: int
     dataset_ids: list[int]  # indices into DataPlan.datasets, in the stage's folder order
-    weights: list[float]  # constant weights; with a schedule, its normalised weights at start_step
-    blend: BlendSchedule | ScheduledBlend | AdaptiveBlend
+    blend: Blend
     draw_offsets: np.ndarray = field(repr=False)  # draws taken by earlier stages, per stage dataset
-    schedule: WeightSchedule | None = None  # the weight schedule of a scheduled blend
-    adaptive: dict | None = None  # adaptive mixing's options (record.adaptive_options) of an adaptive blend
 
     @property
     def num_steps(self) -> int:
@@ -84,30 +81,39 @@ class StagePlan:
     def num_samples(self) -> int:
         return self.num_steps * self.global_batch_size
 
+    @property
+    def weights(self) -> list[float]:
+        """Constant weights as given; with a schedule, its normalised weights at ``start_step``; adaptive: the
+        initial weights."""
+        return self.blend.weights
+
+    @property
+    def schedule(self) -> WeightSchedule | None:
+        """The weight schedule of a scheduled blend."""
+        return self.blend.schedule
+
+    @property
+    def adaptive(self) -> dict | None:
+        """Adaptive mixing's options (``record.adaptive_options``) of an adaptive blend."""
+        return self.blend.options
+
     def consumed_samples(self, last_step: int) -> int:
         """Stage samples used once global steps ``1..last_step`` are done."""
         done = min(max(last_step - self.start_step + 1, 0), self.num_steps)
         return done * self.global_batch_size
 
+    def decided_samples(self) -> int:
+        """The part's samples whose weights are decided (all but an adaptive part's future)."""
+        return self.blend.decided_samples(self.num_samples)
+
     def weights_at(self, step: int) -> list[float]:
         """The normalised weights the blend draws with at global ``step`` (constant, scheduled or decided)."""
-        if isinstance(self.blend, AdaptiveBlend):
-            return list(self.blend.block_weights[self.blend.block_of(step) - 1])
-        if self.schedule is not None:
-            return self.schedule.shares(np.array([step]))[0].tolist()
-        total = float(sum(self.weights))
-        return [float(w) / total for w in self.weights]
+        return self.blend.weights_at(step)
 
     def weights_shown(self) -> list[str]:
         """Each dataset's weight as the plan and the log show it; with a schedule, its weights at the part's first
         and last steps (``0.9 → 0.2 by schedule``)."""
-        if self.adaptive is not None:
-            return [f"{w:g} then adaptive" for w in self.weights]
-        if self.schedule is None:
-            return [f"{w:g}" for w in self.weights]
-        first, last = self.schedule.shares(np.array([self.start_step, self.end_step - 1]))
-        return [f"{a:g} by schedule" if f"{a:g}" == f"{b:g}" else f"{a:g} → {b:g} by schedule"
-                for a, b in zip(first, last)]
+        return self.blend.weights_shown()
 
 
 @dataclass(frozen=True)
@@ -252,26 +258,17 @@ class DataPlan:
         changed the global batch size); ``decided``: an adaptive part's decisions as a checkpoint recorded them."""
         for d in ids:
             self._seeds.setdefault(d, spec.seed)
-        if spec.adaptive is not None:
-            blend = AdaptiveBlend(spec.adaptive["initial"], spec.adaptive["every"], start, end - start,
-                                  spec.global_batch_size)
-            weights = list(spec.adaptive["initial"])
-            for w in _merged_decisions(decided or [], self.decisions.get(stage.name, []), stage.name):
-                blend.add_block(w)
-        elif spec.schedule is None:
-            blend, weights = BlendSchedule(spec.weights), spec.weights
-        else:
-            carried = before is not None and before.schedule is not None and before.dataset_ids == ids
-            blend = ScheduledBlend(spec.schedule, start, end - start, spec.global_batch_size,
-                                   before.blend.deviation if carried else None, self.config.general.cache_path)
-            weights = spec.schedule.shares(np.array([start]))[0].tolist()
+        carried = before is not None and before.schedule is not None and before.dataset_ids == ids
+        blend = part_blend(spec.weights, spec.schedule, spec.adaptive, start, end - start, spec.global_batch_size,
+                           before.blend.deviation if carried else None,
+                           _merged_decisions(decided or [], self.decisions.get(stage.name, []), stage.name),
+                           self.config.general.cache_path)
         return StagePlan(
             index=i, name=stage.name, start_step=start, end_step=end,
             sequence_length=self.config.stage_sequence_length(stage), global_batch_size=spec.global_batch_size,
             seed=spec.seed, use_position_ids=stage.data.use_position_ids,
             num_loading_workers=stage.data.num_loading_workers, prefetch=stage.data.prefetch,
-            dataset_ids=ids, weights=weights, blend=blend, draw_offsets=np.array(offsets, dtype=np.int64),
-            schedule=spec.schedule, adaptive=spec.adaptive)
+            dataset_ids=ids, blend=blend, draw_offsets=np.array(offsets, dtype=np.int64))
 
     def _recorded_parts(self, i: int, stage: DatasetStageArgs, record: DataStageMetadata, spec: PartSpec,
                         ids: list[int], totals: dict[int, int]) -> list[StagePlan]:
@@ -398,10 +395,9 @@ class DataPlan:
         """The first adaptive part (starting before ``before_step``, default any) with steps not decided yet, and its
         first such step; None when every adaptive step is decided."""
         for part in self.stages:
-            blend = part.blend
-            if isinstance(blend, AdaptiveBlend) and blend.decided_steps < part.num_steps and (
-                    before_step is None or part.start_step < before_step):
-                return part, part.start_step + blend.decided_steps
+            decided = part.decided_samples()
+            if decided < part.num_samples and (before_step is None or part.start_step < before_step):
+                return part, part.start_step + decided // part.global_batch_size
         return None
 
     def locate(self, stage: StagePlan, j: np.ndarray | int) -> SampleLocation:
@@ -467,8 +463,7 @@ class DataPlan:
     def reads(self, part: StagePlan) -> list[DatasetReads]:
         """Per dataset of ``part``, in its folder order: what the part draws from it, and whether that repeats (of an
         adaptive part: over its decided steps)."""
-        samples = part.blend.decided_samples() if isinstance(part.blend, AdaptiveBlend) else part.num_samples
-        draws = part.blend.draws(samples).tolist()
+        draws = part.blend.draws(part.decided_samples()).tolist()
         return [DatasetReads(d, offset, n, self.datasets[d].num_samples)
                 for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), draws)]
 
@@ -516,11 +511,8 @@ class DataPlan:
                 stage.name, stage.start_training_step, sum(p.consumed_samples(last_step) for p in parts),
                 parts[0].sequence_length,
                 [PartRecord(p.start_step, p.global_batch_size, [self.folders[d] for d in p.dataset_ids],
-                            [self.datasets[d].reader.fingerprint for d in p.dataset_ids],
-                            list(p.weights) if p.schedule is None and p.adaptive is None else None, p.seed,
-                            p.draw_offsets.tolist(), p.blend.kind,
-                            p.schedule.to_json() if p.schedule is not None else None, p.adaptive,
-                            _decided_by(p, last_step))
+                            [self.datasets[d].reader.fingerprint for d in p.dataset_ids], seed=p.seed,
+                            draw_offsets=p.draw_offsets.tolist(), **p.blend.record(last_step))
                  for p in parts if p.start_step <= last_step],
                 packing_mode(stage)))
         return out
@@ -541,15 +533,6 @@ class DataPlan:
         check_unknown_beside_known([(w.reader, w.folder) for w in self.datasets], seen, "data_stages")
 
 
-def _decided_by(part: StagePlan, last_step: int) -> list[list[float]] | None:
-    """An adaptive part's decisions made by the end of ``last_step`` (block b's, at its last step, for block b + 2)."""
-    if not isinstance(part.blend, AdaptiveBlend):
-        return None
-    blend = part.blend
-    finished = max(0, min(last_step - part.start_step + 1, part.num_steps)) // blend.every
-    return [list(w) for w in blend.block_weights[2 : 2 + finished]]
-
-
 def _draws_key(folder: str, dataset: SampleSpace) -> str:
     """``folder@L`` for windows, ``folder@L/documents-MODE`` for packed samples (another sample space)."""
     suffix = "" if dataset.packing == "window" else f"/{dataset.mode}"
@@ -559,9 +542,7 @@ def _draws_key(folder: str, dataset: SampleSpace) -> str:
 def _add_draws(totals: dict[int, int], part: StagePlan, samples: int | None = None) -> None:
     """Set ``totals`` to the draws of each dataset of ``part`` after its first ``samples`` samples (default all; of an
     adaptive part, at most its decided samples: a later stage's offsets follow once the stage is decided)."""
-    samples = part.num_samples if samples is None else samples
-    if isinstance(part.blend, AdaptiveBlend):
-        samples = min(samples, part.blend.decided_samples())
+    samples = part.decided_samples() if samples is None else min(samples, part.decided_samples())
     counts = part.blend.draws(samples)
     for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), counts.tolist()):
         totals[d] = offset + n
