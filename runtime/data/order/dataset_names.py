@@ -1,0 +1,60 @@
+"""How the run names its datasets: the folders a user writes (any spelling, or a Hugging Face stage's source)
+mapped to the plan's datasets, and the names a log or report shows for each.
+"""
+
+from __future__ import annotations
+
+import os
+
+from nanoset.errors import ConfigError
+from runtime.config import Config, HFDatasetArgs
+
+
+def resolved(folder: str) -> str:
+    """The one spelling of a dataset folder: ``A``, ``./A`` and ``/abs/A`` (or a link to it) are one dataset."""
+    return os.path.realpath(folder)
+
+
+class DatasetNames:
+    """The plan's datasets by name: per dataset (index into ``DataPlan.datasets``), the resolved folder it is read
+    from and the folder as the config spells it."""
+
+    def __init__(self, config: Config, stage_folders: list[list[str]]) -> None:
+        self.config, self.stage_folders = config, stage_folders
+        self.locations: list[str] = []  # resolved folder of each dataset
+        self.spelled: list[str] = []  # the folder of each dataset as the config first spells it
+
+    def add(self, location: str, spelled: str) -> None:
+        self.locations.append(location)
+        self.spelled.append(spelled)
+
+    def named(self, folder: str, where: str = "") -> list[int]:
+        """The datasets (one per sequence length and packing) read from ``folder``: a folder of a stage, or the
+        Hugging Face source of a stage (whose tokenized copy the plan reads); ``where`` names the asking key."""
+        target = resolved(folder)
+        folders = {target}
+        for i, stage in enumerate(self.config.data_stages):
+            ds = stage.data.dataset
+            if isinstance(ds, HFDatasetArgs) and resolved(ds.hf_dataset_or_datasets) == target:
+                folders.update(resolved(f) for f in self.stage_folders[i])
+        ids = [d for d, f in enumerate(self.locations) if f in folders]
+        if not ids:
+            known = ", ".join(sorted(set(self.spelled)))
+            prefix = f"{where}: " if where else ""
+            raise ConfigError(f"{prefix}{folder}: not a dataset of this run; its datasets are: {known}")
+        return ids
+
+    def sources(self) -> dict[str, str]:
+        """Each dataset's folder as ``explain`` prints it → what the config calls it: the folder, or for a stage
+        of a Hugging Face dataset its source (``hf_dataset_or_datasets``), whose tokenized copy the plan reads."""
+        hf = {}
+        for i, stage in enumerate(self.config.data_stages):
+            if isinstance(stage.data.dataset, HFDatasetArgs):
+                hf.update({resolved(f): stage.data.dataset.hf_dataset_or_datasets for f in self.stage_folders[i]})
+        return {shown: hf.get(f, shown) for f, shown in zip(self.locations, self.spelled)}
+
+    def shown(self) -> dict[str, str]:
+        """Each dataset's folder → how the run names it to a user: the folder, or for a stage of a Hugging Face
+        dataset ``SOURCE (tokenized in FOLDER)`` (a cache folder's name says nothing of where its data came from)."""
+        return {folder: folder if source == folder else f"{source} (tokenized in {folder})"
+                for folder, source in self.sources().items()}
