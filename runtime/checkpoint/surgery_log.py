@@ -34,11 +34,13 @@ class RewindEntry:
 
     rewind_to: int
     skip_steps: list[str] = field(default_factory=list)
-    exclude_documents: dict[str, list[int]] = field(default_factory=dict)  # resolved folder → document indices
+    exclude_documents: dict[str, list[int]] = field(default_factory=dict)  # dataset key → document indices
+    datasets: dict[str, str] = field(default_factory=dict, compare=False)  # dataset key → its folder (display)
 
     def surgery(self) -> Surgery:
         docs = {f: np.array(d, dtype=np.int64) for f, d in self.exclude_documents.items()}
-        return surgery_of(self.skip_steps, docs, self.rewind_to + 1, f"{SURGERY_FILE}: rewind to {self.rewind_to}")
+        return surgery_of(self.skip_steps, docs, self.rewind_to + 1, f"{SURGERY_FILE}: rewind to {self.rewind_to}",
+                          self.datasets)
 
 
 def surgery_file(config: Config) -> Path:
@@ -52,8 +54,8 @@ def recorded_entries(config: Config) -> list[RewindEntry]:
         return []
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return [RewindEntry(int(e["rewind_to"]), list(e["skip_steps"]), dict(e["exclude_documents"]))
-                for e in data["rewinds"]]
+        return [RewindEntry(int(e["rewind_to"]), list(e["skip_steps"]), dict(e["exclude_documents"]),
+                            dict(e.get("datasets", {}))) for e in data["rewinds"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"{path}: cannot read the run's recorded surgery ({e}); restore the file (a copy is in "
                           f"every checkpoint's metadata.json, extensions.{SURGERY_KEY})") from None

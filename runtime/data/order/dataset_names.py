@@ -8,6 +8,7 @@ import os
 
 from nanoset.errors import ConfigError
 from runtime.config import Config, HFDatasetArgs
+from runtime.data.order.surgery import FINGERPRINT
 
 
 def resolved(folder: str) -> str:
@@ -23,14 +24,20 @@ class DatasetNames:
         self.config, self.stage_folders = config, stage_folders
         self.locations: list[str] = []  # resolved folder of each dataset
         self.spelled: list[str] = []  # the folder of each dataset as the config first spells it
+        self.keys: list[str] = []  # the key of content of each dataset (``surgery.dataset_key``)
 
-    def add(self, location: str, spelled: str) -> None:
+    def add(self, location: str, spelled: str, fingerprint: str) -> None:
         self.locations.append(location)
         self.spelled.append(spelled)
+        self.keys.append(FINGERPRINT + fingerprint)
 
-    def named(self, folder: str, where: str = "") -> list[int]:
-        """The datasets (one per sequence length and packing) read from ``folder``: a folder of a stage, or the
-        Hugging Face source of a stage (whose tokenized copy the plan reads); ``where`` names the asking key."""
+    def named(self, folder: str, where: str = "", shown: str | None = None) -> list[int]:
+        """The datasets (one per sequence length and packing) read from ``folder``: a folder of a stage, the
+        Hugging Face source of a stage (whose tokenized copy the plan reads) or a key of content (``fingerprint:F``,
+        wherever the data is now); ``where`` names the asking key, ``shown`` the folder as the user knows it."""
+        if folder.startswith(FINGERPRINT):
+            ids = [d for d, key in enumerate(self.keys) if key == folder]
+            return ids or self._unknown(shown or folder, where)
         target = resolved(folder)
         folders = {target}
         for i, stage in enumerate(self.config.data_stages):
@@ -38,11 +45,12 @@ class DatasetNames:
             if isinstance(ds, HFDatasetArgs) and resolved(ds.hf_dataset_or_datasets) == target:
                 folders.update(resolved(f) for f in self.stage_folders[i])
         ids = [d for d, f in enumerate(self.locations) if f in folders]
-        if not ids:
-            known = ", ".join(sorted(set(self.spelled)))
-            prefix = f"{where}: " if where else ""
-            raise ConfigError(f"{prefix}{folder}: not a dataset of this run; its datasets are: {known}")
-        return ids
+        return ids or self._unknown(shown or folder, where)
+
+    def _unknown(self, folder: str, where: str) -> list[int]:
+        known = ", ".join(sorted(set(self.spelled)))
+        prefix = f"{where}: " if where else ""
+        raise ConfigError(f"{prefix}{folder}: not a dataset of this run; its datasets are: {known}")
 
     def sources(self) -> dict[str, str]:
         """Each dataset's folder as ``explain`` prints it → what the config calls it: the folder, or for a stage

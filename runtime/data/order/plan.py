@@ -141,7 +141,7 @@ class DataPlan:
                                   f"{seq + 1}; lower sequence_length or add data")
             self._keys[key] = len(self.datasets)
             self.datasets.append(windows)
-            self.names.add(key[0], folder)
+            self.names.add(key[0], folder, windows.reader.fingerprint)
         return self._keys[key]
 
     def new_part(self, i: int, stage: DatasetStageArgs, start: int, end: int, spec: PartSpec, ids: list[int],
@@ -166,8 +166,8 @@ class DataPlan:
 
     def _excise(self) -> list[DrawIndex]:
         """Each dataset's draw index under the plan's surgery (``excision.draw_indexes``)."""
-        return draw_indexes(self.surgery.exclusions, self.datasets, self.datasets_named, self._draws_before,
-                            self.permutation)
+        return draw_indexes(self.surgery.exclusions, self.datasets, self.names.named, self.surgery.shown,
+                            self._draws_before, self.permutation)
 
     def _draws_before(self, step: int) -> dict[int, int]:
         """Draws taken from each dataset by steps ``1..step - 1`` (draw numbers, the blend's count)."""
@@ -291,7 +291,7 @@ class DataPlan:
         out = []
         docs: dict[int, int] = {}
         for folder, count in self.surgery.count().items():
-            for d in self.datasets_named(folder, "surgery"):
+            for d in self.names.named(folder, "surgery", self.surgery.shown(folder)):
                 docs[d] = docs.get(d, 0) + count
         for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), part.blend.draws(part.num_samples)):
             if self.draw_indexes[d].excised and n:
@@ -316,9 +316,9 @@ class DataPlan:
 
     @property
     def fingerprint(self) -> str:
-        """Changes when any dataset's content changes (manifest checksums, or datatrove sizes)."""
-        payload = [(folder, w.sequence_length, w.reader.fingerprint) + (() if w.packing == "window" else (w.mode,))
-                   for folder, w in zip(self.folders, self.datasets)]
+        """Changes when any dataset's content changes (manifest checksums, or datatrove sizes), not where it is."""
+        payload = [(w.sequence_length, w.reader.fingerprint) + (() if w.packing == "window" else (w.mode,))
+                   for w in self.datasets]
         return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
     def _check_tokenizers(self) -> None:

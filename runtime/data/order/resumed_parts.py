@@ -86,12 +86,11 @@ def recorded_parts(plan: PartMaker, i: int, stage: DatasetStageArgs, record: Dat
 
 
 def _moved(plan: PartMaker, record: PartRecord, ids: list[int]) -> list[str]:
-    """The recorded folders, each one that the stage no longer lists replaced by the stage's folder with
-    the same content fingerprint: a dataset copied elsewhere (another mount, a node-local disk, a
-    relative path from another cwd) is the same dataset, and its draws continue there."""
-    listed = {plan.folders[d] for d in ids}
+    """The folder of each recorded dataset: the stage's folder with its content fingerprint, wherever it is now (a
+    dataset copied to another path, mount or node-local disk is the same dataset, and its draws continue there);
+    the recorded folder when the stage has no such content (other content there is a change of data)."""
     found = {plan.datasets[d].reader.fingerprint: plan.folders[d] for d in ids}
-    return [folder if folder in listed or fp not in found else found[fp]
+    return [found.get(fp, folder)
             for folder, fp in zip(record.datasets, record.fingerprints or [""] * len(record.datasets))]
 
 
