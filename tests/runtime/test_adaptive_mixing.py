@@ -487,6 +487,25 @@ def test_check_says_the_rule_and_the_last_decision(shards, tmp_path, monkeypatch
                                      "decision at step 2 (block 1 → block 3, steps 5-6): [0.2500, 0.7500]")
 
 
+def test_a_stage_of_a_trillion_steps_is_planned_in_memory_of_its_decided_steps(shards, tmp_path, monkeypatch):
+    """The adaptive blend keeps the counts of its decided steps, not of the stage's length (10**12 steps would be
+    14.6 TiB): the plan, --check's report and the decisions cost what the steps decided so far cost."""
+    from runtime.cli.launch import plan_report
+
+    short = DataPlan(single_stage(shards, monkeypatch, tmp_path, steps=10))
+    config = single_stage(shards, monkeypatch, tmp_path, steps=10**12)
+    plan = DataPlan(config)
+    blend = plan.stages[0].blend
+    assert blend.num_steps == 10**12 and blend.decided_steps == 4 and len(blend.cumulative) <= 2 * 4 + 1
+    assert [plan.data_hash(s) for s in range(1, 5)] == [short.data_hash(s) for s in range(1, 5)]
+    assert plan_report(plan)[0].startswith("stage 'pretrain': steps 1-1000000000000 (1000000000000 steps)")
+    for weights in ([0.25, 0.75], [0.5, 0.5], [0.75, 0.25]):
+        plan.decide(plan.stages[0], weights)
+    assert blend.decided_steps == 10 and len(blend.cumulative) <= 2 * 10 + 1
+    short.decide(short.stages[0], [0.25, 0.75])
+    assert plan.data_hash(5) == short.data_hash(5)
+
+
 def test_tensorboard_gets_each_weight_as_mix_weight(tmp_path):
     from runtime.metrics import MetricsLogger
 

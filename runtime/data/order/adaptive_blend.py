@@ -6,7 +6,8 @@ scheduled blend's rule (``scheduled_blend.allocate``) with that block's weights,
 deviation from the targets, or for two datasets the running cumulative target) carried from block to
 block, so the realised counts keep the scheduled blend's bound against the decided weights.
 
-Only decided steps can be located: a sample beyond them raises ``NotDecided``, never a guess.
+Only decided steps can be located: a sample beyond them raises ``NotDecided``, never a guess. The counts are kept
+for the decided steps only, so memory follows the steps trained, not the stage's length.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class AdaptiveBlend(ScheduledBlend):
         self.initial_deviation = np.zeros(self.k)
         self.deviation = self.initial_deviation
         self._running: object = None
-        self.cumulative = np.zeros((num_steps + 1, self.k), dtype=np.int64)
+        self.cumulative = np.zeros((1, self.k), dtype=np.int64)  # rows 0..decided_steps (and room to grow)
         self.decided_steps = 0
         self.block_weights: list[list[float]] = []  # the weights of blocks 1, 2, ... decided so far
         total = float(sum(initial))
@@ -74,6 +75,10 @@ class AdaptiveBlend(ScheduledBlend):
         lo, hi = b * self.every, min(self.num_steps, (b + 1) * self.every)
         if lo >= self.num_steps:
             return
+        if hi >= len(self.cumulative):  # grow with the decisions, never to the part's length at once
+            grown = np.zeros((min(self.num_steps, max(hi, 2 * len(self.cumulative))) + 1, self.k), dtype=np.int64)
+            grown[: len(self.cumulative)] = self.cumulative
+            self.cumulative = grown
         shares = np.tile(np.asarray(weights, dtype=np.float64), (hi - lo, 1))
         counts, self.deviation, self._running = allocate(shares, self.global_batch, self.initial_deviation,
                                                          self._running)
