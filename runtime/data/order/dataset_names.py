@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from nanoset.errors import ConfigError
-from runtime.config import Config, HFDatasetArgs
+from runtime.config import Config, DatasetStageArgs, HFDatasetArgs
 from runtime.data.order.surgery import FINGERPRINT
 
 
@@ -66,3 +66,22 @@ class DatasetNames:
         dataset ``SOURCE (tokenized in FOLDER)`` (a cache folder's name says nothing of where its data came from)."""
         return {folder: folder if source == folder else f"{source} (tokenized in {folder})"
                 for folder, source in self.sources().items()}
+
+
+def check_listed_once(ids: list[int], fingerprints: list[str], folders: list[str], i: int,
+                      stage: DatasetStageArgs) -> None:
+    """One dataset listed twice in a stage (``A`` and ``./A``, or ``A`` and a copy of it: the same content
+    fingerprint, so the same sample order too) would give every sample twice: refuse it."""
+    where = f"data_stages[{i}] ({stage.name}).data.dataset.dataset_folder"
+    first: dict[int, int] = {}
+    copies: dict[str, int] = {}
+    for b, (d, fingerprint) in enumerate(zip(ids, fingerprints)):
+        a = first.setdefault(d, b)
+        if a != b:
+            raise ConfigError(f"{where}: {folders[a]!r} and {folders[b]!r} are the same dataset "
+                              f"({resolved(folders[a])}); list it once and merge the weights")
+        c = copies.setdefault(fingerprint, b)
+        if c != b:
+            raise ConfigError(f"{where}: {folders[c]!r} and {folders[b]!r} hold the same data (fingerprint "
+                              f"{fingerprint}), so every sample would be read twice; list one "
+                              f"of them and merge the weights")

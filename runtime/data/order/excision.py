@@ -146,12 +146,14 @@ class DrawIndex:
 def draw_indexes(exclusions: dict[int, dict[str, np.ndarray]], datasets: list[SampleSpace],
                  named: Callable[[str, str, str], list[int]], shown: Callable[[str], str],
                  draws_before: Callable[[int], dict[int, int]],
-                 permutation: Callable[[int, int], FeistelPermutation]) -> list[DrawIndex]:
+                 permutation: Callable[[int, int], FeistelPermutation],
+                 known: Callable[[int], bool] = lambda step: True) -> list[DrawIndex]:
     """Each dataset's draw index under a surgery's ``exclusions`` (first step → dataset key → documents): from
     each one's first step on, the dataset's draws pass over the samples that hold a token of an excluded document
     (a dataset without exclusions keeps its plain stream). ``named(key, where, shown)``: the datasets a key names;
     ``shown(key)``: its folder; ``draws_before(step)``: each dataset's draws by the steps before ``step``;
-    ``permutation(dataset, epoch)``: the plan's permutations."""
+    ``permutation(dataset, epoch)``: the plan's permutations; ``known(step)``: whether the draws before ``step``
+    are known (an exclusion from a step whose are not is checked, and left out until they are)."""
     by_dataset: dict[int, dict[int, np.ndarray]] = {}  # dataset → first step → documents
     for step, docs in sorted(exclusions.items()):
         for folder, numbers in sorted(docs.items()):
@@ -161,6 +163,8 @@ def draw_indexes(exclusions: dict[int, dict[str, np.ndarray]], datasets: list[Sa
                 if len(bad):
                     raise ConfigError(f"surgery: {shown(folder)}:{int(bad.min())}: {shown(folder)} has {n} documents; "
                                       f"give an index in [0, {n})")
+                if not known(step):
+                    continue
                 of_step = by_dataset.setdefault(d, {})
                 of_step[step] = np.concatenate([of_step.get(step, np.zeros(0, dtype=np.int64)), numbers])
     indexes = []

@@ -26,7 +26,7 @@ import numpy as np
 from nanoset import NanosetError, open_dataset
 from runtime.config import Config, ConfigError, DatasetStageArgs, NanosetDatasetsArgs
 from runtime.data.order.adaptive_blend import NotDecided
-from runtime.data.order.dataset_names import DatasetNames, resolved
+from runtime.data.order.dataset_names import DatasetNames, check_listed_once, resolved
 from runtime.data.order.excision import DrawIndex, draw_indexes
 from runtime.data.order.packing import PackedDocuments
 from runtime.data.order.permutation import FeistelPermutation
@@ -85,7 +85,7 @@ class DataPlan:
         totals: dict[int, int] = {}  # draws taken from each dataset so far
         for i, stage in enumerate(config.data_stages):
             ids = [self.dataset_of(folder, i, stage) for folder in stage_folders[i]]
-            _check_unique(ids, [self.datasets[d].reader.fingerprint for d in ids], stage_folders[i], i, stage)
+            check_listed_once(ids, [self.datasets[d].reader.fingerprint for d in ids], stage_folders[i], i, stage)
             weights, schedule = _weights(stage)
             adaptive = _adaptive(stage, len(ids))
             spec = PartSpec([self.folders[d] for d in ids], weights, config.stage_seed(stage),
@@ -165,9 +165,15 @@ class DataPlan:
             dataset_ids=ids, blend=blend, draw_offsets=np.array(offsets, dtype=np.int64))
 
     def _excise(self) -> list[DrawIndex]:
-        """Each dataset's draw index under the plan's surgery (``excision.draw_indexes``)."""
+        """Each dataset's draw index under the plan's surgery (``excision.draw_indexes``): an exclusion from a step
+        whose earlier steps are not all decided (past an adaptive stage's decided blocks) starts at a draw not known
+        yet, so it waits, and ``decide`` builds the indexes again once it is known."""
+        def known(step: int) -> bool:
+            open_part = self.undecided(step)
+            return open_part is None or open_part[1] >= step
+        self._waiting = not all(known(step) for step in self.surgery.exclusions)
         return draw_indexes(self.surgery.exclusions, self.datasets, self.names.named, self.surgery.shown,
-                            self._draws_before, self.permutation)
+                            self._draws_before, self.permutation, known)
 
     def _draws_before(self, step: int) -> dict[int, int]:
         """Draws taken from each dataset by steps ``1..step - 1`` (draw numbers, the blend's count)."""
@@ -260,6 +266,8 @@ class DataPlan:
             if part.start_step > stage.start_step:
                 part.draw_offsets = np.array([totals.get(d, 0) for d in part.dataset_ids], dtype=np.int64)
             part.add_draws(totals)
+        if self._waiting:
+            self.draw_indexes = self._excise()
 
     def reads(self, part: StagePlan) -> list[DatasetReads]:
         """Per dataset of ``part``, in its folder order: what the part draws from it, and whether that repeats (of an
@@ -334,25 +342,6 @@ def _draws_key(folder: str, dataset: SampleSpace) -> str:
     """``folder@L`` for windows, ``folder@L/documents-MODE`` for packed samples (another sample space)."""
     suffix = "" if dataset.packing == "window" else f"/{dataset.mode}"
     return f"{folder}@{dataset.sequence_length}{suffix}"
-
-
-def _check_unique(ids: list[int], fingerprints: list[str], folders: list[str], i: int,
-                  stage: DatasetStageArgs) -> None:
-    """One dataset listed twice in a stage (``A`` and ``./A``, or ``A`` and a copy of it: the same content
-    fingerprint, so the same sample order too) would give every sample twice: refuse it."""
-    where = f"data_stages[{i}] ({stage.name}).data.dataset.dataset_folder"
-    first: dict[int, int] = {}
-    copies: dict[str, int] = {}
-    for b, (d, fingerprint) in enumerate(zip(ids, fingerprints)):
-        a = first.setdefault(d, b)
-        if a != b:
-            raise ConfigError(f"{where}: {folders[a]!r} and {folders[b]!r} are the same dataset "
-                              f"({resolved(folders[a])}); list it once and merge the weights")
-        c = copies.setdefault(fingerprint, b)
-        if c != b:
-            raise ConfigError(f"{where}: {folders[c]!r} and {folders[b]!r} hold the same data (fingerprint "
-                              f"{fingerprint}), so every sample would be read twice; list one "
-                              f"of them and merge the weights")
 
 
 def _adaptive(stage: DatasetStageArgs, num_folders: int) -> dict | None:
