@@ -1,9 +1,9 @@
 """The surgery a run folder records: what ``nanoset train --rewind-to`` did, so that no later start drops it.
 
 ``<run_dir>/surgery.json`` holds one entry per rewind: the step rewound to, the steps skipped and the
-documents excised from the step after it. Every start of the run (the trainer, ``explain``, ``--check``)
-adds them to the config's ``surgery:`` section; a checkpoint records the union in force. Written
-atomically, read as plain JSON: a missing file is no surgery.
+documents excised from the step after it (or after an earlier step a later rewind returned to). Every start
+of the run (the trainer, ``explain``, ``--check``) adds them to the config's ``surgery:`` section; a
+checkpoint records the union in force. Written atomically, read as plain JSON: a missing file is no surgery.
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ class RewindEntry:
     exclude_documents: dict[str, list[int]] = field(default_factory=dict)  # dataset key → document indices
     datasets: dict[str, str] = field(default_factory=dict, compare=False)  # dataset key → its folder (display)
 
-    def surgery(self) -> Surgery:
+    def surgery(self, from_step: int | None = None) -> Surgery:
+        """Its skips, and its documents excluded from ``from_step`` (default: the step after the one rewound to)."""
         docs = {f: np.array(d, dtype=np.int64) for f, d in self.exclude_documents.items()}
-        return surgery_of(self.skip_steps, docs, self.rewind_to + 1, f"{SURGERY_FILE}: rewind to {self.rewind_to}",
-                          self.datasets)
+        first = self.rewind_to + 1 if from_step is None else from_step
+        return surgery_of(self.skip_steps, docs, first, f"{SURGERY_FILE}: rewind to {self.rewind_to}", self.datasets)
 
 
 def surgery_file(config: Config) -> Path:
@@ -70,10 +71,13 @@ def record_entry(config: Config, entry: RewindEntry) -> None:
 
 
 def run_surgery(config: Config, pending: RewindEntry | None = None) -> Surgery:
-    """The config's ``surgery:`` and every rewind the run folder records (and ``pending``, one not yet recorded)."""
+    """The config's ``surgery:`` and every rewind the run folder records (and ``pending``, one not yet recorded).
+    A rewind's exclusions apply from the earliest step it or a later rewind returned to: a later rewind to an
+    earlier step trains those steps again, and what the earlier rewind excised stays out of them."""
     total = config_surgery(config)
-    for entry in [*recorded_entries(config), *([pending] if pending is not None else [])]:
-        total = total.union(entry.surgery())
+    entries = [*recorded_entries(config), *([pending] if pending is not None else [])]
+    for i, entry in enumerate(entries):
+        total = total.union(entry.surgery(min(e.rewind_to for e in entries[i:]) + 1))
     return total
 
 

@@ -18,7 +18,7 @@ from runtime.checkpoint.record import read_metadata
 from runtime.cli.explain import explain_step
 from runtime.config.load import load_config
 from runtime.data import DataPlan
-from runtime.data.order.surgery import SURGERY_KEY
+from runtime.data.order.surgery import SURGERY_KEY, documents_of, parse_document, surgery_of
 from runtime.startup import start_up
 from tests.runtime.test_nonfinite_steps import POISONED
 from tests.support.configs import small_config
@@ -193,6 +193,43 @@ def test_rewind_to_rewinds_records_trains_on_and_runs_again_without_rewinding(sh
     assert error_lines(missing.stderr) == [f"error: --rewind-to 5: {run / 'checkpoints'} has no complete checkpoint "
                                            f"of step 5 (its checkpoints: step-000002, step-000004, step-000006, "
                                            f"step-000008); rewind to one of them"]
+
+
+def test_a_second_earlier_rewind_keeps_what_the_first_excised_out_of_the_steps_it_trains_again(shards, tmp_path):
+    """--rewind-to 4 excluding A, then --rewind-to 2 excluding B: neither trains after step 2, as in the run that
+    excluded both from step 3; explain says what trained."""
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, dp=1, steps=6, interval=2, single_stage=True, checkpoints={"keep_last": 4})
+    cwd = os.getcwd()
+    os.chdir(shards)
+    try:
+        config = load_config(cfg)
+        web = [f for f in DataPlan(config).folders if f.endswith("web")][0]
+        b = {f"{web}:{d}" for r in explain_step(DataPlan(config), 6) if r["dataset"].endswith("web")
+             for d in r["documents"]}
+        with_b = DataPlan(config, surgery=surgery_of([], documents_of([parse_document(t, "b") for t in b]), 3, "b"))
+        a = {f"{web}:{d}" for step in (3, 4) for r in explain_step(with_b, step) if r["dataset"].endswith("web")
+             for d in r["documents"]} - b  # what steps 3-4 read once B is out
+    finally:
+        os.chdir(cwd)
+    assert a and b
+    (tmp_path / "a.txt").write_text("\n".join(sorted(a)) + "\n")
+    (tmp_path / "b.txt").write_text("\n".join(sorted(b)) + "\n")
+    both = small_config(tmp_path, tmp_path / "both", dp=1, steps=6, interval=2, single_stage=True, name="both.yaml",
+                        surgery={"exclude_documents": sorted(a | b), "exclude_from_step": 3})
+    train_one(cfg, cwd=shards)
+    train_one(both, cwd=shards)
+    nanoset_train("--config", cfg, "--rewind-to", 4, "--exclude-documents", tmp_path / "a.txt", cwd=shards)
+    second = ["--rewind-to", 2, "--exclude-documents", tmp_path / "b.txt"]
+    check = nanoset_train("--config", cfg, *second, "--check", cwd=shards).stdout.splitlines()
+    assert f"surgery: excises {len(a | b)} document(s) from step 3" in check
+    nanoset_train("--config", cfg, *second, cwd=shards)
+    rows, expected = metrics(run), metrics(tmp_path / "both")
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert [(r["loss"], r["data_hash"]) for r in rows] == [(r["loss"], r["data_hash"]) for r in expected]
+    os.chdir(shards)
+    plan = start_up(load_config(cfg), lock=False).plan
+    assert [plan.data_hash(s) for s in range(1, 7)] == [r["data_hash"] for r in rows]
 
 
 def test_a_run_of_non_finite_steps_around_skipped_ones_names_its_real_first_step(shards, tmp_path):
