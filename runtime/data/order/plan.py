@@ -156,7 +156,8 @@ class DataPlan:
         blend = part_blend(spec.weights, spec.schedule, spec.adaptive, start, end - start, spec.global_batch_size,
                            before.blend.deviation if carried else None,
                            merged_decisions(decided or [], self.decisions.get(stage.name, []), stage.name),
-                           self.config.general.cache_path)
+                           self.config.general.cache_path,
+                           f"data_stages[{i}] ({stage.name}).data.dataset.dataset_weights")
         return StagePlan(
             index=i, name=stage.name, start_step=start, end_step=end,
             sequence_length=self.config.stage_sequence_length(stage), global_batch_size=spec.global_batch_size,

@@ -13,9 +13,12 @@ from typing import Protocol
 
 import numpy as np
 
+from nanoset.errors import ConfigError
 from runtime.data.order.adaptive_blend import AdaptiveBlend
 from runtime.data.order.blend import BlendSchedule
 from runtime.data.order.scheduled_blend import ScheduledBlend, WeightSchedule
+
+MAX_TABLE_BYTES = 16 << 30  # a weight schedule's per-step counts (int64, steps × datasets) held in memory at most
 
 
 class Blend(Protocol):
@@ -49,10 +52,15 @@ class Blend(Protocol):
 
 def part_blend(weights: list[float] | None, schedule: WeightSchedule | None, adaptive: dict | None, start: int,
                num_steps: int, global_batch: int, deviation: np.ndarray | None = None,
-               decided: list[list[float]] = (), cache_dir: str | Path | None = None) -> Blend:
+               decided: list[list[float]] = (), cache_dir: str | Path | None = None, where: str = "") -> Blend:
     """The blend of a part of ``num_steps`` steps from global step ``start``: adaptive (``adaptive``: its options,
     ``decided``: the weights of its blocks 3, 4, ... known so far), scheduled (``deviation``: what the previous
-    part over the same datasets left) or constant."""
+    part over the same datasets left) or constant. ``where``: the config key of its weights, for a refusal."""
+    if schedule is not None and (num_steps + 2) * schedule.num_datasets * 8 > MAX_TABLE_BYTES:
+        size = (num_steps + 2) * schedule.num_datasets * 8 / 2**30
+        raise ConfigError(f"{where}: a weight schedule over {num_steps:,} steps needs {size:,.0f} GiB of per-step "
+                          f"counts, more than {MAX_TABLE_BYTES >> 30} GiB; end the stage earlier and go on with "
+                          f"constant weights in a later stage")
     if adaptive is not None:
         blend = AdaptiveBlend(adaptive["initial"], adaptive["every"], start, num_steps, global_batch, adaptive)
         for w in decided:
