@@ -33,7 +33,6 @@ from runtime.data.order.surgery import SURGERY_KEY, surgery_record
 from runtime.engine import Engine
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
-from runtime.lr_schedule import LRSchedule
 from runtime.observe.divergence import DivergenceGuard
 from runtime.observe.metrics import MetricsLogger, parameter_count, peak_flops, short_names
 from runtime.observe.mixing import RunMixing
@@ -43,6 +42,8 @@ from runtime.observe.spikes import SpikeLog, SpikeWatch
 from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.step_reduction import StepReduction
+from runtime.stage_optimizer import RECORD_KEY as STAGE_OPTIMIZERS_KEY
+from runtime.stage_optimizer import StageOptimizers
 from runtime.startup import Startup, start_up, startup_notes
 from runtime.validation import DueValidation, Validator
 
@@ -81,8 +82,11 @@ class Trainer(NanotronCallStyles):
         # resumed or from Hugging Face: every weight is loaded in _resume, so none is drawn first
         self.engine = Engine(config, self.parallel_context,
                              initialize=self.start.checkpoint is None and config.model.init_from_hf is None)
-        self.lr_schedule = LRSchedule(config.lr_scheduler, config.optimizer.learning_rate, config.tokens.train_steps)
-        self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main)
+        self.optimizers = StageOptimizers(config)  # each stage's optimizer keys and learning-rate schedule
+        cuda = self.parallel_context.device.type == "cuda"
+        background = config.checkpoints.async_save if config.checkpoints.async_save is not None else cuda
+        self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main,
+                                             async_save=background, pinned=cuda)
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
                                      config.logging.log_interval)
         self.metrics.source_names = short_names(self.plan.source_names())
@@ -152,10 +156,11 @@ class Trainer(NanotronCallStyles):
                 stage = self.plan.stage_for_step(step)
                 batches = self._feed.batches(step)
                 data_wait = self._feed.wait
-                lr = self.lr_schedule.apply(self.engine.optimizer, step)
+                lr = self.optimizers.apply(self.engine, step)
                 agreed = self._train_step(step, stage, batches, lr, data_wait, summary, stop)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
+                self._note(self.checkpoints.poll())  # a checkpoint written in the background is complete
                 # every rank stops after the same step; a signal during the last one changes nothing
                 summary.stopped_by_signal = agreed and step < c.tokens.train_steps
                 interval = c.checkpoints.checkpoint_interval
@@ -171,6 +176,7 @@ class Trainer(NanotronCallStyles):
             loaded_only = c.tokens.train_steps == 0 and self.start.checkpoint is None
             if c.checkpoints.save_final and (self.last_step > last_save or loaded_only):
                 self._save(self.last_step)
+            self._note(self.checkpoints.wait())  # a write in the background ends before the run does
         summary.checkpoint = self.checkpoints.resolve(LATEST)
         summary.last_step = self.last_step
         if c.checkpoints.export_hf and not summary.stopped_by_signal and summary.checkpoint is not None:
@@ -186,8 +192,9 @@ class Trainer(NanotronCallStyles):
         c = self.config
         self.spikes = SpikeWatch(c.surgery.spike, self.plan, SpikeLog(self.run_dir, self.is_main), from_config,
                                  self.metrics.info)
-        self.divergence = DivergenceGuard(c.optimizer.max_skipped_steps, self.plan.surgery,
-                                          self.checkpoints.newest_of_a_finite_step, self.spikes.skips)
+        self.divergence = DivergenceGuard(lambda step: self.optimizers.at(step).optimizer.max_skipped_steps,
+                                          self.plan.surgery, self.checkpoints.newest_of_a_finite_step,
+                                          self.spikes.skips, lambda: self._writing_metrics(self.metrics.release))
         self.rows = MetricsRows(c, self.plan, self.metrics, self.parameters, from_config,
                                 peak_flops(self.parallel_context.device))
         self.observers = [self.spikes, RunMixing(self.plan, self.run_dir, self.is_main), self.rows,
@@ -210,12 +217,20 @@ class Trainer(NanotronCallStyles):
         if reduction.value(WRITE_FAILED):  # a rank could not write the previous step's metrics
             self._raise_write_failure()
         self.last_step = step
+        agreed = stop.agree_from(reduction)
+        self.metrics.hold_rows = self._saves_after(step, agreed)  # its row carries the checkpoint's blocking time
         if result is not None and not result.skipped:
             summary.final_loss_per_stage[stage.name] = result.loss
         trained = TrainedStep(step, stage, lr, result, time.perf_counter() - self._step_end, data_wait)
         self._writing_metrics(*[lambda o=o: o.after_step(trained) for o in self.observers])
         self._step_end = time.perf_counter()  # the next step's tokens/s leaves the observers (validation) out
-        return stop.agree_from(reduction)
+        return agreed
+
+    def _saves_after(self, step: int, stop: bool) -> bool:
+        """Whether a checkpoint follows step ``step`` (the loop's rule, or the final one)."""
+        c = self.config.checkpoints
+        last = step == self.config.tokens.train_steps
+        return c.save_final if last else stop or bool(c.checkpoint_interval and step % c.checkpoint_interval == 0)
 
     def _writing_metrics(self, *parts: Callable[[], None]) -> None:
         """Run every part on every rank. Rank 0 alone writes metrics.jsonl: a write that fails there (a full disk)
@@ -247,17 +262,21 @@ class Trainer(NanotronCallStyles):
     def _save(self, step: int) -> Path:
         """A checkpoint of ``step`` (with the count of skipped steps in a row, so that a resumed diverging run stops
         where an uninterrupted one would; a surgery skip is finite, not a state to avoid)."""
-        record = CheckpointRecord.of_run(self.plan, step, self.lr_schedule.state_dict(),
+        record = CheckpointRecord.of_run(self.plan, step, self.optimizers.run_schedule.state_dict(),
                                          self.divergence.skipped_in_a_row)
         record.step_skipped = record.step_skipped and not self.plan.surgery.skips(step)
         record.extensions[SURGERY_KEY] = surgery_record(self.plan.surgery)
+        record.extensions[STAGE_OPTIMIZERS_KEY] = self.optimizers.record()
         for observer in self.observers:
             state = observer.state_dict() if observer.checkpoint_key is not None else None
             if state is not None:
                 record.extensions[observer.checkpoint_key] = state
         began = time.perf_counter()
-        path = self.checkpoints.save(self.engine, step, record)
-        self.metrics.info(f"checkpoint {path} saved in {duration(time.perf_counter() - began)}")
+        self._note(self.checkpoints.wait())  # the previous one's write, when still in the background
+        path = self.checkpoints.save(self.engine, step, record, before_commit=lambda: self._writing_metrics(
+            lambda: self.metrics.release(checkpoint_blocking_s=round(time.perf_counter() - began, 4))))
+        how = "staged (writing it in the background)" if self.checkpoints.in_flight is not None else "saved"
+        self.metrics.info(f"checkpoint {path} {how} in {duration(time.perf_counter() - began)}")
         self._step_end = time.perf_counter()  # the next step's time (tokens/s, the ETA) leaves the save out
         return path
 
@@ -277,6 +296,10 @@ class Trainer(NanotronCallStyles):
                 observer.load_state_dict(state)
         self.metrics.info(f"resumed from {path} at step {last}")
         return last
+
+    def _note(self, line: str | None) -> None:
+        if line is not None:
+            self.metrics.info(line)
 
     def _export_hf(self, checkpoint: Path) -> None:
         """``checkpoints.export_hf``: the final checkpoint as a Hugging Face folder, ``run_dir/hf`` (rank 0).
