@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nanoset import storage
 from nanoset.errors import NanosetError
 from nanoset.format.datatrove import open_datatrove
 from nanoset.format.megatron import megatron_prefixes, open_megatron
@@ -18,7 +19,7 @@ def open_dataset(path: str | Path) -> NanosetReader:
     """Open a Nanoset folder (with ``nanoset.json``), a plain datatrove folder of ``*.ds`` shards, or a
     Megatron dataset (a ``PREFIX`` of ``PREFIX.bin`` + ``PREFIX.idx``, or a folder of such pairs)."""
     folder = Path(path)
-    if (folder / MANIFEST_NAME).is_file():  # what the manifest lists is the dataset: no listing of the folder
+    if storage.is_file(folder / MANIFEST_NAME):  # what the manifest lists is the dataset: no listing of the folder
         manifest = Manifest.load(folder)
         shards = ShardList(folder, manifest.table, dtype_from_name(manifest.dtype), manifest.loss_masks)
         if not len(shards):
@@ -27,7 +28,7 @@ def open_dataset(path: str | Path) -> NanosetReader:
     prefixes = megatron_prefixes(folder)
     if prefixes is not None:
         return open_megatron(folder, prefixes)
-    if not folder.is_dir():
+    if not storage.is_dir(folder):
         create = f"create it with `nanoset tokenize ... -o {folder}`"
         if folder.is_absolute():
             raise NanosetError(f"{folder}: no such dataset folder ({create})")

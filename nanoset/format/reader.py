@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
+from nanoset import storage
 from nanoset.errors import NanosetError
 from nanoset.format.mapcache import new_key, shared_cache, wrong_size
 from nanoset.format.maxid import dataset_max_token_id
@@ -79,8 +79,10 @@ class ShardReader:
 
     def check_sizes(self) -> None:
         """The data files have exactly the sizes the counts imply (a datatrove folder's open, inspect, verify)."""
-        for suffix, per_token, per_document in file_sizes(self.dtype.itemsize, self.has_loss):
-            check_size(str(self.folder / (self.name + suffix)),
+        sizes = file_sizes(self.dtype.itemsize, self.has_loss)
+        found = storage.sizes(self.folder, [self.name + suffix for suffix, _, _ in sizes])
+        for (suffix, per_token, per_document), size in zip(sizes, found):
+            check_size(self.folder / (self.name + suffix), size,
                        self.num_tokens * per_token + self.num_documents * per_document, self.folder)
 
     def __setstate__(self, state: dict) -> None:
@@ -118,15 +120,13 @@ def missing_file(path: str | Path) -> NanosetError:
     return NanosetError(f"{path}: missing; the dataset is incomplete (re-run `nanoset tokenize`)")
 
 
-def check_size(path: str, expected: int, folder: Path, dir_fd: int | None = None) -> None:
-    """One file of a shard has exactly ``expected`` bytes: a missing, truncated or replaced file is one line.
-    With ``dir_fd`` (the open ``folder``), ``path`` is a name inside it: no path to walk per file."""
-    try:
-        size = os.stat(path, dir_fd=dir_fd).st_size
-    except (FileNotFoundError, NotADirectoryError):
-        raise missing_file(os.path.join(folder, path) if dir_fd is not None else path) from None
+def check_size(path: str | Path, size: int | None, expected: int, folder: Path) -> None:
+    """One file of a shard (``size`` bytes, None: missing) has exactly ``expected`` bytes: a missing, truncated or
+    replaced file is one line."""
+    if size is None:
+        raise missing_file(path)
     if size != expected:
-        raise wrong_size(os.path.join(folder, path) if dir_fd is not None else path, size, expected, folder)
+        raise wrong_size(path, size, expected, folder)
 
 
 def index_problem(lengths: np.ndarray) -> str | None:
@@ -176,16 +176,11 @@ class ShardList(Sequence[ShardReader]):
         """Every shard's files have the sizes the manifest implies: one ``stat`` per file, made relative to
         the open folder, and nothing else (0.3 s for 100,000 shards, which is why opening leaves it to the maps)."""
         t, folder, sizes = self.table, self.folder, file_sizes(self.dtype.itemsize, self.has_loss)
-        relative = os.stat in os.supports_dir_fd
-        fd = os.open(self.folder, os.O_RDONLY) if relative else None
-        prefix = "" if relative else str(self.folder) + os.sep
-        try:
-            for name, tokens, documents in zip(t.names, t.num_tokens.tolist(), t.num_documents.tolist()):
-                for suffix, per_token, per_document in sizes:
-                    check_size(prefix + name + suffix, tokens * per_token + documents * per_document, folder, fd)
-        finally:
-            if fd is not None:
-                os.close(fd)
+        found = iter(storage.sizes(folder, [name + suffix for name in t.names for suffix, _, _ in sizes]))
+        for name, tokens, documents in zip(t.names, t.num_tokens.tolist(), t.num_documents.tolist()):
+            for suffix, per_token, per_document in sizes:
+                check_size(folder / (name + suffix), next(found), tokens * per_token + documents * per_document,
+                           folder)
 
 
 class NanosetReader:

@@ -1,0 +1,38 @@
+"""The storage seam (nanoset.storage): one spelling per location, and the local backend's answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nanoset import storage
+from nanoset.errors import NanosetError
+from nanoset.storage import Location, location
+
+
+def test_one_spelling_per_location(tmp_path):
+    assert location("S3://bucket//data/set/").url == "s3://bucket/data/set"
+    assert location(Location("s3://b/k")) == Location("s3://b/k")
+    assert str(location("s3://b/k") / "x.ds") == "s3://b/k/x.ds"
+    assert location("s3://b/k/x.ds").parent.url == "s3://b/k" and location("s3://b/k/x.ds").name == "x.ds"
+    assert location(tmp_path / "a" / ".." / "a").url == str(tmp_path / "a" / ".." / "a")  # a local path as given
+    assert location("data/x").path.name == "x" and not location("data/x").remote
+    assert storage.is_url("gs://b/x") and not storage.is_url("/data/x") and not storage.is_url("C:/x")
+    with pytest.raises(NanosetError, match="no bucket"):
+        location("s3://")
+
+
+def test_local_backend(tmp_path):
+    (tmp_path / "b.ds").write_bytes(bytes(range(10)))
+    (tmp_path / "a.ds").write_bytes(b"")
+    (tmp_path / "sub").mkdir()
+    assert storage.list_names(tmp_path, "*.ds") == ["a.ds", "b.ds"]
+    assert storage.list_names(tmp_path / "missing") == []
+    assert storage.sizes(tmp_path, ["b.ds", "a.ds", "c.ds"]) == [10, 0, None]
+    assert storage.read_range(tmp_path / "b.ds", 3, 6) == bytes([3, 4, 5])
+    assert storage.size(tmp_path / "b.ds") == 10
+    assert storage.is_file(tmp_path / "b.ds") and storage.is_dir(tmp_path / "sub") and not storage.is_file(tmp_path)
+    assert list(storage.map_range(tmp_path / "b.ds", "u1", 2, 3)) == [2, 3, 4]
+    assert storage.local_file(tmp_path / "b.ds") == tmp_path / "b.ds"
+    with storage.open_read(tmp_path / "b.ds") as f:
+        assert np.frombuffer(f.read(), "u1").sum() == 45
