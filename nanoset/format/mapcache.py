@@ -27,6 +27,7 @@ import numpy as np
 from nanoset import storage
 from nanoset.env import env_number
 from nanoset.errors import MissingPath, NanosetError
+from nanoset.remote_cache import local_file
 from nanoset.storage import Location
 
 DEFAULT_MAX_OPEN_SHARDS = 64
@@ -47,9 +48,9 @@ def map_file(source: Path | Location, dtype: np.dtype, expected_bytes: int | Non
     """A read-only ndarray over the whole file (a remote file's local copy, checked against ``sha256``); the
     descriptor used to map it is closed at once. With ``expected_bytes``, a file of another size is refused (the
     size a shard's counts imply: checked here, at no cost, rather than by a ``stat`` of every file at open)."""
-    path = storage.local_file(source, expected_bytes, sha256)
+    path = local_file(source, expected_bytes, sha256)
     try:
-        with storage.open_read(path) as f:
+        with _open(source, path, expected_bytes, sha256) as f:
             size = os.fstat(f.fileno()).st_size
             if expected_bytes is not None and size != expected_bytes:
                 raise wrong_size(path, size, expected_bytes, path.parent)
@@ -68,6 +69,17 @@ def map_file(source: Path | Location, dtype: np.dtype, expected_bytes: int | Non
         raise NanosetError(f"{path}: cannot map it ({e.strerror}): set ${ENV_MAX_OPEN_SHARDS} lower (shards kept "
                            f"mapped, now {_cache.capacity // 2}) or raise `ulimit -n`") from None
     return np.frombuffer(mm, dtype=dtype)
+
+
+def _open(source: Path | Location, path: Path, expected_bytes: int | None, sha256: str | None):
+    """``path`` open for reading; a remote file's copy evicted by another process since it was fetched is fetched
+    again."""
+    try:
+        return storage.open_read(path)
+    except FileNotFoundError:
+        if not isinstance(source, Location) or not source.remote:
+            raise
+        return storage.open_read(local_file(source, expected_bytes, sha256))
 
 
 def wrong_size(path: str | Path, size: int, expected: int, folder: Path) -> NanosetError:

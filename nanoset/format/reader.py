@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from nanoset.format.spec import (
     TokenizerInfo,
     shard_files,
 )
+from nanoset.storage import Location
 
 _MAPS = shared_cache()
 
@@ -60,8 +61,10 @@ class ShardReader:
     format = "datatrove"  # a shard of a folder without a manifest; Nanoset shards have the same files
 
     def __init__(self, folder: Path, name: str, dtype: np.dtype, num_tokens: int, num_documents: int,
-                 has_loss: bool = False) -> None:
+                 has_loss: bool = False, source: Location | None = None, sha256: dict[str, str] | None = None) -> None:
         self.folder = folder
+        self.source = source  # a remote dataset's folder: its files are mapped from the shard cache
+        self.sha256 = sha256 or {}  # a remote file is checked against it before its first use
         self.name = name
         self.dtype = dtype
         self.num_tokens = num_tokens
@@ -79,10 +82,10 @@ class ShardReader:
 
     def check_sizes(self) -> None:
         """The data files have exactly the sizes the counts imply (a datatrove folder's open, inspect, verify)."""
-        sizes = file_sizes(self.dtype.itemsize, self.has_loss)
-        found = storage.sizes(self.folder, [self.name + suffix for suffix, _, _ in sizes])
+        sizes, folder = file_sizes(self.dtype.itemsize, self.has_loss), self.source or self.folder
+        found = storage.sizes(folder, [self.name + suffix for suffix, _, _ in sizes])
         for (suffix, per_token, per_document), size in zip(sizes, found):
-            check_size(self.folder / (self.name + suffix), size,
+            check_size(folder / (self.name + suffix), size,
                        self.num_tokens * per_token + self.num_documents * per_document, self.folder)
 
     def __setstate__(self, state: dict) -> None:
@@ -90,20 +93,24 @@ class ShardReader:
         self.__dict__.update(state)
         self._map_keys = _map_keys()
 
+    def _map(self, slot: int, path: Path, dtype: np.dtype, role: str) -> np.ndarray:
+        where = path if self.source is None else self.source / path.name
+        return _MAPS.get(self._map_keys[slot], where, dtype, self._bytes[slot], self.sha256.get(role))
+
     @property
     def tokens(self) -> np.ndarray:
-        return _MAPS.get(self._map_keys[0], self.tokens_path, self.dtype, self._bytes[0])
+        return self._map(0, self.tokens_path, self.dtype, "ds")
 
     @property
     def ends(self) -> np.ndarray:
-        return _MAPS.get(self._map_keys[1], self.index_path, INDEX_DTYPE, self._bytes[1])
+        return self._map(1, self.index_path, INDEX_DTYPE, "index")
 
     @property
     def loss(self) -> np.ndarray:
         """The loss mask, one uint8 (1 = trained on) per token; only for a shard with ``has_loss``."""
         if not self.has_loss:
             raise NanosetError(f"{self.tokens_path}: this shard has no loss mask ({self.loss_path.name})")
-        return _MAPS.get(self._map_keys[2], self.loss_path, LOSS_DTYPE, self._bytes[2])
+        return self._map(2, self.loss_path, LOSS_DTYPE, "loss")
 
 
 def file_sizes(itemsize: int, has_loss: bool) -> list[tuple[str, int, int]]:
@@ -149,8 +156,11 @@ class ShardList(Sequence[ShardReader]):
     """The shards of a folder with a manifest: a ``ShardReader`` is made (once) when a shard is first
     asked for, so that opening makes none, whatever the number of shards."""
 
-    def __init__(self, folder: Path, table: ShardTable, dtype: np.dtype, has_loss: bool) -> None:
+    def __init__(self, folder: Path, table: ShardTable, dtype: np.dtype, has_loss: bool,
+                 source: Location | None = None, checksums: Callable[[int], dict[str, str]] | None = None) -> None:
         self.folder = folder
+        self.source = source  # a remote dataset: ``folder`` is its local folder in the shard cache
+        self.checksums = checksums  # shard k's sha256 per file, for a remote dataset's downloads
         self.table = table
         self.dtype = np.dtype(dtype)
         self.has_loss = has_loss
@@ -168,14 +178,15 @@ class ShardList(Sequence[ShardReader]):
         shard = self._made.get(k)
         if shard is None:
             t = self.table
-            shard = self._made[k] = ShardReader(self.folder, t.names[k], self.dtype, int(t.num_tokens[k]),
-                                                int(t.num_documents[k]), self.has_loss)
+            shard = self._made[k] = ShardReader(
+                self.folder, t.names[k], self.dtype, int(t.num_tokens[k]), int(t.num_documents[k]), self.has_loss,
+                self.source, self.checksums(k) if self.checksums is not None else None)
         return shard
 
     def check_sizes(self) -> None:
         """Every shard's files have the sizes the manifest implies: one ``stat`` per file, made relative to
         the open folder, and nothing else (0.3 s for 100,000 shards, which is why opening leaves it to the maps)."""
-        t, folder, sizes = self.table, self.folder, file_sizes(self.dtype.itemsize, self.has_loss)
+        t, folder, sizes = self.table, self.source or self.folder, file_sizes(self.dtype.itemsize, self.has_loss)
         found = iter(storage.sizes(folder, [name + suffix for name in t.names for suffix, _, _ in sizes]))
         for name, tokens, documents in zip(t.names, t.num_tokens.tolist(), t.num_documents.tolist()):
             for suffix, per_token, per_document in sizes:

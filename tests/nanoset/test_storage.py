@@ -7,6 +7,7 @@ import pytest
 
 from nanoset import storage
 from nanoset.errors import NanosetError
+from nanoset.remote_cache import local_file
 from nanoset.storage import Location, location
 
 
@@ -33,6 +34,6 @@ def test_local_backend(tmp_path):
     assert storage.size(tmp_path / "b.ds") == 10
     assert storage.is_file(tmp_path / "b.ds") and storage.is_dir(tmp_path / "sub") and not storage.is_file(tmp_path)
     assert list(storage.map_range(tmp_path / "b.ds", "u1", 2, 3)) == [2, 3, 4]
-    assert storage.local_file(tmp_path / "b.ds") == tmp_path / "b.ds"
+    assert local_file(tmp_path / "b.ds") == tmp_path / "b.ds"
     with storage.open_read(tmp_path / "b.ds") as f:
         assert np.frombuffer(f.read(), "u1").sum() == 45

@@ -1,0 +1,141 @@
+"""Datasets in object storage, against a real S3 server on the loopback (moto's server mode, started here; the client
+is not mocked): what a run reads from ``s3://`` is what it reads from a local folder, through a cache smaller than
+the data, and each fault is one line naming the URL and its cause."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nanoset import open_dataset, storage
+from nanoset.errors import NanosetError
+from nanoset.remote_cache import shard_cache
+from tests.support.configs import small_config
+from tests.support.harness import error_lines, metrics, train_one
+
+pytest.importorskip("moto.server")
+pytest.importorskip("s3fs")
+BUCKET = "nanoset-test"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """An S3 server on 127.0.0.1 (a free port), a bucket in it, and the environment that names it: the endpoint and
+    dummy credentials, as a user's environment would; restored afterwards."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing-secret", "AWS_DEFAULT_REGION": "us-east-1",
+           "NANOSET_STORAGE_CACHE_DIR": str(tmp_path_factory.mktemp("shard-cache"))}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket=BUCKET)
+    try:
+        yield env
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def upload_folder(folder: Path, url: str) -> None:
+    for path in sorted(folder.iterdir()):
+        if path.is_file():
+            storage.upload(path, f"{url}/{path.name}")
+
+
+@pytest.fixture(scope="module")
+def remote_shards(s3, shards):
+    for name in ("web", "code"):
+        upload_folder(shards / "shards" / name, f"s3://{BUCKET}/shards/{name}")
+    return f"s3://{BUCKET}/shards"
+
+
+def test_training_on_s3_equals_training_on_local_data_through_a_smaller_cache(remote_shards, shards, tmp_path):
+    """Same losses and data hashes, step for step; the cache (500 kB) is smaller than the data (1 MB), so shards
+    were evicted and fetched again, and what stays is within the limit."""
+    cache = tmp_path / "cache"
+    local = small_config(tmp_path, tmp_path / "local", dp=1, steps=6, single_stage=True, name="local.yaml")
+    train_one(local, cwd=shards)
+    remote = small_config(tmp_path, tmp_path / "remote", dp=1, steps=6, single_stage=True, name="remote.yaml",
+                          storage={"cache_dir": str(cache), "cache_limit_gb": 0.0005})
+    with_dataset(remote, {"dataset_folder": [f"{remote_shards}/web", f"{remote_shards}/code"],
+                          "dataset_weights": [0.7, 0.3]})
+    train_one(remote, cwd=tmp_path)
+    rows = [(r["step"], r["loss"], r["data_hash"]) for r in metrics(tmp_path / "local") if "val" not in r]
+    assert rows and rows == [(r["step"], r["loss"], r["data_hash"]) for r in metrics(tmp_path / "remote")
+                             if "val" not in r]
+    held = [p for p in (cache / "datasets").rglob("*.ds*") if not p.name.endswith(".lock")]
+    assert held and sum(p.stat().st_size for p in held) <= 500_000
+    assert not [p for p in (cache / "datasets").rglob(".*tmp-*")]  # no download left half done
+
+
+def test_reading_equals_local_and_a_damaged_object_is_one_line(remote_shards, shards, s3, tmp_path):
+    os.environ["NANOSET_STORAGE_CACHE_DIR"] = str(tmp_path / "cache")
+    try:
+        local, remote = open_dataset(shards / "shards" / "web"), open_dataset(f"{remote_shards}/web")
+        assert remote.fingerprint == local.fingerprint and remote.num_tokens == local.num_tokens
+        assert (remote.tokens(0, remote.num_tokens) == local.tokens(0, local.num_tokens)).all()
+        assert remote.document_ends.tolist() == local.document_ends.tolist()
+        # the same name and size, other bytes: refused before any use, and nothing kept under the file's name
+        damaged = tmp_path / "00000_00000.ds"
+        data = bytearray((shards / "shards" / "code" / damaged.name).read_bytes())
+        data[100] ^= 1
+        damaged.write_bytes(bytes(data))
+        storage.upload(damaged, f"s3://{BUCKET}/damaged/{damaged.name}")
+        for name in ("00000_00000.ds.index", "nanoset.json", "nanoset-shards.bin"):
+            storage.upload(shards / "shards" / "code" / name, f"s3://{BUCKET}/damaged/{name}")
+        reader = open_dataset(f"s3://{BUCKET}/damaged")
+        with pytest.raises(NanosetError) as e:
+            reader.tokens(0, 10)
+        assert str(e.value).startswith(f"s3://{BUCKET}/damaged/00000_00000.ds: sha256 ")
+        assert "differs from the manifest's" in str(e.value) and "\n" not in str(e.value)
+        assert not (shard_cache().folder(storage.location(f"s3://{BUCKET}/damaged")) / damaged.name).exists()
+    finally:
+        os.environ["NANOSET_STORAGE_CACHE_DIR"] = s3["NANOSET_STORAGE_CACHE_DIR"]
+
+
+def test_a_missing_bucket_a_missing_dataset_and_a_down_server_are_one_line_each(remote_shards, s3, tmp_path):
+    cfg = with_dataset(small_config(tmp_path, tmp_path / "run", dp=1, steps=2, single_stage=True),
+                       {"dataset_folder": "s3://no-such-bucket/web"})
+    proc = train_one(cfg, cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert error_lines(proc.stderr) == [
+        "error: data_stages[0] (pretrain).data.dataset.dataset_folder: s3://no-such-bucket/web/nanoset.json: the "
+        "bucket 'no-such-bucket' does not exist (or is not visible with these credentials)"]
+    with pytest.raises(NanosetError, match=rf"^s3://{BUCKET}/nothing: no Nanoset dataset there \(no nanoset.json"):
+        open_dataset(f"s3://{BUCKET}/nothing")
+    # a server that stays down: the client's bounded retries, one note, then one line; no credential anywhere
+    with_dataset(cfg, {"dataset_folder": f"{remote_shards}/web"})
+    proc = train_one(cfg, cwd=tmp_path, check=False, env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{_closed_port()}"})
+    lines = error_lines(proc.stderr)
+    assert proc.returncode == 1 and len(lines) == 1 and "cannot reach the storage" in lines[0], proc.stderr
+    assert "testing-secret" not in proc.stderr
+
+
+def with_dataset(config: Path, dataset: dict) -> Path:
+    """``config`` with its one stage's dataset replaced."""
+    d = yaml.safe_load(config.read_text())
+    d["data_stages"][0]["data"]["dataset"] = dataset
+    config.write_text(yaml.safe_dump(d))
+    return config
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
