@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import queue
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,7 +60,8 @@ class ShardCache:
     def __init__(self, root: Path, limit_bytes: int | None) -> None:
         self.root = root
         self.limit_bytes = limit_bytes
-        self._lock = threading.Lock()
+        self._ahead: queue.Queue | None = None  # what the prefetch thread fetches next
+        self._asked: set[str] = set()
 
     def folder(self, remote_folder: Location) -> Path:
         """The local folder of a remote dataset folder (made where missing)."""
@@ -76,7 +78,7 @@ class ShardCache:
         if expected_bytes is not None and self.limit_bytes is not None and expected_bytes > self.limit_bytes:
             raise NanosetError(f"{loc}: {expected_bytes / 1e9:.3g} GB, larger than storage.cache_limit_gb "
                                f"({self.limit_bytes / 1e9:.3g}); raise the limit above the largest shard")
-        with self._lock, _file_lock(path):  # the other processes of the node wait, then find the file
+        with _file_lock(path):  # the other processes and threads of the node wait, then find the file
             if not _usable(path, expected_bytes):
                 if expected_bytes is not None:
                     self.make_room(expected_bytes, keep=path)
@@ -84,10 +86,31 @@ class ShardCache:
             os.utime(path)
         return path
 
+    def prefetch(self, loc: Location, expected_bytes: int | None, sha256: str | None) -> None:
+        """Fetch ``loc`` in the background (a daemon thread, files in the order asked, each once per process): the
+        shards the next steps read, named by the data order. A failure there is left to the reader's own fetch,
+        which then says it in one line."""
+        if loc.url in self._asked:
+            return
+        self._asked.add(loc.url)
+        if self._ahead is None:
+            self._ahead = queue.Queue()
+            threading.Thread(target=self._fetch_ahead, args=(self._ahead,), name="nanoset-shard-prefetch",
+                             daemon=True).start()
+        self._ahead.put((loc, expected_bytes, sha256))
+
+    def _fetch_ahead(self, ahead: queue.Queue) -> None:
+        while True:
+            loc, expected_bytes, sha256 = ahead.get()
+            try:
+                self.fetch(loc, expected_bytes, sha256)
+            except Exception:  # noqa: BLE001 - the reader's fetch of this file reports it
+                pass
+
     def refresh(self, loc: Location) -> Path:
         """Download the small file ``loc`` (a manifest, a shard table) again, whatever copy is here."""
         path = self.folder(loc.parent) / loc.name
-        with self._lock, _file_lock(path):
+        with _file_lock(path):
             storage.download(loc, path)
         return path
 

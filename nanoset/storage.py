@@ -224,6 +224,27 @@ def upload(path: Path, where: Where) -> None:
     _remote(loc, lambda fs: fs.invalidate_cache(_key(loc.parent)))
 
 
+def holds_copy(where: Where, path: Path) -> bool:
+    """Whether ``where`` already holds the bytes of the local file ``path``: the same size and, in an object store,
+    the same md5 as the object's ETag (a multi-part upload's ETag is no md5: such an object counts as another)."""
+    loc = location(where)
+    local_size = path.stat().st_size
+    if not loc.remote:
+        return loc.path.is_file() and loc.path.stat().st_size == local_size and loc.path.read_bytes() == \
+            path.read_bytes()
+    try:
+        info = _remote(loc, lambda fs: fs.info(_key(loc), refresh=True))
+    except FileNotFoundError:
+        return False
+    if int(info.get("size", -1)) != local_size:
+        return False
+    md5 = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        while block := f.read(DOWNLOAD_BLOCK):
+            md5.update(block)
+    return str(info.get("ETag", "")).strip('"') == md5.hexdigest()
+
+
 def remove(where: Where) -> None:
     """Remove the file ``where`` (nothing where it is missing)."""
     loc = location(where)

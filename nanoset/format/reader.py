@@ -40,6 +40,7 @@ from nanoset.format.spec import (
     TokenizerInfo,
     shard_files,
 )
+from nanoset.remote_cache import shard_cache
 from nanoset.storage import Location
 
 _MAPS = shared_cache()
@@ -96,6 +97,15 @@ class ShardReader:
     def _map(self, slot: int, path: Path, dtype: np.dtype, role: str) -> np.ndarray:
         where = path if self.source is None else self.source / path.name
         return _MAPS.get(self._map_keys[slot], where, dtype, self._bytes[slot], self.sha256.get(role))
+
+    def prefetch(self) -> None:
+        """A remote shard: fetch its tokens and index into the shard cache in the background (nothing for a local
+        one)."""
+        if self.source is None:
+            return
+        cache = shard_cache()
+        for slot, path, role in ((0, self.tokens_path, "ds"), (1, self.index_path, "index")):
+            cache.prefetch(self.source / path.name, self._bytes[slot], self.sha256.get(role))
 
     @property
     def tokens(self) -> np.ndarray:
@@ -275,6 +285,25 @@ class NanosetReader:
             pos = end
             s += 1
         return out
+
+    @property
+    def remote(self) -> bool:
+        """Whether the shards are read from object storage (through the node's shard cache)."""
+        return isinstance(self.shards, ShardList) and self.shards.source is not None
+
+    def prefetch(self, starts: np.ndarray, stops: np.ndarray) -> None:
+        """Fetch in the background, in order, the remote shards that token ranges ``[starts, stops)`` lie in: what
+        the next steps read, known ahead from the data order (nothing for a local dataset)."""
+        if not self.remote or not len(starts):
+            return
+        first = np.searchsorted(self.token_offsets, np.asarray(starts), side="right") - 1
+        last = np.searchsorted(self.token_offsets, np.maximum(np.asarray(stops) - 1, 0), side="right") - 1
+        seen: set[int] = set()
+        for a, b in zip(first.tolist(), last.tolist()):
+            for k in range(max(a, 0), min(b, len(self.shards) - 1) + 1):
+                if k not in seen:
+                    seen.add(k)
+                    self.shards[k].prefetch()
 
     def document_bounds(self, i: int) -> tuple[int, int]:
         """Global token range ``[start, end)`` of document ``i``."""

@@ -14,6 +14,7 @@ import yaml
 from nanoset import open_dataset, storage
 from nanoset.errors import NanosetError
 from nanoset.remote_cache import shard_cache
+from tests.support import CORPUS, TOKENIZER, one_line_error, run_cli
 from tests.support.configs import small_config
 from tests.support.harness import error_lines, metrics, train_one
 
@@ -139,3 +140,26 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_tokenize_to_s3_writes_what_a_local_tokenize_writes_and_a_rerun_mends_only_what_differs(s3, shards, tmp_path):
+    url = f"s3://{BUCKET}/tokenized/web"
+    run_cli("tokenize", CORPUS / "web", "-o", url, "--tokenizer", TOKENIZER, "--task-bytes", 100_000, "--quiet",
+            env={"NANOSET_STORAGE_CACHE_DIR": str(tmp_path / "cache")})
+    local = shards / "shards" / "web"
+    names = sorted(p.name for p in local.iterdir() if p.is_file())
+    assert storage.list_names(url) == names
+    assert all(storage.read_bytes(f"{url}/{name}") == (local / name).read_bytes() for name in names)
+    # a damaged object is mended by a rerun (from the staged copy); the others are left as they are
+    s3fs = storage._fs(storage.location(url))
+    before = {name: s3fs.info(f"{BUCKET}/tokenized/web/{name}")["LastModified"] for name in names}
+    storage.remove(f"{url}/00003_00000.ds")
+    proc = run_cli("tokenize", CORPUS / "web", "-o", url, "--tokenizer", TOKENIZER, "--task-bytes", 100_000,
+                   "--quiet", env={"NANOSET_STORAGE_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.stdout.startswith(f"{url}: 3,500 documents")
+    assert storage.read_bytes(f"{url}/00003_00000.ds") == (local / "00003_00000.ds").read_bytes()
+    after = {name: s3fs.info(f"{BUCKET}/tokenized/web/{name}", refresh=True)["LastModified"] for name in names}
+    assert [n for n in names if after[n] != before[n]] == ["00003_00000.ds"]
+    proc = run_cli("tokenize", CORPUS / "web", "-o", url, "--tokenizer", TOKENIZER, "--num-tasks", 2,
+                   "--task-index", 0, check=False)
+    one_line_error(proc, f"error: {url}: --num-tasks 2 needs a folder all the machines share")
