@@ -82,15 +82,22 @@ def tokenize(inputs: tuple[str, ...], output: str, tokenizer: str, eos_token: st
     click.echo("\n".join([summary.line(), *summary.details()]))
 
 
+def dataset_path(text: str) -> Path | str:
+    """A dataset argument: a local path, or a URL as it is (``Path`` would fold ``s3://`` into ``s3:/``)."""
+    from nanoset.storage import is_url
+
+    return text if is_url(text) else Path(text)
+
+
 @cli.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=dataset_path)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--samples", default=2, show_default=True, type=int, help="Decoded sample documents to show.")
 @click.option("--tokenizer", default=None, help="Tokenizer for decoding (default: the one in the manifest).")
 @click.option("--document", default=None, type=int, metavar="N",
               help="Print document N (0-based, as explain numbers them) whole and verbatim, with its loss mask "
                    "for chat data.")
-def inspect(path: Path, as_json: bool, samples: int, tokenizer: str | None, document: int | None) -> None:
+def inspect(path: Path | str, as_json: bool, samples: int, tokenizer: str | None, document: int | None) -> None:
     """Statistics, per-shard table and decoded samples of a dataset folder (or one whole document)."""
     from nanoset.stats import collect_document, collect_stats, render_document, render_text
 
@@ -103,11 +110,11 @@ def inspect(path: Path, as_json: bool, samples: int, tokenizer: str | None, docu
 
 
 @cli.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=dataset_path)
 @click.option("--retokenize", default=None, type=int, metavar="N",
               help="Also re-encode N sampled documents from the recorded inputs with the tokenizers backend and "
                    "compare them with the shards.")
-def verify(path: Path, retokenize: int | None) -> None:
+def verify(path: Path | str, retokenize: int | None) -> None:
     """Check checksums, sizes, index, token ids and EOS of every shard (a full read)."""
     from nanoset.verify import check_retokenize_count, verify_dataset
 

@@ -14,6 +14,7 @@ from nanoset.format.open import open_dataset
 from nanoset.format.reader import NanosetReader, ShardReader, index_problem, loss_mask_problem, missing_file
 from nanoset.format.shardtable import check_shard_table
 from nanoset.format.spec import ShardInfo
+from nanoset.remote_cache import local_file
 
 CHUNK_TOKENS = 1 << 24
 
@@ -44,7 +45,11 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | No
     if expected_sha:
         files = [("ds", shard.tokens_path), ("index", shard.index_path), ("metadata", shard.metadata_path)]
         for role, path in files + ([("loss", shard.loss_path)] if shard.has_loss else []):
-            got = _sha256(path)
+            if shard.source is not None:  # a remote shard: its copy in the shard cache, named by its URL
+                path = shard.source / path.name
+                got = _sha256(local_file(path, sha256=expected_sha.get(role)))
+            else:
+                got = _sha256(path)
             if got != expected_sha.get(role):
                 raise _fail(path, f"sha256 {got[:12]}… differs from the manifest's {str(expected_sha.get(role))[:12]}…")
     ends = np.asarray(shard.ends, dtype=np.int64)

@@ -4,6 +4,7 @@ the data, and each fault is one line naming the URL and its cause."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -163,3 +164,13 @@ def test_tokenize_to_s3_writes_what_a_local_tokenize_writes_and_a_rerun_mends_on
     proc = run_cli("tokenize", CORPUS / "web", "-o", url, "--tokenizer", TOKENIZER, "--num-tasks", 2,
                    "--task-index", 0, check=False)
     one_line_error(proc, f"error: {url}: --num-tasks 2 needs a folder all the machines share")
+
+
+def test_inspect_and_verify_read_a_url(remote_shards, shards):
+    url = f"{remote_shards}/web"
+    proc = run_cli("verify", url)
+    assert proc.stdout.startswith(f"OK: {url}: 10 shards, 3,500 documents, 340,467 tokens")
+    local = json.loads(run_cli("inspect", shards / "shards" / "web", "--json").stdout)
+    remote = json.loads(run_cli("inspect", url, "--json").stdout)
+    assert remote.pop("path") == url and local.pop("path") == str(shards / "shards" / "web")
+    assert remote == local
