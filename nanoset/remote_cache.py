@@ -64,10 +64,8 @@ class ShardCache:
         self._asked: set[str] = set()
 
     def folder(self, remote_folder: Location) -> Path:
-        """The local folder of a remote dataset folder (made where missing)."""
-        folder = self.root / DATASETS / key_digest(remote_folder.url, 24)
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
+        """The local folder of a remote dataset folder."""
+        return self.root / DATASETS / key_digest(remote_folder.url, 24)  # made by the first download into it
 
     def fetch(self, loc: Location, expected_bytes: int | None = None, sha256: str | None = None) -> Path:
         """The local copy of the remote file ``loc``, downloaded and checked where this node has none."""
@@ -145,6 +143,7 @@ def _usable(path: Path, expected_bytes: int | None) -> bool:
 @contextmanager
 def _file_lock(path: Path):
     """An exclusive lock on ``PATH.lock``, shared by the processes of this node."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path.with_name(path.name + LOCK_SUFFIX), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

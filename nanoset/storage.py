@@ -207,6 +207,7 @@ def download(where: Where, dest: Path, expected_bytes: int | None = None, sha256
     checked against ``expected_bytes`` and ``sha256`` first: a killed or bad download leaves nothing that a later
     run trusts. A transient failure is retried (``ATTEMPTS`` in all, one note); a checksum mismatch is not."""
     loc = location(where)
+    dest.parent.mkdir(parents=True, exist_ok=True)  # a local failure here is no missing object
     _retrying(loc, lambda: _download_once(loc, dest, expected_bytes, sha256))
 
 

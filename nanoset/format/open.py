@@ -66,8 +66,9 @@ def _open_remote(loc: Location) -> NanosetReader:
         pass  # built from the manifest at its first open
     folder = cache.folder(loc)
     manifest = Manifest.load(folder)
+    checksums = [record.sha256 for record in manifest.shards]  # every download is checked against its own
     shards = ShardList(folder, manifest.table, dtype_from_name(manifest.dtype), manifest.loss_masks, source=loc,
-                       checksums=lambda k: manifest.shards[k].sha256)
+                       checksums=checksums.__getitem__)
     if not len(shards):
         raise NanosetError(f"{loc}: the dataset has no shards")
     return NanosetReader(folder, shards, manifest.tokenizer, manifest)
