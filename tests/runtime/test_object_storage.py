@@ -7,14 +7,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from nanoset import open_dataset, storage
 from nanoset.errors import NanosetError
-from nanoset.remote_cache import shard_cache
+from nanoset.remote_cache import ShardCache, shard_cache
 from tests.support import CORPUS, TOKENIZER, one_line_error, run_cli
 from tests.support.configs import small_config
 from tests.support.harness import error_lines, metrics, train_one
@@ -174,3 +176,34 @@ def test_inspect_and_verify_read_a_url(remote_shards, shards):
     remote = json.loads(run_cli("inspect", url, "--json").stdout)
     assert remote.pop("path") == url and local.pop("path") == str(shards / "shards" / "web")
     assert remote == local
+
+
+def test_the_cache_evicts_the_least_recently_used_refuses_a_file_over_its_limit_and_prefetches(remote_shards, s3,
+                                                                                                 tmp_path):
+    url = storage.location(f"{remote_shards}/web")
+    names = ["00000_00000.ds", "00001_00000.ds", "00002_00000.ds"]  # 38,372, 37,970 and 38,118 bytes
+    cache = ShardCache(tmp_path / "cache", limit_bytes=80_000)  # two of them
+    first, second = (cache.fetch(url / n, storage.size(url / n)) for n in names[:2])
+    os.utime(second, ns=(1, 1))  # used longest ago
+    cache.fetch(url / names[0], 38_372)  # still there: no download, and now the most recent
+    third = cache.fetch(url / names[2], 38_118)
+    assert first.exists() and third.exists() and not second.exists()
+    with pytest.raises(NanosetError) as e:
+        cache.fetch(url / "00007_00000.ds", 223_344)
+    assert str(e.value) == (f"{url}/00007_00000.ds: 0.000223 GB, larger than storage.cache_limit_gb (8e-05); raise "
+                            f"the limit above the largest shard")
+    # the shards that token ranges lie in, fetched in the background in order (here: shards 3 and 4)
+    os.environ["NANOSET_STORAGE_CACHE_DIR"] = str(tmp_path / "prefetch")
+    try:
+        reader = open_dataset(url.url)
+        start = int(reader.token_offsets[3]) + 5
+        reader.prefetch(np.array([start]), np.array([int(reader.token_offsets[4]) + 5]))
+        folder = shard_cache().folder(url)
+        wanted = [f"0000{k}_00000.ds{suffix}" for k in (3, 4) for suffix in ("", ".index")]
+        for _ in range(600):  # bounded: 60 s
+            if all((folder / name).exists() for name in wanted):
+                break
+            time.sleep(0.1)
+        assert sorted(p.name for p in folder.glob("0*") if not p.name.endswith(".lock")) == sorted(wanted)
+    finally:
+        os.environ["NANOSET_STORAGE_CACHE_DIR"] = s3["NANOSET_STORAGE_CACHE_DIR"]
