@@ -5,23 +5,25 @@ in the readers: whether a file exists, its size, a folder's listing, its bytes (
 file, a memory map, and a remote file's download into the local shard cache (``nanoset.remote_cache``, which
 gives a reader the local file it maps). A place is a ``Location`` with one canonical spelling: a local path as given
 (``str`` of its ``Path``), a URL as ``scheme://bucket/key`` (scheme in lower case, no empty segment, no
-trailing slash). Local POSIX is the first backend; object stores are reached through fsspec, whose
-libraries (s3fs, gcsfs) are imported here only, at the first URL, so that the toolkit and the runtime
-import and run without them.
+trailing slash). Local POSIX is the first backend; S3 and GCS are reached through obstore (measured at a third
+of s3fs's time for a download: tools/bench_storage.py), imported here only, at the first URL, so that the
+toolkit and the runtime import and run without it.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
+import io
 import os
 import re
 import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -32,7 +34,7 @@ from nanoset.errors import NanosetError
 T = TypeVar("T")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 # the library each protocol needs, and the extra that installs it
-EXTRAS = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs")}
+STORES = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}  # the protocols read, and the extra of each
 
 
 def is_url(value: str | os.PathLike) -> bool:
@@ -106,23 +108,23 @@ Where = str | os.PathLike | Location
 
 def exists(where: Where) -> bool:
     loc = location(where)
-    return _remote(loc, lambda fs: fs.exists(_key(loc))) if loc.remote else loc.path.exists()
+    return is_file(loc) or is_dir(loc) if loc.remote else loc.path.exists()
 
 
 def is_file(where: Where) -> bool:
     loc = location(where)
-    return _remote(loc, lambda fs: fs.isfile(_key(loc))) if loc.remote else loc.path.is_file()
+    return _remote(loc, lambda fs: fs.is_file(loc)) if loc.remote else loc.path.is_file()
 
 
 def is_dir(where: Where) -> bool:
     loc = location(where)
-    return _remote(loc, lambda fs: fs.isdir(_key(loc))) if loc.remote else loc.path.is_dir()
+    return _remote(loc, lambda fs: fs.is_dir(loc)) if loc.remote else loc.path.is_dir()
 
 
 def size(where: Where) -> int:
     """The file's size in bytes (``FileNotFoundError`` where it is missing)."""
     loc = location(where)
-    return int(_remote(loc, lambda fs: fs.size(_key(loc)))) if loc.remote else loc.path.stat().st_size
+    return int(_remote(loc, lambda fs: fs.head(loc))["size"]) if loc.remote else loc.path.stat().st_size
 
 
 def sizes(folder: Where, names: list[str]) -> list[int | None]:
@@ -130,11 +132,7 @@ def sizes(folder: Where, names: list[str]) -> list[int | None]:
     made relative to the open folder, no path walked per file (0.3 s for 300,000 files); remotely one listing."""
     loc = location(folder)
     if loc.remote:
-        try:
-            entries = _remote(loc, lambda fs: fs.ls(_key(loc), detail=True, refresh=True))
-        except FileNotFoundError:
-            entries = []
-        listed = {p["name"].rpartition("/")[2]: int(p["size"]) for p in entries if p.get("type") == "file"}
+        listed = _remote(loc, lambda fs: fs.listing(loc))[1]
         return [listed.get(n) for n in names]
     relative = os.stat in os.supports_dir_fd
     fd = os.open(loc.path, os.O_RDONLY) if relative else None
@@ -157,11 +155,8 @@ def list_names(where: Where, pattern: str = "*") -> list[str]:
     sorted; empty for a missing folder."""
     loc = location(where)
     if loc.remote:
-        try:
-            names = [p.rstrip("/").rpartition("/")[2]
-                     for p in _remote(loc, lambda fs: fs.ls(_key(loc), detail=False, refresh=True))]
-        except FileNotFoundError:
-            return []
+        folders, files = _remote(loc, lambda fs: fs.listing(loc))
+        names = [*folders, *files]
     else:
         try:
             names = os.listdir(loc.path)
@@ -173,7 +168,7 @@ def list_names(where: Where, pattern: str = "*") -> list[str]:
 def read_bytes(where: Where) -> bytes:
     loc = location(where)
     if loc.remote:
-        return _remote(loc, lambda fs: fs.cat_file(_key(loc)))
+        return _remote(loc, lambda fs: fs.read(loc))
     return loc.path.read_bytes()
 
 
@@ -185,7 +180,7 @@ def read_range(where: Where, start: int, stop: int) -> bytes:
     """Bytes ``[start, stop)`` of the file (fewer at its end)."""
     loc = location(where)
     if loc.remote:
-        return _remote(loc, lambda fs: fs.cat_file(_key(loc), start=start, end=stop))
+        return _remote(loc, lambda fs: fs.read(loc, start, stop))
     with open(loc.path, "rb") as f:
         f.seek(start)
         return f.read(stop - start)
@@ -194,7 +189,7 @@ def read_range(where: Where, start: int, stop: int) -> bytes:
 def open_read(where: Where) -> IO[bytes]:
     """The file open for reading, in binary."""
     loc = location(where)
-    return _remote(loc, lambda fs: fs.open(_key(loc), "rb")) if loc.remote else open(loc.path, "rb")
+    return io.BytesIO(read_bytes(loc)) if loc.remote else open(loc.path, "rb")
 
 
 def map_range(path: Path, dtype: str | np.dtype, offset: int, count: int) -> np.ndarray:
@@ -221,8 +216,7 @@ def upload(path: Path, where: Where) -> None:
         with open(path, "rb") as src:
             atomic_write(loc.path, lambda out: shutil.copyfileobj(src, out, DOWNLOAD_BLOCK))
         return
-    _remote(loc, lambda fs: fs.put_file(str(path), _key(loc)))
-    _remote(loc, lambda fs: fs.invalidate_cache(_key(loc.parent)))
+    _remote(loc, lambda fs: fs.put(loc, path))
 
 
 def holds_copy(where: Where, path: Path) -> bool:
@@ -234,7 +228,7 @@ def holds_copy(where: Where, path: Path) -> bool:
         return loc.path.is_file() and loc.path.stat().st_size == local_size and loc.path.read_bytes() == \
             path.read_bytes()
     try:
-        info = _remote(loc, lambda fs: fs.info(_key(loc), refresh=True))
+        info = _remote(loc, lambda fs: fs.head(loc))
     except FileNotFoundError:
         return False
     if int(info.get("size", -1)) != local_size:
@@ -243,7 +237,7 @@ def holds_copy(where: Where, path: Path) -> bool:
     with open(path, "rb") as f:
         while block := f.read(DOWNLOAD_BLOCK):
             md5.update(block)
-    return str(info.get("ETag", "")).strip('"') == md5.hexdigest()
+    return str(info.get("e_tag") or "").strip('"') == md5.hexdigest()
 
 
 def remove(where: Where) -> None:
@@ -253,25 +247,27 @@ def remove(where: Where) -> None:
         loc.path.unlink(missing_ok=True)
         return
     try:
-        _remote(loc, lambda fs: fs.rm_file(_key(loc)))
+        _remote(loc, lambda fs: fs.delete(loc))
     except FileNotFoundError:
         pass
-    _remote(loc, lambda fs: fs.invalidate_cache(_key(loc.parent)))
+
+
+def _copy(blocks: Iterator[bytes], out: IO[bytes], digest: Any) -> int:
+    """Write ``blocks`` to ``out`` and into ``digest``; the bytes written."""
+    got = 0
+    for block in blocks:
+        digest.update(block)
+        out.write(block)
+        got += len(block)
+    return got
 
 
 def _download_once(loc: Location, dest: Path, expected_bytes: int | None, sha256: str | None) -> None:
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-    digest, got = hashlib.sha256(), 0
+    digest = hashlib.sha256()
     try:
-        with _classified(loc, lambda fs: fs.open(_key(loc), "rb", block_size=DOWNLOAD_BLOCK)) as src, \
-                open(tmp, "wb") as out:
-            while True:
-                block = _classified(loc, lambda fs: src.read(DOWNLOAD_BLOCK))
-                if not block:
-                    break
-                digest.update(block)
-                out.write(block)
-                got += len(block)
+        with open(tmp, "wb") as out:
+            got = _classified(loc, lambda fs: _copy(fs.stream(loc), out, digest))
             out.flush()
             os.fsync(out.fileno())
         if expected_bytes is not None and got != expected_bytes:
@@ -291,7 +287,7 @@ def _download_once(loc: Location, dest: Path, expected_bytes: int | None, sha256
 ATTEMPTS = 3  # tries of a download; the client's own retries (bounded as well) come within each
 RETRY_PAUSE_S = 0.5  # doubled after each failed try
 DOWNLOAD_BLOCK = 8 << 20
-_filesystems: dict[str, Any] = {}
+_clients: dict[str, ObjectStore] = {}
 _retry_noted: set[str] = set()
 
 
@@ -331,29 +327,26 @@ def _retrying(loc: Location, call: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
-def _classified(loc: Location, op: Callable[[Any], T]) -> T:
-    """``op(filesystem)`` for ``loc``, its failures in words: a missing object stays a ``FileNotFoundError`` (a
-    missing bucket says so), denied credentials and a storage that stays unreachable are one line naming the URL
-    and the cause (never a credential: the messages are the client's error codes and the endpoint)."""
+def _classified(loc: Location, op: Callable[[ObjectStore], T]) -> T:
+    """``op(client)`` for ``loc``, the client's failures in words: a missing object is a ``FileNotFoundError`` (a
+    missing bucket one line saying so), denied credentials one line, a failure worth another try a ``_Transient``;
+    never a credential in a message (the first line of the client's, which names the request and its status)."""
     fs = _fs(loc)
+    errors = fs.obstore.exceptions
     try:
         return op(fs)
-    except FileNotFoundError as e:
-        bucket = _key(loc).partition("/")[0]
-        if "bucket" in str(e).lower():
-            raise NanosetError(f"{loc}: the bucket {bucket!r} does not exist (or is not visible with these "
+    except (FileNotFoundError, errors.NotFoundError) as e:  # obstore raises either, by operation
+        if "NoSuchBucket" in str(e):
+            raise NanosetError(f"{loc}: the bucket {_split(loc)[0]!r} does not exist (or is not visible with these "
                                f"credentials)") from None
-        raise
-    except PermissionError as e:
+        raise FileNotFoundError(f"{loc}: no such object") from None
+    except (errors.PermissionDeniedError, errors.UnauthenticatedError) as e:
         raise NanosetError(f"{loc}: access denied ({_cause(e)}); check the credentials in the environment "
                            f"(AWS_PROFILE, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS)"
                            ) from None
-    except (NanosetError, _Transient):
-        raise
-    except Exception as e:  # the client's connection and protocol errors (botocore's are not OSErrors)
-        name = type(e).__name__
-        if "Connect" in name or "Timeout" in name or "Connection" in str(e) or isinstance(e, (OSError, TimeoutError)):
-            raise _Transient(_cause(e)) from None
+    except errors.GenericError as e:  # connections, timeouts, 5xx: what the client's own retries did not mend
+        raise _Transient(_cause(e)) from None
+    except errors.BaseError as e:
         raise NanosetError(f"{loc}: the storage refused the request ({_cause(e)})") from None
 
 
@@ -362,44 +355,103 @@ def _cause(e: BaseException) -> str:
     return text[:200]
 
 
-def _key(loc: Location) -> str:
-    return loc.url.partition("://")[2]
+def _split(loc: Location) -> tuple[str, str]:
+    """(bucket, key) of a remote location."""
+    bucket, _, key = loc.url.partition("://")[2].partition("/")
+    return bucket, key
 
 
-def _fs(loc: Location) -> Any:
-    """The fsspec filesystem of ``loc``'s protocol, made once per process; a missing library is one line naming the
-    extra that installs it."""
+class ObjectStore:
+    """The object stores of one protocol, through obstore (one client per bucket, made at its first use)."""
+
+    def __init__(self, protocol: str, obstore: Any, store_class: Any, options: dict[str, Any]) -> None:
+        self.protocol = protocol
+        self.obstore = obstore
+        self._store_class = store_class
+        self._options = options
+        self._stores: dict[str, Any] = {}
+
+    def store(self, loc: Location) -> tuple[Any, str]:
+        bucket, key = _split(loc)
+        store = self._stores.get(bucket)
+        if store is None:
+            store = self._stores[bucket] = self._store_class(bucket, **self._options)
+        return store, key
+
+    def head(self, loc: Location) -> dict[str, Any]:
+        store, key = self.store(loc)
+        return self.obstore.head(store, key)
+
+    def is_file(self, loc: Location) -> bool:
+        try:
+            self.head(loc)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def is_dir(self, loc: Location) -> bool:
+        folders, files = self.listing(loc)
+        return bool(folders or files)
+
+    def listing(self, loc: Location) -> tuple[list[str], dict[str, int]]:
+        """The folder's sub-folder names, and its files' names and sizes (both empty for a missing folder)."""
+        store, key = self.store(loc)
+        found = self.obstore.list_with_delimiter(store, key + "/" if key else None)
+        folders = [p.rstrip("/").rpartition("/")[2] for p in found["common_prefixes"]]
+        return folders, {o["path"].rpartition("/")[2]: int(o["size"]) for o in found["objects"]}
+
+    def read(self, loc: Location, start: int | None = None, stop: int | None = None) -> bytes:
+        store, key = self.store(loc)
+        if start is None:
+            return bytes(self.obstore.get(store, key).bytes())
+        size = int(self.head(loc)["size"])
+        stop = min(stop if stop is not None else size, size)
+        return bytes(self.obstore.get_range(store, key, start=start, end=stop)) if stop > start else b""
+
+    def stream(self, loc: Location) -> Iterator[bytes]:
+        store, key = self.store(loc)
+        for chunk in self.obstore.get(store, key).stream(min_chunk_size=DOWNLOAD_BLOCK):
+            yield bytes(chunk)
+
+    def put(self, loc: Location, path: Path) -> None:
+        store, key = self.store(loc)
+        self.obstore.put(store, key, path)
+
+    def delete(self, loc: Location) -> None:
+        store, key = self.store(loc)
+        self.obstore.delete(store, key)
+
+
+def _fs(loc: Location) -> ObjectStore:
+    """The client of ``loc``'s protocol, made once per process (and again for another endpoint); a missing library
+    is one line naming the extra that installs it."""
     protocol = loc.protocol
+    if protocol not in STORES:
+        raise NanosetError(f"{loc}: {protocol}:// is not a storage nanoset reads (s3://, gs://)")
     options = _options(protocol)
-    slot = f"{protocol} {options.get('endpoint_url')}"  # a changed endpoint (a test's server) is another client
-    fs = _filesystems.get(slot)
-    if fs is not None:
-        return fs
-    library, extra = EXTRAS.get(protocol, (None, None))
+    slot = f"{protocol} {os.environ.get('AWS_ENDPOINT_URL_S3') or os.environ.get('AWS_ENDPOINT_URL')}"
+    client = _clients.get(slot)
+    if client is not None:
+        return client
     try:
-        import fsspec
-
-        if library is not None:
-            __import__(library)
-        fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
+        import obstore
+        import obstore.store
     except ImportError:
-        install = f"pip install 'nanoset[{extra}]'" if extra else f"install the fsspec library for {protocol}://"
-        raise NanosetError(f"{loc}: reading {protocol}:// needs its library: {install}") from None
-    except ValueError as e:  # an unknown protocol
-        raise NanosetError(f"{loc}: {protocol}:// is not a storage this installation can read ({e})") from None
-    _filesystems[slot] = fs
-    return fs
+        raise NanosetError(f"{loc}: reading {protocol}:// needs its library: pip install "
+                           f"'nanoset[{STORES[protocol]}]'") from None
+    store_class = obstore.store.S3Store if STORES[protocol] == "s3" else obstore.store.GCSStore
+    client = _clients[slot] = ObjectStore(protocol, obstore, store_class, options)
+    return client
 
 
 def _options(protocol: str) -> dict[str, Any]:
-    """The filesystem's options: endpoint and credentials come from each cloud's standard environment only
-    (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``..., ``GOOGLE_APPLICATION_CREDENTIALS``); retries
-    are bounded so that a server that stays down ends in one line, not a hang."""
-    if protocol in ("s3", "s3a"):
-        options: dict[str, Any] = {"config_kwargs": {"retries": {"max_attempts": 3, "mode": "standard"},
-                                                     "connect_timeout": 5, "read_timeout": 30}}
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        if endpoint:
-            options["endpoint_url"] = endpoint
-        return options
-    return {}
+    """The store's options: endpoint and credentials come from each cloud's standard environment only
+    (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``..., ``GOOGLE_APPLICATION_CREDENTIALS``), which
+    obstore reads itself; retries are bounded so that a server that stays down ends in one line, not a hang."""
+    options: dict[str, Any] = {"retry_config": {"max_retries": 3, "retry_timeout": timedelta(seconds=30)},
+                               "client_options": {"connect_timeout": timedelta(seconds=5),
+                                                  "timeout": timedelta(seconds=120)}}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+    if STORES[protocol] == "s3" and endpoint.startswith("http://"):  # a local server (MinIO, a test's)
+        options["client_options"]["allow_http"] = True
+    return options

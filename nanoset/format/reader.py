@@ -95,8 +95,15 @@ class ShardReader:
         self._map_keys = _map_keys()
 
     def _map(self, slot: int, path: Path, dtype: np.dtype, role: str) -> np.ndarray:
-        where = path if self.source is None else self.source / path.name
-        return _MAPS.get(self._map_keys[slot], where, dtype, self._bytes[slot], self.sha256.get(role))
+        if self.source is None:  # the hot path: every read of a local shard
+            return _MAPS.get(self._map_keys[slot], path, dtype, self._bytes[slot])
+        return _MAPS.get(self._map_keys[slot], self._urls[slot], dtype, self._bytes[slot], self.sha256.get(role))
+
+    @cached_property
+    def _urls(self) -> tuple[Location, Location, Location]:
+        """A remote shard's files (tokens, index, loss mask), made once: every read passes them to the map cache."""
+        assert self.source is not None
+        return tuple(self.source / p.name for p in (self.tokens_path, self.index_path, self.loss_path))  # type: ignore
 
     def prefetch(self) -> None:
         """A remote shard: fetch its tokens and index into the shard cache in the background (nothing for a local

@@ -22,7 +22,7 @@ from tests.support.configs import small_config
 from tests.support.harness import error_lines, metrics, train_one
 
 pytest.importorskip("moto.server")
-pytest.importorskip("s3fs")
+pytest.importorskip("obstore")
 BUCKET = "nanoset-test"
 
 
@@ -154,14 +154,17 @@ def test_tokenize_to_s3_writes_what_a_local_tokenize_writes_and_a_rerun_mends_on
     assert storage.list_names(url) == names
     assert all(storage.read_bytes(f"{url}/{name}") == (local / name).read_bytes() for name in names)
     # a damaged object is mended by a rerun (from the staged copy); the others are left as they are
-    s3fs = storage._fs(storage.location(url))
-    before = {name: s3fs.info(f"{BUCKET}/tokenized/web/{name}")["LastModified"] for name in names}
+    def modified(name: str):
+        where = storage.location(f"{url}/{name}")
+        return storage._fs(where).head(where)["last_modified"]
+
+    before = {name: modified(name) for name in names}
     storage.remove(f"{url}/00003_00000.ds")
     proc = run_cli("tokenize", CORPUS / "web", "-o", url, "--tokenizer", TOKENIZER, "--task-bytes", 100_000,
                    "--quiet", env={"NANOSET_STORAGE_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.stdout.startswith(f"{url}: 3,500 documents")
     assert storage.read_bytes(f"{url}/00003_00000.ds") == (local / "00003_00000.ds").read_bytes()
-    after = {name: s3fs.info(f"{BUCKET}/tokenized/web/{name}", refresh=True)["LastModified"] for name in names}
+    after = {name: modified(name) for name in names}
     assert [n for n in names if after[n] != before[n]] == ["00003_00000.ds"]
     proc = run_cli("tokenize", CORPUS / "web", "-o", url, "--tokenizer", TOKENIZER, "--num-tasks", 2,
                    "--task-index", 0, check=False)
