@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nanoset import storage
 from nanoset.errors import NanosetError
 from nanoset.format.maxid import check_token_ids
 from nanoset.format.megatron import MegatronShardReader, verify_megatron_shard
@@ -22,7 +23,7 @@ CHUNK_TOKENS = 1 << 24
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     try:
-        f = open(path, "rb")
+        f = storage.open_read(path)
     except (FileNotFoundError, NotADirectoryError):  # the metadata file: the one whose size is not checked first
         raise missing_file(path) from None
     with f:
