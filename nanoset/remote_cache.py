@@ -71,8 +71,11 @@ class ShardCache:
         """The local copy of the remote file ``loc``, downloaded and checked where this node has none."""
         path = self.folder(loc.parent) / loc.name
         if _usable(path, expected_bytes):
-            os.utime(path)  # used now: the last to evict
-            return path
+            try:
+                os.utime(path)  # used now: the last to evict
+                return path
+            except FileNotFoundError:  # evicted by another process just now: fetched again below
+                pass
         if expected_bytes is not None and self.limit_bytes is not None and expected_bytes > self.limit_bytes:
             raise NanosetError(f"{loc}: {expected_bytes / 1e9:.3g} GB, larger than storage.cache_limit_gb "
                                f"({self.limit_bytes / 1e9:.3g}); raise the limit above the largest shard")
