@@ -104,6 +104,12 @@ def location(value: str | os.PathLike | Location) -> Location:
 Where = str | os.PathLike | Location
 
 
+def resolved(folder: str | os.PathLike) -> str:
+    """What names one dataset folder however it was given: a URL in its canonical spelling, a local path with
+    links and ``.`` resolved (``A``, ``./A`` and ``/abs/A`` are one folder)."""
+    return location(folder).url if is_url(str(folder)) else os.path.realpath(folder)
+
+
 # --- the operations: one function each, local or remote ---------------------------------------------------------
 
 def exists(where: Where) -> bool:

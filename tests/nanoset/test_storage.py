@@ -19,6 +19,7 @@ def test_one_spelling_per_location(tmp_path):
     assert location(tmp_path / "a" / ".." / "a").url == str(tmp_path / "a" / ".." / "a")  # a local path as given
     assert location("data/x").path.name == "x" and not location("data/x").remote
     assert storage.is_url("gs://b/x") and not storage.is_url("/data/x") and not storage.is_url("C:/x")
+    assert storage.resolved("s3://b//k/") == "s3://b/k" and storage.resolved(tmp_path / "a" / "..") == str(tmp_path)
     with pytest.raises(NanosetError, match="no bucket"):
         location("s3://")
 
