@@ -84,6 +84,12 @@ def test_training_on_s3_equals_training_on_local_data_through_a_smaller_cache(re
     held = [p for p in (cache / "datasets").rglob("*.ds*") if not p.name.endswith(".lock")]
     assert held and sum(p.stat().st_size for p in held) <= 500_000
     assert not [p for p in (cache / "datasets").rglob(".*tmp-*")]  # no download left half done
+    # the local run's step-3 checkpoint resumed with its data moved to s3: steps 4-6 as the local run trained them
+    moved = small_config(tmp_path, tmp_path / "moved", dp=1, steps=6, single_stage=True, name="moved.yaml",
+                         checkpoints={"resume": str(tmp_path / "local" / "checkpoints" / "step-000003")})
+    with_dataset(moved, yaml.safe_load(remote.read_text())["data_stages"][0]["data"]["dataset"])
+    train_one(moved, cwd=tmp_path)
+    assert [(r["step"], r["loss"], r["data_hash"]) for r in metrics(tmp_path / "moved") if "val" not in r] == rows[3:]
 
 
 def test_reading_equals_local_and_a_damaged_object_is_one_line(remote_shards, shards, s3, tmp_path):
