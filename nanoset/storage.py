@@ -1,7 +1,7 @@
 """Where datasets live: a local folder, or a folder in an object store (``s3://bucket/key``, ``gs://...``).
 
 Every read of a dataset folder goes through here, never through ``Path.is_file``, ``open`` or ``np.memmap``
-in the readers: whether a file exists, its size, a folder's listing, its bytes (whole or a range), an open
+in the readers: whether a file or folder is there, its size, a folder's listing, its bytes (whole or a range), an open
 file, a memory map, and a remote file's download into the local shard cache (``nanoset.remote_cache``, which
 gives a reader the local file it maps). A place is a ``Location`` with one canonical spelling: a local path as given
 (``str`` of its ``Path``), a URL as ``scheme://bucket/key`` (scheme in lower case, no empty segment, no
@@ -111,11 +111,6 @@ def resolved(folder: str | os.PathLike) -> str:
 
 
 # --- the operations: one function each, local or remote ---------------------------------------------------------
-
-def exists(where: Where) -> bool:
-    loc = location(where)
-    return is_file(loc) or is_dir(loc) if loc.remote else loc.path.exists()
-
 
 def is_file(where: Where) -> bool:
     loc = location(where)

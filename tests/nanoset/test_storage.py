@@ -38,3 +38,17 @@ def test_local_backend(tmp_path):
     assert local_file(tmp_path / "b.ds") == tmp_path / "b.ds"
     with storage.open_read(tmp_path / "b.ds") as f:
         assert np.frombuffer(f.read(), "u1").sum() == 45
+
+
+def test_a_url_without_the_extra_installed_is_one_line():
+    """obstore made unimportable: local paths work as ever, a URL names the extra to install."""
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+
+    code = "import sys; sys.modules['obstore'] = None; from nanoset.cli import main; main()"
+    proc = subprocess.run([sys.executable, "-c", code, "inspect", "s3://bucket/data"], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        "error: s3://bucket/data/nanoset.json: reading s3:// needs its library: pip install 'nanoset[s3]'")
