@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanoset.errors import ConfigError
+from nanoset.remote_cache import configure as configure_storage
 from runtime.checkpoint.layout import (
     LATEST,
     RESUME,
@@ -84,6 +85,7 @@ def start_up(config: Config | str | Path, world: int | None = None, lock: bool =
         config.parallelism.check_world(world if world is not None else world_size())
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}" if path is not None else str(e)) from None
+    configure_storage(config.storage.cache_dir, config.storage.cache_limit_gb)  # the workers started later inherit it
     start = plan_start(config, lock)
     record = start.record
     resumed = record.last_step if record is not None else 0

@@ -437,6 +437,17 @@ class SurgeryArgs:
 
 
 @dataclass
+class StorageArgs:
+    """The local cache of datasets read from object storage (``s3://``, ``gs://``): docs/storage.md."""
+
+    cache_dir: str | None = None  # null: remote/ under the user's cache (nanoset.cache); use a node-local disk
+    cache_limit_gb: float | None = key(None)  # null: no limit; least recently used shards go first beyond it
+
+    def __post_init__(self) -> None:
+        self.cache_dir = _home(self.cache_dir)
+
+
+@dataclass
 class Config:
     general: GeneralArgs
     model: ModelArgs
@@ -450,6 +461,7 @@ class Config:
     tokenizer: TokenizerArgs | None = None
     validation: ValidationArgs = field(default_factory=ValidationArgs)
     surgery: SurgeryArgs = field(default_factory=SurgeryArgs)
+    storage: StorageArgs = field(default_factory=StorageArgs)
 
     def to_dict(self) -> dict:
         return to_dict(self)
