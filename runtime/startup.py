@@ -41,6 +41,7 @@ from runtime.data.order.packing import shorter_sequence_length
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.surgery import Surgery
 from runtime.data.order.validation_sets import ValidationSet, open_validation_sets, training_readers
+from runtime.evaluation.evaluator import Evaluator, data_tokenizer, open_tasks
 from runtime.hf.preflight import check_init_from_hf
 
 
@@ -62,6 +63,7 @@ class Startup:
     plan: DataPlan  # the data order, the past taken from the checkpoint's record
     start: RunStart
     validation_sets: list[ValidationSet]  # opened and checked
+    evaluator: Evaluator | None = None  # the evaluation's tasks (read and encoded) and hooks (imported)
 
 
 def world_size() -> int:
@@ -94,11 +96,12 @@ def start_up(config: Config | str | Path, world: int | None = None, lock: bool =
             plan = plan.with_surgery(surgery)
         check_init_from_hf(config, plan, fresh_start=start.checkpoint is None)
         validation_sets = open_validation_sets(config, training_readers(plan))
+        evaluator = Evaluator(config, open_tasks(config, data_tokenizer(plan)))
     except BaseException:  # nothing starts: the lock goes, and the run folder it made if nothing else is in it
         if start.lock is not None:
             start.lock.close()
         raise
-    return Startup(config, plan, start, validation_sets)
+    return Startup(config, plan, start, validation_sets, evaluator)
 
 
 def plan_start(config: Config, lock: bool = True) -> RunStart:

@@ -31,6 +31,8 @@ from runtime.data.order.plan import StagePlan
 from runtime.data.order.provenance import explain_step
 from runtime.data.order.surgery import SURGERY_KEY, surgery_record
 from runtime.engine import Engine, StepResult
+from runtime.evaluation.evaluator import Evaluator
+from runtime.evaluation.evaluator import describe as describe_evaluation
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
 from runtime.lr_schedule import LRSchedule
@@ -80,6 +82,7 @@ class Trainer(NanotronCallStyles):
         self.config = config = startup.config
         self.plan, self.start = startup.plan, startup.start
         self.validator = Validator(config, startup.validation_sets)
+        self.evaluator = startup.evaluator if startup.evaluator is not None else Evaluator(config, [], [])
         p = config.parallelism
         self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp)
         self.is_main = self.parallel_context.world_rank == 0
@@ -237,7 +240,8 @@ class Trainer(NanotronCallStyles):
         validate = self.validator.should_validate(step, stage.index)
         self._writing_metrics(lambda: self.mixing.after_step(step, stage, result.sources),
                               lambda: self._log_step(step, stage, result, lr, data_wait, summary),
-                              lambda: self._validate(step, stage) if validate else None)
+                              lambda: self._validate(step, stage) if validate else None,
+                              lambda: self._evaluate(step, stage) if self.evaluator.should_evaluate(step) else None)
 
     def _writing_metrics(self, *parts: Callable[[], None]) -> None:
         """Run every part on every rank. Rank 0 alone writes metrics.jsonl: a write that fails there (a full disk)
@@ -299,12 +303,20 @@ class Trainer(NanotronCallStyles):
                "time": time.time()}
         validate = self.validator.should_validate(step, stage.index)
         self._writing_metrics(lambda: self.mixing.after_step(step, stage, None),  # a block's decision is still due
-                              lambda: self.metrics.log(row), lambda: self._validate(step, stage) if validate else None)
+                              lambda: self.metrics.log(row), lambda: self._validate(step, stage) if validate else None,
+                              lambda: self._evaluate(step, stage) if self.evaluator.should_evaluate(step) else None)
 
     def _validate(self, step: int, stage: StagePlan) -> None:
         began = time.perf_counter()
         results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
         self.metrics.log_validation(step, stage.name, results, describe(results), time.perf_counter() - began)
+        self._step_end = time.perf_counter()  # the next step's tokens/s leaves the evaluation out
+
+    def _evaluate(self, step: int, stage: StagePlan) -> None:
+        began = time.perf_counter()
+        results = self.evaluator.evaluate(self.engine, step)
+        self.metrics.log_validation(step, stage.name, results, describe_evaluation(results),
+                                    time.perf_counter() - began, key="eval")
         self._step_end = time.perf_counter()  # the next step's tokens/s leaves the evaluation out
 
     def _count_skips(self, step: int, result: StepResult) -> None:

@@ -34,6 +34,7 @@ def validate_config(c: Config) -> None:
     _validate_parallelism(c)
     _validate_stages(c)
     _validate_validation(c)
+    _validate_evaluation(c)
     _validate_surgery(c)
     _validate_wandb(c)
 
@@ -299,6 +300,25 @@ def _validate_validation(c: Config) -> None:
         seen = {os.path.normpath(os.path.abspath(f)) for f in folders}
         if len(seen) != len(folders):
             raise ConfigError(f"validation.datasets.{name}: a folder is listed twice in {folders}; list it once")
+
+
+def _validate_evaluation(c: Config) -> None:
+    """Task names unique and plain (metric names), hooks ``module:function``, an interval with something to run."""
+    e = c.evaluation
+    if e.interval > 0 and not e.tasks and not e.hooks:
+        raise ConfigError(f"evaluation.interval is {e.interval} but evaluation.tasks and evaluation.hooks are empty; "
+                          f"add a task ({{name, path}}) or a hook, or set interval: 0")
+    names = [t.name for t in e.tasks]
+    for i, task in enumerate(e.tasks):
+        if not task.name or "/" in task.name or not task.path:
+            raise ConfigError(f"evaluation.tasks[{i}]: give a name (without '/') and the path of a JSON-lines file")
+        if names.count(task.name) > 1:
+            raise ConfigError(f"evaluation.tasks[{i}].name {task.name!r} is used twice; give each task its own name")
+    for i, hook in enumerate(e.hooks):
+        module, _, function = hook.partition(":")
+        if not module or not function.isidentifier():
+            raise ConfigError(f"evaluation.hooks[{i}] is {hook!r}; write it as module:function (e.g. "
+                              f"my_evals:run_harness)")
 
 
 WANDB_PROJECT_FORBIDS = "/\\#?%:"  # the characters W&B refuses in a project name (wandb_settings.validate_project)

@@ -369,6 +369,23 @@ class ValidationArgs:
 
 
 @dataclass
+class EvaluationTaskArgs:
+    """A multiple-choice task: a JSON-lines file of ``{"context", "choices", "gold"}`` rows (docs/evaluation.md)."""
+
+    name: str  # its key in the metrics row's ``eval``
+    path: str  # the JSON-lines file
+
+
+@dataclass
+class EvaluationArgs:
+    """Evaluation during training: multiple-choice tasks scored by log-likelihood, and the user's hooks."""
+
+    interval: int = key(0, NON_NEGATIVE)  # evaluate every N steps; 0: never during training
+    tasks: list[EvaluationTaskArgs] = field(default_factory=list)
+    hooks: list[str] = field(default_factory=list)  # "module:function", called with the model and step
+
+
+@dataclass
 class SpikeArgs:
     """A step whose loss exceeds the mean of the last ``window`` trained steps of its stage by ``zscore`` standard
     deviations is a spike: logged to <run_dir>/spikes.jsonl with its samples, ranked by loss."""
@@ -403,6 +420,7 @@ class Config:
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     tokenizer: TokenizerArgs | None = None
     validation: ValidationArgs = field(default_factory=ValidationArgs)
+    evaluation: EvaluationArgs = field(default_factory=EvaluationArgs)
     surgery: SurgeryArgs = field(default_factory=SurgeryArgs)
 
     def to_dict(self) -> dict:
