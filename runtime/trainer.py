@@ -27,6 +27,7 @@ from runtime.checkpoint.store import CheckpointManager
 from runtime.compat import NanotronCallStyles
 from runtime.config import Config
 from runtime.data.loading.feed import StepFeed, training_feed
+from runtime.data.order.holdout import overlap_warnings, write_holdout_file
 from runtime.data.order.plan import StagePlan
 from runtime.data.order.provenance import explain_step
 from runtime.data.order.surgery import SURGERY_KEY, surgery_record
@@ -80,7 +81,7 @@ class Trainer(NanotronCallStyles):
         it before the process group (done here when not given)."""
         startup = startup if startup is not None else start_up(config)
         self.config = config = startup.config
-        self.plan, self.start = startup.plan, startup.start
+        self.plan, self.start, self.held_out = startup.plan, startup.start, startup.held_out
         self.validator = Validator(config, startup.validation_sets)
         self.evaluator = startup.evaluator if startup.evaluator is not None else Evaluator(config, [], [])
         p = config.parallelism
@@ -117,6 +118,8 @@ class Trainer(NanotronCallStyles):
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
         for note in startup_notes(startup):
             self.metrics.info(f"note: {note}")
+        for warning in overlap_warnings(config, self.plan):
+            self.metrics.info(f"warning: {warning}")
         if rewound is not None:
             self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): {rewound.describe()}")
         for line in self.plan.surgery.describe():
@@ -135,6 +138,8 @@ class Trainer(NanotronCallStyles):
                 if self.start.checkpoint is not None:
                     rewound = rewind(self.config, self.start.checkpoint, resumed)
                 self.run_dir.mkdir(parents=True, exist_ok=True)
+                if self.held_out:
+                    write_holdout_file(self.run_dir, self.held_out)
             except NanosetError as e:
                 failure = str(e)
             except OSError as e:
@@ -308,7 +313,7 @@ class Trainer(NanotronCallStyles):
 
     def _validate(self, step: int, stage: StagePlan) -> None:
         began = time.perf_counter()
-        results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
+        results = self.validator.validate(self.engine)
         self.metrics.log_validation(step, stage.name, results, describe(results), time.perf_counter() - began)
         self._step_end = time.perf_counter()  # the next step's tokens/s leaves the evaluation out
 

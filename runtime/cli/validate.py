@@ -4,10 +4,10 @@
 a config without a validation section included. ``--task FILE`` (repeatable) scores multiple-choice task files instead
 (docs/evaluation.md), each named by its file's stem: the row's ``eval``, as training logs it.
 
-The same validation as during training (``validation`` section of the config, the sequence length and
-position-id rule of the stage the checkpoint's step belongs to), so it prints the value the run logged
-at that step. One process validates on its own (the checkpoint is resharded to it); under torchrun the
-config's parallelism is used. ``CKPT`` is a ``step-N`` folder or a checkpoints folder with ``latest``.
+The same validation as during training (``validation`` section of the config, the run's one validation sequence
+length), so it prints the value the run logged at that step. One process validates on its own (the checkpoint is
+resharded to it); under torchrun the config's parallelism is used. ``CKPT`` is a ``step-N`` folder or a checkpoints
+folder with ``latest``.
 """
 
 from __future__ import annotations
@@ -86,8 +86,7 @@ def run(config: Config, path: Path, record: CheckpointRecord, sets: list[Validat
     stage = config.stage_at(max(step, 1))
     if sets and isinstance(sets[0], Task):
         return {"step": step, "stage": stage.name, "eval": Evaluator(config, sets, []).evaluate(engine, step)}
-    results = Validator(config, sets).validate(engine, config.stage_sequence_length(stage),
-                                               stage.data.use_position_ids)
+    results = Validator(config, sets).validate(engine)
     return {"step": step, "stage": stage.name, "val": results}
 
 

@@ -289,9 +289,9 @@ def _check_column_keys(ds: HFDatasetArgs, where: str) -> None:
 def _validate_validation(c: Config) -> None:
     v = c.validation
     if not v.datasets:
-        if v.interval > 0:
+        if v.interval > 0 and not v.holdout:
             raise ConfigError(f"validation.interval is {v.interval} but validation.datasets is empty; name at least "
-                              f"one dataset (name: folder) or set interval: 0")
+                              f"one dataset (name: folder), set validation.holdout, or set interval: 0")
         return
     for name in v.datasets:
         folders = v.folders(name)

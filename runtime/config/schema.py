@@ -358,6 +358,9 @@ class ValidationArgs:
     samples: int = key(64)  # windows per dataset: the first `samples` of the dataset's seeded permutation
     at_stage_end: bool = True  # also evaluate at the last step of every stage
     seed: int | None = key(None, SEED)  # default: general.seed
+    sequence_length: int | None = key(None)  # every validation of the run at this length; null: the first stage's
+    holdout: float = key(0.0, Range(0, 1, high_open=True))  # this fraction of each training folder's documents never
+    # trains and is the validation set <source>-holdout
 
     def folders(self, name: str) -> list[str]:
         value = self.datasets[name]
@@ -365,7 +368,7 @@ class ValidationArgs:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.datasets) and (self.interval > 0 or self.at_stage_end)
+        return bool(self.datasets or self.holdout) and (self.interval > 0 or self.at_stage_end)
 
 
 @dataclass
@@ -445,6 +448,13 @@ class Config:
 
     def stage_sequence_length(self, stage: DatasetStageArgs) -> int:
         return stage.sequence_length if stage.sequence_length is not None else self.tokens.sequence_length
+
+    @property
+    def validation_sequence_length(self) -> int:
+        """The one sequence length of every validation and evaluation of the run (a series stays comparable across
+        stages of other lengths): ``validation.sequence_length``, default the first stage's."""
+        v = self.validation.sequence_length
+        return v if v is not None else self.stage_sequence_length(self.data_stages[0])
 
     def stage_end_step(self, stage: DatasetStageArgs) -> int:
         """First global step after ``stage`` (exclusive end): the next stage's start, or train_steps + 1."""

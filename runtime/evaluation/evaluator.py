@@ -12,11 +12,6 @@ from runtime.evaluation.hooks import Hook, hook_metrics, load_hooks
 from runtime.evaluation.tasks import Task, open_task
 
 
-def evaluation_length(config: Config) -> int:
-    """The one sequence length every evaluation of a run uses: the first stage's."""
-    return config.stage_sequence_length(config.data_stages[0])
-
-
 def data_tokenizer(plan) -> TokenizerInfo | None:
     """The tokenizer the run's data records (one for all of it: the plan checked that), None where none does."""
     return next((d.reader.tokenizer for d in plan.datasets if d.reader.tokenizer is not None), None)
@@ -42,7 +37,7 @@ def open_tasks(config: Config, info: TokenizerInfo | None, paths: list[tuple[str
     tokenizer = task_tokenizer(info, "evaluation.tasks")
     tasks = [open_task(name, path, tokenizer, info.eos_id) for name, path in wanted]
     for task in tasks:
-        task.check_fits(evaluation_length(config))
+        task.check_fits(config.validation_sequence_length)
     return tasks
 
 
@@ -62,7 +57,7 @@ class Evaluator:
         """``{name: {"acc", "acc_norm", "n"}}`` per task, then what the hooks return; the same on every rank."""
         from runtime.evaluation.scoring import score
 
-        results = {task.name: score(engine, task, evaluation_length(self.config)) for task in self.tasks}
+        results = {task.name: score(engine, task, self.config.validation_sequence_length) for task in self.tasks}
         for name, hook in zip(self.config.evaluation.hooks, self.hooks):
             results.update(hook_metrics(name, hook(model=engine, step=step)))
         return results
