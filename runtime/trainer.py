@@ -53,7 +53,7 @@ from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.step_reduction import StepReduction
 from runtime.preemption import installed, stop_on_signal
-from runtime.progress import Progress, clock, describe_tokens, duration
+from runtime.progress import Progress, clock, describe_tokens, duration, stage_spans
 from runtime.spikes import SpikeDetector, SpikeLog, ranked_samples
 from runtime.startup import Startup, start_up, startup_notes
 from runtime.validation import Validator, describe
@@ -173,7 +173,7 @@ class Trainer(NanotronCallStyles):
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config
         last_save = self.last_step
-        self.progress = Progress(c.tokens.train_steps)
+        self.progress = Progress(c.tokens.train_steps, stages=stage_spans(self.plan))
         self._step_end = time.perf_counter()
         device = self.parallel_context.device
         with stop_on_signal() as stop:
