@@ -42,6 +42,7 @@ from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.holdout import holdout_documents, holdout_sets, holdout_surgery, training_folders
 from runtime.data.order.packing import shorter_sequence_length
 from runtime.data.order.plan import DataPlan
+from runtime.data.order.source_names import source_names
 from runtime.data.order.surgery import Surgery
 from runtime.data.order.validation_sets import ValidationSet, open_validation_sets, training_readers
 from runtime.evaluation.evaluator import Evaluator, data_tokenizer, open_tasks
@@ -101,7 +102,7 @@ def start_up(config: Config | str | Path, world: int | None = None, lock: bool =
             plan = plan.with_surgery(surgery)
         check_init_from_hf(config, plan, fresh_start=start.checkpoint is None)
         validation_sets = [*open_validation_sets(config, training_readers(plan)),
-                           *holdout_sets(config, held_out, training_folders(plan))]
+                           *holdout_sets(config, held_out, training_folders(plan), source_names(plan))]
         evaluator = Evaluator(config, open_tasks(config, data_tokenizer(plan)))
     except BaseException:  # nothing starts: the lock goes, and the run folder it made if nothing else is in it
         if start.lock is not None:

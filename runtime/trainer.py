@@ -30,6 +30,7 @@ from runtime.data.loading.feed import StepFeed, training_feed
 from runtime.data.order.holdout import overlap_warnings, write_holdout_file
 from runtime.data.order.plan import StagePlan
 from runtime.data.order.provenance import explain_step
+from runtime.data.order.source_names import source_names
 from runtime.data.order.surgery import SURGERY_KEY, surgery_record
 from runtime.engine import Engine, StepResult
 from runtime.evaluation.evaluator import Evaluator
@@ -100,7 +101,8 @@ class Trainer(NanotronCallStyles):
         self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main)
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
                                      config.logging.log_interval)
-        self.metrics.source_names = short_names(self.plan.source_names())
+        self.source_names = source_names(self.plan)  # folder → the name the rows give it
+        self.metrics.source_names = short_names(self.plan.source_names())  # older rows keyed by folder
         saved = self.start.record.extensions.get(MIXING_KEY) if self.start.record is not None else None
         self.mixing = RunMixing(self.plan, self.run_dir, self.is_main, saved)
         self.metrics.train_steps = config.tokens.train_steps
@@ -118,7 +120,7 @@ class Trainer(NanotronCallStyles):
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
         for note in startup_notes(startup):
             self.metrics.info(f"note: {note}")
-        for warning in overlap_warnings(config, self.plan):
+        for warning in overlap_warnings(config, self.plan) if self.is_main else []:
             self.metrics.info(f"warning: {warning}")
         if rewound is not None:
             self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): {rewound.describe()}")
@@ -279,10 +281,9 @@ class Trainer(NanotronCallStyles):
             "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
         }
         if result.sources is not None:  # per dataset of the stage; none from a loader without source ids
-            row["sources"] = source_metrics([self.plan.datasets[d].folder for d in stage.dataset_ids], result.sources)
+            row["sources"] = source_metrics(self._names(stage), result.sources)
         if self._feed.from_config:  # the weights the step was drawn with (adaptive: as decided)
-            folders = [self.plan.datasets[d].folder for d in stage.dataset_ids]
-            row["weights"] = dict(zip(folders, stage.weights_at(step)))
+            row["weights"] = dict(zip(self._names(stage), stage.weights_at(step)))
         spike = self.spikes.last if self.spikes is not None else None
         if spike is not None:
             row["spike_z"] = spike[0]
@@ -290,6 +291,10 @@ class Trainer(NanotronCallStyles):
                 row["skipped"] = "spike"
             self._log_spike(step, stage, result, spike[0])
         self.metrics.log(row, self.progress.step_done(step, seconds) if self.is_main else "")
+
+    def _names(self, stage: StagePlan) -> list[str]:
+        """The names of the stage's sources (``source_names``), as the rows key them."""
+        return [self.source_names[self.plan.datasets[d].folder] for d in stage.dataset_ids]
 
     def _log_spike(self, step: int, stage: StagePlan, result: StepResult, z: float) -> None:
         """A row of spikes.jsonl (its samples named by the data order when they are the config's) and a line."""

@@ -145,12 +145,25 @@ def _validate_parallelism(c: Config) -> None:
                           f"must be a multiple of parallelism.pp {p.pp} for interleaved-1f1b")
 
 
+def _check_source_names(where: str, ds: NanosetDatasetsArgs, named: dict[str, str]) -> None:
+    """A source's name (``dataset_folder: {name: folder}``) is a metric name: not empty, no ``/``, one folder for
+    the whole run (``named``: the names the earlier stages gave)."""
+    for name, folder in zip(ds.names or [], ds.folders):
+        if not name or "/" in name:
+            raise ConfigError(f"{where}: {name!r} is not a source name; give a name without '/' (e.g. web)")
+        same = named.setdefault(name, os.path.normpath(os.path.abspath(folder)))
+        if same != os.path.normpath(os.path.abspath(folder)):
+            raise ConfigError(f"{where}: {name!r} names {folder!r} here and {same!r} in an earlier stage; a name "
+                              f"means one folder for the whole run")
+
+
 def _validate_stages(c: Config) -> None:
     stages = c.data_stages
     if not stages:
         raise ConfigError("data_stages: at least one stage is needed")
     names = [s.name for s in stages]
     starts = [s.start_training_step for s in stages]
+    named: dict[str, str] = {}  # a source's name → its folder, over the run's stages
     for i, s in enumerate(stages):
         where = f"data_stages[{i}] ({s.name})"
         if names.count(s.name) > 1:
@@ -196,6 +209,7 @@ def _validate_stages(c: Config) -> None:
                                   f"{ds.weights}")
             else:
                 _check_sum(f"{where}.data.dataset.dataset_weights", ds.weights)
+            _check_source_names(f"{where}.data.dataset.dataset_folder", ds, named)
             first: dict[str, int] = {}
             for k, folder in enumerate(ds.folders):
                 j = first.setdefault(os.path.normpath(os.path.abspath(folder)), k)  # A, ./A and /abs/A are one

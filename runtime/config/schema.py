@@ -286,14 +286,21 @@ class AdaptiveWeights:
 
 @dataclass
 class NanosetDatasetsArgs:
-    dataset_folder: str | list[str]  # dataset folders (Nanoset, datatrove or Megatron) blended in the stage
+    # dataset folders (Nanoset, datatrove or Megatron) blended in the stage; a mapping name → folder names them
+    dataset_folder: str | list[str] | dict[str, str]
     # one weight per folder (default: equal), a schedule: [{step, weights}, ...] linear in between, or
     # {adaptive: {rule, every, ...}}: decided during the run
     dataset_weights: list[float] | list[WeightsAtStep] | AdaptiveWeights | None = None
 
     @property
     def folders(self) -> list[str]:
-        return [self.dataset_folder] if isinstance(self.dataset_folder, str) else list(self.dataset_folder)
+        f = self.dataset_folder
+        return [f] if isinstance(f, str) else list(f.values()) if isinstance(f, dict) else list(f)
+
+    @property
+    def names(self) -> list[str] | None:
+        """The sources' names, in the folders' order, when ``dataset_folder`` is a mapping."""
+        return list(self.dataset_folder) if isinstance(self.dataset_folder, dict) else None
 
     @property
     def schedule(self) -> list[WeightsAtStep] | None:

@@ -404,7 +404,7 @@ def test_data_mistakes_are_one_line_before_start_up(shards, tmp_path):
     empty = evaluate_cli(small_config(tmp_path, tmp_path / "run", dp=1, name="none.yaml"), tmp_path, shards)
     assert empty.returncode == 1 and empty.stderr == (f"error: {tmp_path}/none.yaml: validation.datasets is empty; "
                                                       f"name the datasets to evaluate on there, or pass --dataset "
-                                                      f"FOLDER\n")
+                                                      f"FOLDER (or --task FILE)\n")
 
 
 def test_tied_pipeline_run_evaluates_the_same_in_one_process(shards, tmp_path):

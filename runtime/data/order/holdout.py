@@ -119,15 +119,14 @@ class HeldOutWindows:
         return self._rows(indices, self.reader.loss_mask)[:, 1:]
 
 
-def holdout_sets(config: Config, documents: dict[str, np.ndarray], readers: dict[str, NanosetReader]) -> list:
-    """The validation set ``<source>-holdout`` of each training folder's held-out documents (``source``: the
-    folder's name, ``folder_names``)."""
-    from runtime.data.order.source_names import folder_names
+def holdout_sets(config: Config, documents: dict[str, np.ndarray], readers: dict[str, NanosetReader],
+                 names: dict[str, str]) -> list:
+    """The validation set ``<source>-holdout`` of each training folder's held-out documents (``names``: folder →
+    source name, ``source_names``)."""
     from runtime.data.order.validation_sets import ValidationSet
 
     v = config.validation
     seed = v.seed if v.seed is not None else config.general.seed
-    names = folder_names(list(documents))
     return [ValidationSet(f"{names[folder]}{HOLDOUT_SUFFIX}", [folder], [readers[folder]], v.samples, seed,
                           documents=docs) for folder, docs in documents.items()]
 
