@@ -105,12 +105,16 @@ def test_a_run_says_its_size_progress_and_durations(shards, tmp_path):
     cfg = small_config(tmp_path, run, dp=1, steps=6, boundary=5, interval=3,
                        validation={"datasets": {"sft": "shards/sft"}, "interval": 2, "samples": 4})
     lines = train_one(cfg, shards).stdout.splitlines()
+    assert lines.pop(0).startswith("warning: validation.datasets.sft: shards/sft is also training data")  # anneal's
     assert lines[:2] == [
         "model: 118,944 parameters (0.12M): embedding 98,304 (input embedding and output head) + the rest 20,640",
         "tokens: 320 to train in steps 1-6 (pretrain 256, anneal 64)"]  # 4 × 2 × 32 + 2 × 2 × 16
     steps = [line for line in lines if line.startswith("step ")]
     assert [line.split(" |")[0] for line in steps] == [f"step {i:6d}/6" for i in range(1, 7)]
-    assert all(re.search(r" \| elapsed \d+:\d\d \| eta \d+:\d\d$", line) for line in steps)
+    both = r" \(pretrain \d+:\d\d, anneal \d+:\d\d\)"  # an ETA per stage while both are left (steps 1-3)
+    assert [bool(re.search(rf" \| elapsed \d+:\d\d \| eta \d+:\d\d{both}$", line)) for line in steps] == [True] * 3 + [
+        False] * 3
+    assert all(re.search(r" \| elapsed \d+:\d\d \| eta \d+:\d\d$", line) for line in steps[3:])
     assert steps[-1].endswith("| eta 0:00")
     val = [line for line in lines if line.startswith("val ")]
     assert len(val) == 3 and all(re.fullmatch(r"val +\d \| \w+ \| sft: loss .* \| took \d+\.\d\d s", v) for v in val)

@@ -198,7 +198,7 @@ def test_evaluate_subcommand_and_dataset_without_a_validation_section(run, shard
     bare.write_text(yaml.safe_dump(data))
     proc = run_cli("evaluate", "--config", bare, "--checkpoint", checkpoint, check=False, cwd=shards)
     assert (proc.returncode, proc.stderr) == (1, f"error: {bare}: validation.datasets is empty; name the datasets to "
-                                                 f"evaluate on there, or pass --dataset FOLDER\n")
+                                                 f"evaluate on there, or pass --dataset FOLDER (or --task FILE)\n")
     # the same windows as the run's validation of web (seed, folder, samples): the value it logged at the end
     row = json.loads(run_cli("evaluate", "--config", bare, "--checkpoint", checkpoint, "--dataset", "shards/web",
                              "--set", "validation.samples=4", "--json", cwd=shards).stdout)

@@ -204,7 +204,7 @@ def test_a_dataset_at_weight_zero_is_in_no_sample_and_no_source_of_its_steps(sha
     assert [len(folders[s]) for s in range(1, 5)] == [4] * 4
     train_one(cfg, cwd=shards)
     rows = metrics(tmp_path / "run")
-    assert [r["sources"]["shards/sft"]["samples"] for r in rows] == [1, 0, 0, 0]
+    assert [r["sources"]["sft"]["samples"] for r in rows] == [1, 0, 0, 0]
     assert [sum(s["samples"] for s in r["sources"].values()) for r in rows] == [4] * 4
     later = explained_folders(zero_weight_config(tmp_path, ZERO_AT_STEP_5, 10), "1:10", shards)
     assert [later[s].count("shards/sft") for s in range(1, 11)] == [1, 2, 2, 1, 0, 0, 0, 0, 0, 0]

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from nanoset import NanosetReader
+from nanoset import NanosetReader, open_dataset
+from nanoset.atomic import atomic_write_text
 from runtime.config import Config, ConfigError
 from runtime.data.order.permutation import FeistelPermutation
 from runtime.data.order.surgery import Surgery, surgery_of
@@ -65,8 +66,6 @@ def holdout_lines(documents: dict[str, np.ndarray]) -> str:
 
 
 def write_holdout_file(run_dir: Path, documents: dict[str, np.ndarray]) -> None:
-    from nanoset.atomic import atomic_write_text
-
     atomic_write_text(Path(run_dir) / HOLDOUT_FILE, holdout_lines(documents))
 
 
@@ -140,8 +139,6 @@ def overlap_warnings(config: Config, plan) -> list[str]:
         for folder in config.validation.folders(name):
             same = training.get(os.path.realpath(folder))
             if same is None:
-                from nanoset import open_dataset
-
                 same = content.get(open_dataset(folder).fingerprint)
             if same is not None:
                 out.append(f"validation.datasets.{name}: {folder} is also training data ({same}): its loss is not a "
