@@ -29,6 +29,11 @@ from runtime.checkpoint.record import CheckpointRecord, read_metadata
 from runtime.config import Config, ParallelismArgs
 from runtime.config.load import load_config
 from runtime.config.overrides import add_set_option
+from runtime.data.hf_datasets import resolve_stage_folders
+from runtime.data.order.holdout import holdout_documents, holdout_sets, training_folders
+from runtime.data.order.plan import DataPlan
+from runtime.data.order.source_names import source_names
+from runtime.data.order.surgery import Surgery
 from runtime.data.order.validation_sets import ValidationSet, open_validation_sets
 from runtime.evaluation.evaluator import Evaluator, open_tasks
 from runtime.evaluation.evaluator import describe as describe_evaluation
@@ -58,7 +63,7 @@ def prepare(config_path: str, checkpoint: str, overrides: list[str] | None = Non
     """Everything that can be a user mistake, checked before any process group: the validation sets, or with
     ``tasks`` the task files read and encoded with the tokenizer the checkpoint records."""
     config = layout_for_world(with_datasets(load_config(config_path, overrides or ()), datasets or []), world_size())
-    if not config.validation.datasets and not tasks:
+    if not config.validation.datasets and not config.validation.holdout and not tasks:
         raise ConfigError(f"{config_path}: validation.datasets is empty; name the datasets to evaluate on there, or "
                           f"pass --dataset FOLDER (or --task FILE)")
     path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
@@ -67,7 +72,15 @@ def prepare(config_path: str, checkpoint: str, overrides: list[str] | None = Non
     if tasks:
         info = record.tokenizer.info if record.tokenizer is not None else None
         return config, path, record, open_tasks(config, info, [(Path(t).stem, t) for t in dict.fromkeys(tasks)])
-    return config, path, record, open_validation_sets(config)
+    return config, path, record, open_validation_sets(config) + ([] if datasets else held_out_sets(config))
+
+
+def held_out_sets(config: Config) -> list[ValidationSet]:
+    """The ``<source>-holdout`` sets of ``validation.holdout``, as the run drew them."""
+    if not config.validation.holdout:
+        return []
+    plan = DataPlan(config, resolve_stage_folders(config), surgery=Surgery())
+    return holdout_sets(config, holdout_documents(config, plan), training_folders(plan), source_names(plan))
 
 
 def run(config: Config, path: Path, record: CheckpointRecord, sets: list[ValidationSet] | list[Task]) -> dict:

@@ -3,6 +3,11 @@ validation folder that is also training data is one warning line."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import yaml
 
@@ -66,6 +71,15 @@ def test_a_holdout_run_validates_on_it_lists_it_and_warns_of_training_folders(sh
     assert [r["step"] for r in val] == [2, 4]
     assert list(val[0]["val"]) == ["sft", "web", "web-holdout", "code-holdout"]
     assert all(v["tokens"] > 0 and v["sequence_length"] == 32 for r in val for v in r["val"].values())
+    # runtime.evaluate on the final checkpoint: the same sets, the values the run logged at its last step
+    out = subprocess.run([sys.executable, "-m", "runtime.evaluate", "--config", str(cfg), "--checkpoint",
+                          str(run / "checkpoints"), "--json"], capture_output=True, text=True, cwd=shards,
+                         timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    evaluated = json.loads(out.stdout)["val"]
+    assert list(evaluated) == list(val[-1]["val"])
+    for name, v in val[-1]["val"].items():
+        assert evaluated[name]["tokens"] == v["tokens"] and abs(evaluated[name]["loss"] - v["loss"]) < 1e-5
     warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning:")]
     assert warnings == ["warning: validation.datasets.web: shards/web is also training data (shards/web): its loss "
                         "is not a held-out loss; validate on other data, or set validation.holdout: FRACTION to hold "
