@@ -189,7 +189,7 @@ class MetricsLogger:
         self.wandb = None  # a runtime.wandb_logger.WandbLogger once the trainer started one
         # a checkpointing step's row is held from its line until its checkpoint's blocking part is over (``release``)
         self.hold_rows = False
-        self._held: dict | None = None
+        self._held: list[dict] = []  # the held training row first, then the step's validation and evaluation rows
         self.tb = None
         if enabled and tensorboard:
             try:
@@ -242,7 +242,7 @@ class MetricsLogger:
         shown = dict(record)
         record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
         if self.hold_rows:
-            self._held = record
+            self._held = [record]
         else:
             self._append(record)
             self._scalars(record)
@@ -262,13 +262,15 @@ class MetricsLogger:
 
     def release(self, **extra) -> None:
         """The held row of a checkpointing step, written with ``extra`` (``checkpoint_blocking_s``): after its
-        checkpoint is written or staged, before ``latest`` can name it, so a resume never lacks it."""
+        checkpoint is written or staged, before ``latest`` can name it, so a resume never lacks it. The step's
+        validation and evaluation rows, held behind it, follow it: the file keeps a step's training row first."""
         self.hold_rows = False
-        if self._held is None:
+        if not self._held:
             return
-        row, self._held = {**self._held, **extra}, None
-        self._append(row)
-        self._scalars(row)
+        (row, *after), self._held = self._held, []
+        for held in ({**row, **extra}, *after):
+            self._append(held)
+            self._scalars(held)
 
     def log_validation(self, step: int, stage: str, results: dict[str, dict], lines: list[str],
                        seconds: float | None = None, key: str = "val") -> None:
@@ -281,8 +283,11 @@ class MetricsLogger:
         results = {name: {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in r.items()}
                    for name, r in results.items()}
         row = {"step": step, "stage": stage, key: results}
-        self._append(row)
-        self._scalars(row)
+        if self._held:
+            self._held.append(row)
+        else:
+            self._append(row)
+            self._scalars(row)
         took = f" | took {duration(seconds)}" if seconds is not None else ""
         self.info(f"{key:<4} {step:>6} | {stage} | " + " | ".join(lines) + took)
 
