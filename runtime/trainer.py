@@ -28,9 +28,11 @@ from runtime.config import Config
 from runtime.control.preemption import installed, stop_on_signal
 from runtime.control.progress import clock, describe_tokens, duration
 from runtime.data.loading.feed import StepFeed, training_feed
+from runtime.data.order.holdout import overlap_warnings, write_holdout_file
 from runtime.data.order.plan import StagePlan
 from runtime.data.order.surgery import SURGERY_KEY, surgery_record
 from runtime.engine import Engine
+from runtime.evaluation.evaluator import DueEvaluation, Evaluator
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
 from runtime.observe.divergence import DivergenceGuard
@@ -68,8 +70,9 @@ class Trainer(NanotronCallStyles):
         it before the process group (done here when not given)."""
         startup = startup if startup is not None else start_up(config)
         self.config = config = startup.config
-        self.plan, self.start = startup.plan, startup.start
+        self.plan, self.start, self.held_out = startup.plan, startup.start, startup.held_out
         self.validator = Validator(config, startup.validation_sets)
+        self.evaluator = startup.evaluator if startup.evaluator is not None else Evaluator(config, [], [])
         p = config.parallelism
         self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp)
         self.is_main = self.parallel_context.world_rank == 0
@@ -89,7 +92,7 @@ class Trainer(NanotronCallStyles):
                                              async_save=background, pinned=cuda)
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
                                      config.logging.log_interval)
-        self.metrics.source_names = short_names(self.plan.source_names())
+        self.metrics.source_names = short_names(self.plan.source_names())  # older rows keyed by folder
         self.metrics.train_steps = config.tokens.train_steps
         self.parameters = parameter_count(config.model)
         self.last_step = 0
@@ -101,6 +104,8 @@ class Trainer(NanotronCallStyles):
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
         for note in startup_notes(startup):
             self.metrics.info(f"note: {note}")
+        for warning in overlap_warnings(config, self.plan) if self.is_main else []:
+            self.metrics.info(f"warning: {warning}")
         if rewound is not None:
             self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): {rewound.describe()}")
         for line in self.plan.surgery.describe():
@@ -119,6 +124,8 @@ class Trainer(NanotronCallStyles):
                 if self.start.checkpoint is not None:
                     rewound = rewind(self.config, self.start.checkpoint, resumed)
                 self.run_dir.mkdir(parents=True, exist_ok=True)
+                if self.held_out:
+                    write_holdout_file(self.run_dir, self.held_out)
             except NanosetError as e:
                 failure = str(e)
             except OSError as e:
@@ -188,7 +195,8 @@ class Trainer(NanotronCallStyles):
 
     def _make_observers(self, from_config: bool) -> None:
         """The step observers, in the order they see a step: spikes (judged before the row that shows them),
-        adaptive mixing, the metrics row, validation, and last the divergence guard (which may stop the run)."""
+        adaptive mixing, the metrics row, validation, evaluation, and last the divergence guard (which may stop the
+        run)."""
         c = self.config
         self.spikes = SpikeWatch(c.surgery.spike, self.plan, SpikeLog(self.run_dir, self.is_main), from_config,
                                  self.metrics.info)
@@ -198,7 +206,8 @@ class Trainer(NanotronCallStyles):
         self.rows = MetricsRows(c, self.plan, self.metrics, self.parameters, from_config,
                                 peak_flops(self.parallel_context.device))
         self.observers = [self.spikes, RunMixing(self.plan, self.run_dir, self.is_main), self.rows,
-                          DueValidation(self.validator, self.engine, self.metrics), self.divergence]
+                          DueValidation(self.validator, self.engine, self.metrics),
+                          DueEvaluation(self.evaluator, self.engine, self.metrics), self.divergence]
 
     def _train_step(self, step: int, stage: StagePlan, batches: list[dict], lr: float, data_wait: float,
                     summary: TrainSummary, stop: Any) -> bool:

@@ -35,7 +35,8 @@ def read_rows(run: str | Path) -> tuple[list[dict], list[dict]]:
     train: dict[int, dict] = {}
     val: dict[int, dict] = {}
     for row in step_log.read_rows(path):
-        (val if "val" in row else train)[row["step"]] = row
+        if "eval" not in row:  # evaluation rows: read by their own readers
+            (val if "val" in row else train)[row["step"]] = row
     if not train and not val:
         raise NanosetError(f"{path}: no step logged yet; run it again once the run has trained a step")
     return [train[s] for s in sorted(train)], [val[s] for s in sorted(val)]

@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 
 from runtime.config import Config
-from runtime.control.progress import Progress
+from runtime.control.progress import Progress, stage_spans
 from runtime.data.order.plan import DataPlan
+from runtime.data.order.source_names import source_names
 from runtime.observe.metrics import (
     SURGERY_SKIP,
     MetricsLogger,
@@ -34,7 +35,8 @@ class MetricsRows(StepObserver):
                  from_config: bool, peak: float | None) -> None:
         self.config, self.plan, self.metrics = config, plan, metrics
         self.parameters, self.from_config, self.peak = parameters, from_config, peak
-        self.progress = Progress(config.tokens.train_steps)
+        self.names = source_names(plan)  # folder → the name the rows give it
+        self.progress = Progress(config.tokens.train_steps, stages=stage_spans(plan))
 
     def start(self, resumed_step: int) -> None:
         """Cut metrics.jsonl after the resumed step (no step logged twice), then start W&B (global rank 0), given the
@@ -44,7 +46,7 @@ class MetricsRows(StepObserver):
         self.metrics.truncate_after(resumed_step)
         if self.metrics.enabled:
             self._start_wandb(resumed_step, logged)
-        self.progress = Progress(self.config.tokens.train_steps)
+        self.progress = Progress(self.config.tokens.train_steps, stages=stage_spans(self.plan))
 
     def _start_wandb(self, resumed_step: int, logged: int) -> None:
         p = self.parameters
@@ -71,10 +73,10 @@ class MetricsRows(StepObserver):
             "mfu": model_flops_utilization(tokens_per_s, self.config, stage.sequence_length, self.peak),
             "time": time.time(),
         }
-        folders = [self.plan.datasets[d].folder for d in stage.dataset_ids]
+        names = [self.names[self.plan.datasets[d].folder] for d in stage.dataset_ids]  # as the rows key them
         if result.sources is not None:  # per dataset of the stage; none from a loader without source ids
-            row["sources"] = source_metrics(folders, result.sources)
+            row["sources"] = source_metrics(names, result.sources)
         if self.from_config:  # the weights the step was drawn with (adaptive: as decided)
-            row["weights"] = dict(zip(folders, stage.weights_at(step.step)))
+            row["weights"] = dict(zip(names, stage.weights_at(step.step)))
         row.update(step.row)
         self.metrics.log(row, self.progress.step_done(step.step, step.seconds) if self.metrics.enabled else "")
