@@ -120,6 +120,12 @@ class Engine:
         decay = [p for p in self.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.parameters() if p.ndim < 2]
         groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        # the fused kernel takes one kind of tensor per group: under tp without FSDP, 1-D weights the plan
+        # distributes (biases split with their heads, replicated per-head norms) get a group beside the plain norms
+        distributed = [p for p in no_decay if hasattr(p, "device_mesh")]
+        if distributed and len(distributed) < len(no_decay):
+            groups[1]["params"] = [p for p in no_decay if not hasattr(p, "device_mesh")]
+            groups.append({"params": distributed, "weight_decay": 0.0})
         # fused (CUDA and CPU): one kernel for all parameters, no host read of its step counts (the foreach
         # path reads each one), and a non-finite step skipped on the device (found_inf)
         return torch.optim.AdamW(groups, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,
