@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 from nanoset.errors import ConfigError
-from runtime.models import llama
+from runtime.models import llama, qwen2, qwen3
 from runtime.models.spec import ModelSpec
 
 FAMILIES: dict[str, ModelSpec] = {spec.name: spec for spec in (
     llama.SPEC,
+    qwen2.SPEC,
+    qwen3.SPEC,
 )}
 DEFAULT_FAMILY = "llama"
 
