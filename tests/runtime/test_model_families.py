@@ -73,9 +73,11 @@ def test_the_engine_builds_and_initialises_through_the_spec():
 # ---------------------------------------------------------------- Qwen2 and Qwen3 against transformers ---------
 
 QWEN = ("qwen2", "qwen3")
-# one launched group per world size runs every family's layouts: dp 1 (and a fresh run), then tp 2, pp 2, cp 2
+# one launched group per world size runs every family's layouts: dp 1 (and a fresh run), then tp 2, pp 2, cp 2, and
+# dp 2 (FSDP2, activation checkpointing; both replicas get the same rows, so the global batch's mean is dp 1's)
 DP1 = [({}, "dp1"), ({"attention": "document"}, "dp1-doc")]
-WORLD2 = [({"tp": 2, "checkpoint": True}, "tp2"), ({"pp": 2}, "pp2"), ({"cp": 2, "attention": "document"}, "cp2-doc")]
+WORLD2 = [({"tp": 2, "checkpoint": True}, "tp2"), ({"pp": 2}, "pp2"), ({"cp": 2, "attention": "document"}, "cp2-doc"),
+          ({"dp": 2, "activation_checkpointing": "full"}, "dp2")]
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +104,14 @@ def qwen_runs(tmp_path_factory):
 def test_qwen_logits_and_step_one_loss_equal_transformers_in_every_layout(qwen_runs, family):
     """dp 1, tp 2 (biases and per-head norms on local heads) and pp 2 (a tied head on the other stage): the logits
     equal transformers' (fp32, 1e-5) and the step-1 loss too (1e-6 relative), and the step's gradient norm is dp 1's
-    (the per-head norms' gradients summed over the tp ranks); cp 2 with document masks equals dp 1 with them."""
+    (the per-head norms' gradients summed over the tp ranks), also at dp 2 with FSDP2 and activation checkpointing;
+    cp 2 with document masks equals dp 1 with them."""
     from tests.support.hf_models import reference_logits, reference_loss
 
     folders, ids, results, _ = qwen_runs
     theirs = reference_logits(folders[family], ids[:, :-1])
     loss = reference_loss(folders[family], ids)
-    for layout in ("dp1", "tp2", "pp2"):
+    for layout in ("dp1", "tp2", "pp2", "dp2"):
         got = results[f"{family}-{layout}"]
         torch.testing.assert_close(got["logits"], theirs, rtol=0, atol=1e-5, msg=layout)
         assert got["loss"] == pytest.approx(loss, rel=1e-6), layout

@@ -87,11 +87,11 @@ def next_token_batches(ids: torch.Tensor, micro_batches: int, documents: bool = 
 
 def family_layouts_worker(rank: int, world: int, runs: list[tuple[str, str, dict]], ids: torch.Tensor,
                           out: str) -> None:
-    """For each ``(name, hf folder, layout)``: load the model into the layout (``layout``'s ``attention`` and the
-    parallelism keys), save its logits of ``ids[:, :-1]`` (without cp), its step-1 loss and gradient norm to
-    ``out/name.pt``, and
-    with ``checkpoint`` in the layout a checkpoint of the loaded weights to ``out/name-ckpt`` first. A run without
-    a folder (``""``) is a fresh model of ``layout["family"]`` trained three steps: its losses."""
+    """For each ``(name, hf folder, layout)``: load the model into the layout (``layout``'s ``attention``,
+    ``activation_checkpointing`` and parallelism keys; every rank gets the same micro-batches), save its logits of
+    ``ids[:, :-1]`` (without cp), its step-1 loss and gradient norm to ``out/name.pt``, and with ``checkpoint`` in
+    the layout a checkpoint of the loaded weights to ``out/name-ckpt`` first. A run without a folder (``""``) is a
+    fresh model of ``layout["family"]`` trained three steps: its losses."""
     from runtime.checkpoint.record import CheckpointRecord
     from runtime.checkpoint.store import CheckpointManager
     from runtime.data.order.record import TrainingMetadata
@@ -103,9 +103,11 @@ def family_layouts_worker(rank: int, world: int, runs: list[tuple[str, str, dict
     for name, hf, layout in runs:
         layout = dict(layout)
         checkpoint, attention = layout.pop("checkpoint", False), layout.pop("attention", "causal")
+        recompute = layout.pop("activation_checkpointing", "none")
         parallel = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "pp_engine": "afab", **layout}
         if hf:
-            data = merged(HF_BASE, model={"init_from_hf": hf, "attention": attention}, parallelism=parallel)
+            data = merged(HF_BASE, model={"init_from_hf": hf, "attention": attention,
+                                          "activation_checkpointing": recompute}, parallelism=parallel)
         else:
             data = merged(TINY, model={"family": parallel.pop("family")}, parallelism=parallel,
                           tokens={"batch_accumulation_per_replica": 2})
