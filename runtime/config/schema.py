@@ -131,7 +131,7 @@ SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "interme
              "max_position_embeddings")
 # the keys that shape the parameters (a checkpoint loads only into the same); rope_theta, rms_norm_eps,
 # max_position_embeddings, init_std and dtype may change on resume (e.g. to extend the context)
-SHAPE_KEYS = SIZE_KEYS[:5] + ("num_key_value_heads", "head_dim", "tie_word_embeddings")
+SHAPE_KEYS = ("family",) + SIZE_KEYS[:5] + ("num_key_value_heads", "head_dim", "tie_word_embeddings")
 
 
 @dataclass

@@ -171,3 +171,21 @@ def test_init_from_hf_sets_the_family_and_refuses_what_qwen_cannot_be(tmp_path):
     qwen2 = save_family_hf(tmp_path / "qwen2", "qwen2", use_sliding_window=True, sliding_window=8)
     with pytest.raises(ConfigError, match="use_sliding_window True is not supported \\(our Qwen2 has"):
         load_config(write_yaml(tmp_path, qwen2))
+
+
+def test_a_checkpoint_of_another_family_is_refused_and_old_records_are_llama(tmp_path):
+    """Resuming a Qwen3 checkpoint as Llama would silently drop its q/k norms: refused in one line. A record written
+    before model.family existed is a Llama's."""
+    from types import SimpleNamespace
+
+    from runtime.checkpoint.layout import check_same_model
+
+    llama = build(merged(TINY))
+    qwen3 = build(merged(TINY, model={"family": "qwen3"}))
+    record = SimpleNamespace(model=qwen3.to_dict()["model"])
+    with pytest.raises(ConfigError, match=r"saved with another model: model.family qwen3 → llama; use the"):
+        check_same_model(llama, record, tmp_path)
+    old = {k: v for k, v in llama.to_dict()["model"].items() if k != "family"}
+    check_same_model(llama, SimpleNamespace(model=old), tmp_path)
+    with pytest.raises(ConfigError, match=r"model.family llama → qwen3"):
+        check_same_model(qwen3, SimpleNamespace(model=old), tmp_path)
