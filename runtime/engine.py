@@ -82,16 +82,16 @@ class Engine:
         if args.compile:
             lengths = {config.stage_sequence_length(s) for s in config.data_stages} | {config.tokens.sequence_length}
             set_recompile_limit(compile_variants(lengths, args.activation_checkpointing != "none"))
-        family = spec_of(args).modules()
+        modules = spec_of(args).modules()  # the family's torch side
         self.chunks: list[nn.Module] = []
         for c in self.stage_ids:
             with torch.device("meta"):  # no memory until sharded: only this rank's shards are ever allocated
-                chunk = family.chunk(args, *ranges[c])
-            parallelize(chunk, args, family.tensor_parallel_plan, ctx.mesh["tp"],
+                chunk = modules.chunk(args, *ranges[c])
+            parallelize(chunk, args, modules.tensor_parallel_plan, ctx.mesh["tp"],
                         ctx.dp_cp_mesh if self.use_fsdp else None, self.dtype, self.context_parallel)
             chunk.materialize(self.device)
             if initialize:
-                family.init_weights(chunk, args, config.general.seed)
+                modules.init_weights(chunk, args, config.general.seed)
             self.chunks.append(chunk)
         self.tied_sync = TiedEmbeddingSync(self.chunks, ctx) if args.tie_word_embeddings and ctx.pp_size > 1 else None
         self.owns_inputs = self.chunks[0].has_embedding
