@@ -97,6 +97,7 @@ class Engine:
         self.owns_inputs = self.chunks[0].has_embedding
         self.owns_loss = self.chunks[-1].has_head
         self.optimizer = self._build_optimizer()
+        self.clip_grad = config.optimizer.clip_grad  # a stage's own may replace it (runtime/stage_optimizer.py)
         # gradient clipping counts each weight once: a pipeline-tied head copy has the embedding's gradient
         self._norm_parameters = [p for c in self.chunks for n, p in c.named_parameters() if c.stored_name(n) == n]
         self._schedules: dict[tuple, object] = {}
@@ -119,13 +120,14 @@ class Engine:
         o = self.config.optimizer
         decay = [p for p in self.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.parameters() if p.ndim < 2]
-        groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        groups = [{"params": decay, "weight_decay": o.weight_decay, "decayed": True},
+                  {"params": no_decay, "weight_decay": 0.0, "decayed": False}]
         # the fused kernel takes one kind of tensor per group: under tp without FSDP, 1-D weights the plan
         # distributes (biases split with their heads, replicated per-head norms) get a group beside the plain norms
         distributed = [p for p in no_decay if hasattr(p, "device_mesh")]
         if distributed and len(distributed) < len(no_decay):
             groups[1]["params"] = [p for p in no_decay if not hasattr(p, "device_mesh")]
-            groups.append({"params": distributed, "weight_decay": 0.0})
+            groups.append({"params": distributed, "weight_decay": 0.0, "decayed": False})
         # fused (CUDA and CPU): one kernel for all parameters, no host read of its step counts (the foreach
         # path reads each one), and a non-finite step skipped on the device (found_inf)
         return torch.optim.AdamW(groups, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,
@@ -259,7 +261,7 @@ class Engine:
         self._add_step_numbers(reduction, batches, losses, num_sources, sources is not None)
         n_tokens = reduction.on_device("label_tokens").clamp(min=1)
         loss = reduction.on_device("loss_sum")[0] / n_tokens[0]
-        grad_norm = clip_grad_norm_(self.parameters(), self.config.optimizer.clip_grad, self.ctx,
+        grad_norm = clip_grad_norm_(self.parameters(), self.clip_grad, self.ctx,
                                     counted=self._norm_parameters, divisor=n_tokens[0])
         self._step_unless_not_finite(loss, grad_norm, skip_above)
         self.optimizer.zero_grad(set_to_none=True)
