@@ -24,8 +24,9 @@ def free_port() -> int:
 
 
 # torch's modules every rank of a test imports: loaded once, by the fork server, instead of by each rank
+# (torch._dynamo: the first call of a function torch keeps out of compilation imports it, e.g. building a model)
 PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "torch.distributed.tensor",
-           "torch.distributed.fsdp", "torch.distributed.pipelining"]
+           "torch.distributed.fsdp", "torch.distributed.pipelining", "torch._dynamo"]
 
 
 def _entry(rank: int, world: int, port: int, env: dict, fn, args, errors, finished) -> None:
