@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support import CORPUS, TOKENIZER, read_texts_in_corpus_order, run_cli
+from tests.support import CORPUS, FIXTURES, TOKENIZER, read_texts_in_corpus_order, run_cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))  # tools/make_fixtures.py
 
@@ -80,6 +80,15 @@ def shards(tmp_path_factory) -> Path:
                                      tokenizer=str(TOKENIZER), task_bytes=100_000, progress=False))
 
     return built_once(tmp_path_factory, "work", build)
+
+
+@pytest.fixture(scope="session")
+def chat_shards(tmp_path_factory) -> Path:
+    """``nanoset tokenize data_fixtures/chat --chat``: the fixture conversations with their loss masks."""
+    def build(folder: Path) -> None:
+        run_cli("tokenize", FIXTURES / "chat", "-o", folder / "chat", "--tokenizer", TOKENIZER, "--chat", "--quiet")
+
+    return built_once(tmp_path_factory, "chat", build) / "chat"
 
 
 @dataclass(frozen=True)
