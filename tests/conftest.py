@@ -92,7 +92,7 @@ def chat_shards(tmp_path_factory) -> Path:
 
 
 @dataclass(frozen=True)
-class Run:
+class ReferenceRun:
     config: Path
     run_dir: Path
     rows: list[dict]
@@ -100,9 +100,10 @@ class Run:
 
 
 @pytest.fixture(scope="session")
-def two_stage_run(shards, tmp_path_factory) -> Run:
+def two_stage_run(shards, tmp_path_factory) -> ReferenceRun:
     """The tests' reference run, uninterrupted: ``small_config``'s two stages, dp=2 under torchrun, 12 steps, the
-    anneal from step 8, checkpoints every 3 steps. Read it, never resume it: copy its folder to train on."""
+    anneal from step 8, checkpoints every 3 steps. Shared by every file that asks: read it, and copy its folder to
+    train on from it."""
     from tests.support.configs import small_config
     from tests.support.harness import metrics, torchrun
 
@@ -111,4 +112,5 @@ def two_stage_run(shards, tmp_path_factory) -> Run:
         (folder / "stdout.txt").write_text(proc.stdout)
 
     folder = built_once(tmp_path_factory, "two-stage-run", build)
-    return Run(folder / "cfg.yaml", folder / "run", metrics(folder / "run"), (folder / "stdout.txt").read_text())
+    return ReferenceRun(folder / "cfg.yaml", folder / "run", metrics(folder / "run"),
+                        (folder / "stdout.txt").read_text())
