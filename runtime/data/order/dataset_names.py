@@ -37,7 +37,11 @@ class DatasetNames:
         wherever the data is now); ``where`` names the asking key, ``shown`` the folder as the user knows it."""
         if folder.startswith(FINGERPRINT):
             ids = [d for d, key in enumerate(self.keys) if key == folder]
-            return ids or self._unknown(shown or folder, where)
+            if not ids and shown is not None and not shown.startswith(FINGERPRINT):
+                # no dataset has that content any more: the folder it was named by, whose content changed (as a
+                # resumed part follows its recorded folder; the record check refuses the change unless allowed)
+                ids = [d for d, f in enumerate(self.locations) if f == resolved(shown)]
+            return ids or self._unknown(f"{shown} ({folder})" if shown else folder, where)
         target = resolved(folder)
         folders = {target}
         for i, stage in enumerate(self.config.data_stages):
