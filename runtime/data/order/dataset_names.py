@@ -25,11 +25,19 @@ class DatasetNames:
         self.locations: list[str] = []  # resolved folder of each dataset
         self.spelled: list[str] = []  # the folder of each dataset as the config first spells it
         self.keys: list[str] = []  # the key of content of each dataset (``surgery.dataset_key``)
+        self.read_from: dict[str, set[int]] = {}  # every resolved folder a stage reads → its datasets (one a
+        # sequence length and packing; a copy of a dataset's content in another folder is that dataset)
+        self.spelled_as: dict[str, str] = {}  # those folders as the config spells them
 
     def add(self, location: str, spelled: str, fingerprint: str) -> None:
         self.locations.append(location)
         self.spelled.append(spelled)
         self.keys.append(FINGERPRINT + fingerprint)
+
+    def also(self, dataset: int, location: str, spelled: str) -> None:
+        """``dataset`` is read from ``location`` too (a copy of its content in another folder is the same dataset)."""
+        self.read_from.setdefault(location, set()).add(dataset)
+        self.spelled_as.setdefault(location, spelled)
 
     def named(self, folder: str, where: str = "", shown: str | None = None) -> list[int]:
         """The datasets (one per sequence length and packing) read from ``folder``: a folder of a stage, the
@@ -48,11 +56,11 @@ class DatasetNames:
             ds = stage.data.dataset
             if isinstance(ds, HFDatasetArgs) and resolved(ds.hf_dataset_or_datasets) == target:
                 folders.update(resolved(f) for f in self.stage_folders[i])
-        ids = [d for d, f in enumerate(self.locations) if f in folders]
+        ids = sorted({d for f in folders for d in self.read_from.get(f, ())})
         return ids or self._unknown(shown or folder, where)
 
     def _unknown(self, folder: str, where: str) -> list[int]:
-        known = ", ".join(sorted(set(self.spelled)))
+        known = ", ".join(sorted(set(self.spelled_as.values())))
         prefix = f"{where}: " if where else ""
         raise ConfigError(f"{prefix}{folder}: not a dataset of this run; its datasets are: {known}")
 
@@ -78,14 +86,13 @@ def check_listed_once(ids: list[int], fingerprints: list[str], folders: list[str
     fingerprint, so the same sample order too) would give every sample twice: refuse it."""
     where = f"data_stages[{i}] ({stage.name}).data.dataset.dataset_folder"
     first: dict[int, int] = {}
-    copies: dict[str, int] = {}
-    for b, (d, fingerprint) in enumerate(zip(ids, fingerprints)):
+    for b, d in enumerate(ids):
         a = first.setdefault(d, b)
-        if a != b:
+        if a == b:
+            continue
+        if resolved(folders[a]) == resolved(folders[b]):
             raise ConfigError(f"{where}: {folders[a]!r} and {folders[b]!r} are the same dataset "
                               f"({resolved(folders[a])}); list it once and merge the weights")
-        c = copies.setdefault(fingerprint, b)
-        if c != b:
-            raise ConfigError(f"{where}: {folders[c]!r} and {folders[b]!r} hold the same data (fingerprint "
-                              f"{fingerprint}), so every sample would be read twice; list one "
-                              f"of them and merge the weights")
+        raise ConfigError(f"{where}: {folders[a]!r} and {folders[b]!r} hold the same data (fingerprint "
+                          f"{fingerprints[b]}), so every sample would be read twice; list one "
+                          f"of them and merge the weights")
