@@ -20,8 +20,12 @@ class DatasetNames:
     """The plan's datasets by name: per dataset (index into ``DataPlan.datasets``), the resolved folder it is read
     from and the folder as the config spells it."""
 
-    def __init__(self, config: Config, stage_folders: list[list[str]]) -> None:
+    def __init__(self, config: Config, stage_folders: list[list[str]], recorded: dict[str, str] | None = None
+                 ) -> None:
+        """``recorded``: the resumed checkpoint's folders → the content fingerprint each held (what a record
+        made before datasets were named by content names a dataset by, wherever it is now)."""
         self.config, self.stage_folders = config, stage_folders
+        self.recorded = recorded or {}
         self.locations: list[str] = []  # resolved folder of each dataset
         self.spelled: list[str] = []  # the folder of each dataset as the config first spells it
         self.keys: list[str] = []  # the key of content of each dataset (``surgery.dataset_key``)
@@ -49,7 +53,7 @@ class DatasetNames:
                 # no dataset has that content any more: the folder it was named by, whose content changed (as a
                 # resumed part follows its recorded folder; the record check refuses the change unless allowed)
                 ids = [d for d, f in enumerate(self.locations) if f == resolved(shown)]
-            return ids or self._unknown(f"{shown} ({folder})" if shown else folder, where)
+            return ids or self._unknown(f"{shown} ({folder})" if shown and shown != folder else folder, where)
         target = resolved(folder)
         folders = {target}
         for i, stage in enumerate(self.config.data_stages):
@@ -57,6 +61,8 @@ class DatasetNames:
             if isinstance(ds, HFDatasetArgs) and resolved(ds.hf_dataset_or_datasets) == target:
                 folders.update(resolved(f) for f in self.stage_folders[i])
         ids = sorted({d for f in folders for d in self.read_from.get(f, ())})
+        if not ids and target in self.recorded:  # a folder the checkpoint trained: its content, moved elsewhere
+            ids = [d for d, key in enumerate(self.keys) if key == FINGERPRINT + self.recorded[target]]
         return ids or self._unknown(shown or folder, where)
 
     def _unknown(self, folder: str, where: str) -> list[int]:

@@ -74,7 +74,7 @@ class DataPlan:
         self.history = history
         self.checkpoint = str(checkpoint) if history is not None else None
         self.datasets: list[SampleSpace] = []
-        self.names = DatasetNames(config, stage_folders)
+        self.names = DatasetNames(config, stage_folders, _recorded_folders(history))
         self.folders = self.names.locations  # resolved folder of each dataset
         self._keys: dict[tuple[str, int, str, bool], int] = {}
         self._seeds: dict[int, int] = {}  # the first part to draw from a dataset keys its order
@@ -340,6 +340,12 @@ class DataPlan:
             seen = check_same_tokenizer(w.reader, w.folder, seen)
             check_vocab(w.reader, w.folder, self.config.model.vocab_size)
         check_unknown_beside_known([(w.reader, w.folder) for w in self.datasets], seen, "data_stages")
+
+
+def _recorded_folders(history: TrainingMetadata | None) -> dict[str, str]:
+    """The folders a checkpoint's record names → the content fingerprint each held then."""
+    parts = [p for s in history.data_stages for p in s.parts] if history is not None else []
+    return {f: fp for p in parts for f, fp in zip(p.datasets, p.fingerprints)}
 
 
 def _draws_key(folder: str, dataset: SampleSpace) -> str:
