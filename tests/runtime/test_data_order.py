@@ -302,6 +302,8 @@ def test_a_later_stage_reading_a_copy_of_a_dataset_continues_its_draws(in_shards
     web = [s for loc in locs for d, s in zip(loc.dataset.tolist(), loc.sample.tolist()) if d == 0]
     assert len(web) == 8 + 16 == len(set(web))  # nothing read twice
     assert plan.datasets_named(str(copy)) == plan.datasets_named("shards/web") == [0]
+    alone = DataPlan(make_config(dp=1, mbs=4, train_steps=8, seq=16, stages=[one_stage("shards/web")]))
+    assert alone.datasets_named(str(copy)) == [0]  # a copy not listed at all: what a surgery naming it excises
 
 
 def test_a_copy_of_a_dataset_listed_next_to_it_is_refused(in_shards, tmp_path):

@@ -8,7 +8,7 @@ import os
 
 from nanoset.errors import ConfigError
 from runtime.config import Config, DatasetStageArgs, HFDatasetArgs
-from runtime.data.order.surgery import FINGERPRINT
+from runtime.data.order.surgery import FINGERPRINT, dataset_key
 
 
 def resolved(folder: str) -> str:
@@ -63,6 +63,8 @@ class DatasetNames:
         ids = sorted({d for f in folders for d in self.read_from.get(f, ())})
         if not ids and target in self.recorded:  # a folder the checkpoint trained: its content, moved elsewhere
             ids = [d for d, key in enumerate(self.keys) if key == FINGERPRINT + self.recorded[target]]
+        if not ids:  # a copy of a dataset of the run, as a surgery keys it (``dataset_key``): that dataset
+            ids = [d for d, key in enumerate(self.keys) if key == dataset_key(target)[0]]
         return ids or self._unknown(shown or folder, where)
 
     def _unknown(self, folder: str, where: str) -> list[int]:
