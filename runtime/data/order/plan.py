@@ -5,8 +5,9 @@ in O(1) - blend slot → dataset and draw number → epoch and position → perm
 weights blend by a greedy period, a weight schedule by per-step counts computed once: see
 ``blend`` and ``scheduled_blend``). Global step
 ``t`` of stage ``s`` uses stage samples ``[(t - start_s)·G, (t - start_s + 1)·G)``. A dataset
-(resolved folder and sequence length) used by several stages continues its draws where the
-earlier stages left it, so nothing repeats before the dataset is exhausted.
+(content fingerprint and sequence length: a copy in another folder is the same dataset) used by
+several stages continues its draws where the earlier stages left it, so nothing repeats before the
+dataset is exhausted.
 
 A resumed run passes the checkpoint's record (``history``): the stages that have begun are then
 taken from the record - their global batch size, datasets, weights, seed and the draws each
