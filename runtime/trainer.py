@@ -27,13 +27,16 @@ from runtime.checkpoint.store import CheckpointManager
 from runtime.compat import NanotronCallStyles
 from runtime.config import Config
 from runtime.data.loading.feed import StepFeed, training_feed
+from runtime.data.order.holdout import overlap_warnings, write_holdout_file
 from runtime.data.order.plan import StagePlan
 from runtime.data.order.provenance import explain_step
+from runtime.data.order.source_names import source_names
 from runtime.data.order.surgery import SURGERY_KEY, surgery_record
 from runtime.engine import Engine, StepResult
+from runtime.evaluation.evaluator import Evaluator
+from runtime.evaluation.evaluator import describe as describe_evaluation
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
-from runtime.lr_schedule import LRSchedule
 from runtime.metrics import (
     SURGERY_SKIP,
     MetricsLogger,
@@ -50,8 +53,10 @@ from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.step_reduction import StepReduction
 from runtime.preemption import installed, stop_on_signal
-from runtime.progress import Progress, clock, describe_tokens, duration
+from runtime.progress import Progress, clock, describe_tokens, duration, stage_spans
 from runtime.spikes import SpikeDetector, SpikeLog, ranked_samples
+from runtime.stage_optimizer import RECORD_KEY as STAGE_OPTIMIZERS_KEY
+from runtime.stage_optimizer import StageOptimizers
 from runtime.startup import Startup, start_up, startup_notes
 from runtime.validation import Validator, describe
 from runtime.wandb_logger import start_wandb
@@ -78,8 +83,9 @@ class Trainer(NanotronCallStyles):
         it before the process group (done here when not given)."""
         startup = startup if startup is not None else start_up(config)
         self.config = config = startup.config
-        self.plan, self.start = startup.plan, startup.start
+        self.plan, self.start, self.held_out = startup.plan, startup.start, startup.held_out
         self.validator = Validator(config, startup.validation_sets)
+        self.evaluator = startup.evaluator if startup.evaluator is not None else Evaluator(config, [], [])
         p = config.parallelism
         self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp)
         self.is_main = self.parallel_context.world_rank == 0
@@ -92,11 +98,15 @@ class Trainer(NanotronCallStyles):
         # resumed or from Hugging Face: every weight is loaded in _resume, so none is drawn first
         self.engine = Engine(config, self.parallel_context,
                              initialize=self.start.checkpoint is None and config.model.init_from_hf is None)
-        self.lr_schedule = LRSchedule(config.lr_scheduler, config.optimizer.learning_rate, config.tokens.train_steps)
-        self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main)
+        self.optimizers = StageOptimizers(config)  # each stage's optimizer keys and learning-rate schedule
+        cuda = self.parallel_context.device.type == "cuda"
+        background = config.checkpoints.async_save if config.checkpoints.async_save is not None else cuda
+        self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main,
+                                             async_save=background, pinned=cuda)
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
                                      config.logging.log_interval)
-        self.metrics.source_names = short_names(self.plan.source_names())
+        self.source_names = source_names(self.plan)  # folder → the name the rows give it
+        self.metrics.source_names = short_names(self.plan.source_names())  # older rows keyed by folder
         saved = self.start.record.extensions.get(MIXING_KEY) if self.start.record is not None else None
         self.mixing = RunMixing(self.plan, self.run_dir, self.is_main, saved)
         self.metrics.train_steps = config.tokens.train_steps
@@ -114,6 +124,8 @@ class Trainer(NanotronCallStyles):
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
         for note in startup_notes(startup):
             self.metrics.info(f"note: {note}")
+        for warning in overlap_warnings(config, self.plan) if self.is_main else []:
+            self.metrics.info(f"warning: {warning}")
         if rewound is not None:
             self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): {rewound.describe()}")
         for line in self.plan.surgery.describe():
@@ -132,6 +144,8 @@ class Trainer(NanotronCallStyles):
                 if self.start.checkpoint is not None:
                     rewound = rewind(self.config, self.start.checkpoint, resumed)
                 self.run_dir.mkdir(parents=True, exist_ok=True)
+                if self.held_out:
+                    write_holdout_file(self.run_dir, self.held_out)
             except NanosetError as e:
                 failure = str(e)
             except OSError as e:
@@ -165,7 +179,7 @@ class Trainer(NanotronCallStyles):
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config
         last_save = self.last_step
-        self.progress = Progress(c.tokens.train_steps)
+        self.progress = Progress(c.tokens.train_steps, stages=stage_spans(self.plan))
         self._step_end = time.perf_counter()
         device = self.parallel_context.device
         with stop_on_signal() as stop:
@@ -173,10 +187,11 @@ class Trainer(NanotronCallStyles):
                 stage = self.plan.stage_for_step(step)
                 batches = self._feed.batches(step)
                 data_wait = self._feed.wait
-                lr = self.lr_schedule.apply(self.engine.optimizer, step)
+                lr = self.optimizers.apply(self.engine, step)
                 agreed = self._train_step(step, stage, batches, lr, data_wait, summary, stop)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
+                self._note(self.checkpoints.poll())  # a checkpoint written in the background is complete
                 # every rank stops after the same step; a signal during the last one changes nothing
                 summary.stopped_by_signal = agreed and step < c.tokens.train_steps
                 interval = c.checkpoints.checkpoint_interval
@@ -192,6 +207,7 @@ class Trainer(NanotronCallStyles):
             loaded_only = c.tokens.train_steps == 0 and self.start.checkpoint is None
             if c.checkpoints.save_final and (self.last_step > last_save or loaded_only):
                 self._save(self.last_step)
+            self._note(self.checkpoints.wait())  # a write in the background ends before the run does
         summary.checkpoint = self.checkpoints.resolve(LATEST)
         summary.last_step = self.last_step
         if c.checkpoints.export_hf and not summary.stopped_by_signal and summary.checkpoint is not None:
@@ -220,16 +236,24 @@ class Trainer(NanotronCallStyles):
         if reduction.value(WRITE_FAILED):  # a rank could not write the previous step's metrics
             self._raise_write_failure()
         self.last_step = step
+        agreed = stop.agree_from(reduction)
+        self.metrics.hold_rows = self._saves_after(step, agreed)  # its row carries the checkpoint's blocking time
         if result is None:
             self._log_surgery_skip(step, stage, lr)
-            return stop.agree_from(reduction)
+            return agreed
         if spikes is not None:  # a non-finite step is not judged and does not enter the window
             spikes.forget_verdict()
             if math.isfinite(result.loss) and math.isfinite(result.grad_norm):
                 spikes.judge(stage.name, result.loss)
         self._log_and_validate(step, stage, result, lr, data_wait, summary)
         self._count_skips(step, result)
-        return stop.agree_from(reduction)
+        return agreed
+
+    def _saves_after(self, step: int, stop: bool) -> bool:
+        """Whether a checkpoint follows step ``step`` (the loop's rule, or the final one)."""
+        c = self.config.checkpoints
+        last = step == self.config.tokens.train_steps
+        return c.save_final if last else stop or bool(c.checkpoint_interval and step % c.checkpoint_interval == 0)
 
     def _log_and_validate(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,
                           summary: TrainSummary) -> None:
@@ -237,7 +261,8 @@ class Trainer(NanotronCallStyles):
         validate = self.validator.should_validate(step, stage.index)
         self._writing_metrics(lambda: self.mixing.after_step(step, stage, result.sources),
                               lambda: self._log_step(step, stage, result, lr, data_wait, summary),
-                              lambda: self._validate(step, stage) if validate else None)
+                              lambda: self._validate(step, stage) if validate else None,
+                              lambda: self._evaluate(step, stage) if self.evaluator.should_evaluate(step) else None)
 
     def _writing_metrics(self, *parts: Callable[[], None]) -> None:
         """Run every part on every rank. Rank 0 alone writes metrics.jsonl: a write that fails there (a full disk)
@@ -270,10 +295,9 @@ class Trainer(NanotronCallStyles):
             "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
         }
         if result.sources is not None:  # per dataset of the stage; none from a loader without source ids
-            row["sources"] = source_metrics([self.plan.datasets[d].folder for d in stage.dataset_ids], result.sources)
+            row["sources"] = source_metrics(self._names(stage), result.sources)
         if self._feed.from_config:  # the weights the step was drawn with (adaptive: as decided)
-            folders = [self.plan.datasets[d].folder for d in stage.dataset_ids]
-            row["weights"] = dict(zip(folders, stage.weights_at(step)))
+            row["weights"] = dict(zip(self._names(stage), stage.weights_at(step)))
         spike = self.spikes.last if self.spikes is not None else None
         if spike is not None:
             row["spike_z"] = spike[0]
@@ -281,6 +305,10 @@ class Trainer(NanotronCallStyles):
                 row["skipped"] = "spike"
             self._log_spike(step, stage, result, spike[0])
         self.metrics.log(row, self.progress.step_done(step, seconds) if self.is_main else "")
+
+    def _names(self, stage: StagePlan) -> list[str]:
+        """The names of the stage's sources (``source_names``), as the rows key them."""
+        return [self.source_names[self.plan.datasets[d].folder] for d in stage.dataset_ids]
 
     def _log_spike(self, step: int, stage: StagePlan, result: StepResult, z: float) -> None:
         """A row of spikes.jsonl (its samples named by the data order when they are the config's) and a line."""
@@ -299,18 +327,26 @@ class Trainer(NanotronCallStyles):
                "time": time.time()}
         validate = self.validator.should_validate(step, stage.index)
         self._writing_metrics(lambda: self.mixing.after_step(step, stage, None),  # a block's decision is still due
-                              lambda: self.metrics.log(row), lambda: self._validate(step, stage) if validate else None)
+                              lambda: self.metrics.log(row), lambda: self._validate(step, stage) if validate else None,
+                              lambda: self._evaluate(step, stage) if self.evaluator.should_evaluate(step) else None)
 
     def _validate(self, step: int, stage: StagePlan) -> None:
         began = time.perf_counter()
-        results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
+        results = self.validator.validate(self.engine)
         self.metrics.log_validation(step, stage.name, results, describe(results), time.perf_counter() - began)
+        self._step_end = time.perf_counter()  # the next step's tokens/s leaves the evaluation out
+
+    def _evaluate(self, step: int, stage: StagePlan) -> None:
+        began = time.perf_counter()
+        results = self.evaluator.evaluate(self.engine, step)
+        self.metrics.log_validation(step, stage.name, results, describe_evaluation(results),
+                                    time.perf_counter() - began, key="eval")
         self._step_end = time.perf_counter()  # the next step's tokens/s leaves the evaluation out
 
     def _count_skips(self, step: int, result: StepResult) -> None:
         """A run whose steps keep being non-finite (skipped) has diverged: stop it, naming where to resume."""
         self._skipped_in_a_row = self._skipped_in_a_row + 1 if result.skipped else 0
-        limit = self.config.optimizer.max_skipped_steps
+        limit = self.optimizers.at(step).optimizer.max_skipped_steps
         if self._skipped_in_a_row > limit:
             first = self._streak_start(step)
             between = [f"{max(a, first)}-{min(b, step)}" for a, b in self.plan.surgery.skip_steps
@@ -320,6 +356,7 @@ class Trainer(NanotronCallStyles):
             where = (f"the newest checkpoint of a finite step is {good}: resume from it (checkpoints.resume: {good})"
                      if good is not None else "no checkpoint of a finite step was saved: start over")
             spikes = " or were spikes (surgery.spike.action: skip)" if self.spikes and self.spikes.skips else ""
+            self._writing_metrics(self.metrics.release)  # a row held for the checkpoint this run will not save
             raise NanosetError(f"steps {first}-{step}: {self._skipped_in_a_row} steps in a row had a non-finite loss "
                                f"or gradient norm{spikes} and were skipped{counted} "
                                f"(optimizer.max_skipped_steps {limit}); the run has diverged: {where} with a lower "
@@ -359,15 +396,20 @@ class Trainer(NanotronCallStyles):
     def _save(self, step: int) -> Path:
         """A checkpoint of ``step`` (with the count of skipped steps in a row, so that a resumed diverging run stops
         where an uninterrupted one would; a surgery skip is finite, not a state to avoid)."""
-        record = CheckpointRecord.of_run(self.plan, step, self.lr_schedule.state_dict(), self._skipped_in_a_row)
+        record = CheckpointRecord.of_run(self.plan, step, self.optimizers.run_schedule.state_dict(),
+                                         self._skipped_in_a_row)
         record.step_skipped = record.step_skipped and not self.plan.surgery.skips(step)
         record.extensions[SURGERY_KEY] = surgery_record(self.plan.surgery)
         record.extensions[MIXING_KEY] = self.mixing.checkpoint_state()
+        record.extensions[STAGE_OPTIMIZERS_KEY] = self.optimizers.record()
         if self.spikes is not None:
             record.extensions[SPIKE_WINDOW] = self.spikes.state_dict()
         began = time.perf_counter()
-        path = self.checkpoints.save(self.engine, step, record)
-        self.metrics.info(f"checkpoint {path} saved in {duration(time.perf_counter() - began)}")
+        self._note(self.checkpoints.wait())  # the previous one's write, when still in the background
+        path = self.checkpoints.save(self.engine, step, record, before_commit=lambda: self._writing_metrics(
+            lambda: self.metrics.release(checkpoint_blocking_s=round(time.perf_counter() - began, 4))))
+        how = "staged (writing it in the background)" if self.checkpoints.in_flight is not None else "saved"
+        self.metrics.info(f"checkpoint {path} {how} in {duration(time.perf_counter() - began)}")
         self._step_end = time.perf_counter()  # the next step's time (tokens/s, the ETA) leaves the save out
         return path
 
@@ -386,6 +428,10 @@ class Trainer(NanotronCallStyles):
             self.spikes.load_state_dict(window)
         self.metrics.info(f"resumed from {path} at step {last}")
         return last
+
+    def _note(self, line: str | None) -> None:
+        if line is not None:
+            self.metrics.info(line)
 
     def _export_hf(self, checkpoint: Path) -> None:
         """``checkpoints.export_hf``: the final checkpoint as a Hugging Face folder, ``run_dir/hf`` (rank 0).

@@ -205,6 +205,7 @@ def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
     import torch  # noqa: F401 - the workers need it: without it the run is one line saying so, before any other check
 
     from runtime.config.load import read_config
+    from runtime.stage_optimizer import StageOptimizers
     from runtime.startup import describe_start, start_up, startup_notes
 
     config, changes = read_config(args.config, args.overrides)
@@ -221,6 +222,7 @@ def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
     if args.check:
         print("\n".join([*(f"--set {change}" for change in changes), f"start: {describe_start(startup)}",
                          *surgery_report(startup.plan), *plan_report(startup.plan),
+                         *StageOptimizers(config).describe(),
                          *(f"note: {note}" for note in startup_notes(startup))]))
         return 0
     if rewinding is not None:

@@ -205,6 +205,40 @@ class LRSchedulerArgs:
 
 
 @dataclass
+class StageOptimizerArgs:
+    """A stage's own optimizer: each key it does not give (null) is the top-level ``optimizer``'s."""
+
+    learning_rate: float | None = key(None)  # given: the stage has its own schedule (from its first step)
+    weight_decay: float | None = key(None, NON_NEGATIVE)
+    clip_grad: float | None = key(None)  # null: the top level's (a stage cannot turn clipping off)
+    adam_beta1: float | None = key(None, Range(0, 1, high_open=True))
+    adam_beta2: float | None = key(None, Range(0, 1, high_open=True))
+    adam_eps: float | None = key(None, NON_NEGATIVE)
+    max_skipped_steps: int | None = key(None, NON_NEGATIVE)
+    reset_state: bool = False  # AdamW's moments and step count start fresh at the stage's first step
+
+
+@dataclass
+class StageLRSchedulerArgs:
+    """A stage's own learning-rate schedule, counted from the stage's first step to its last; each key it does not
+    give (null) is the top-level ``lr_scheduler``'s."""
+
+    warmup_steps: int | None = key(None, NON_NEGATIVE)
+    decay_style: Literal["cosine", "linear", "constant", "wsd"] | None = None
+    min_lr: float | None = key(None, NON_NEGATIVE)
+    wsd_decay_fraction: float | None = key(None, Range(0, 1, low_open=True))
+
+
+def merged_section(top: Any, stage: Any) -> Any:
+    """``top`` (a top-level section) with every key that ``stage`` (the stage's section, or None) gives."""
+    if stage is None:
+        return top
+    given = {f.name: getattr(stage, f.name) for f in dataclasses.fields(stage)
+             if f.name in {g.name for g in dataclasses.fields(top)} and getattr(stage, f.name) is not None}
+    return dataclasses.replace(top, **given)
+
+
+@dataclass
 class CheckpointsArgs:
     checkpoint_interval: int = key(0, NON_NEGATIVE)  # 0: only at the end
     save_final: bool = True  # a checkpoint after the last step
@@ -216,6 +250,9 @@ class CheckpointsArgs:
     allow_data_change: bool = False
     replace_run: bool = False  # starting fresh where a run exists: move the old one to <run_dir>.old-<time>
     export_hf: bool = False  # at the end of training: the final checkpoint as a Hugging Face folder, <run_dir>/hf
+    # write checkpoints in the background: the loop waits only while the state is copied to host memory; null: on
+    # for CUDA, off on CPU
+    async_save: bool | None = None
 
     def __post_init__(self) -> None:
         self.checkpoints_path = _home(self.checkpoints_path)
@@ -286,14 +323,21 @@ class AdaptiveWeights:
 
 @dataclass
 class NanosetDatasetsArgs:
-    dataset_folder: str | list[str]  # dataset folders (Nanoset, datatrove or Megatron) blended in the stage
+    # dataset folders (Nanoset, datatrove or Megatron) blended in the stage; a mapping name → folder names them
+    dataset_folder: str | list[str] | dict[str, str]
     # one weight per folder (default: equal), a schedule: [{step, weights}, ...] linear in between, or
     # {adaptive: {rule, every, ...}}: decided during the run
     dataset_weights: list[float] | list[WeightsAtStep] | AdaptiveWeights | None = None
 
     @property
     def folders(self) -> list[str]:
-        return [self.dataset_folder] if isinstance(self.dataset_folder, str) else list(self.dataset_folder)
+        f = self.dataset_folder
+        return [f] if isinstance(f, str) else list(f.values()) if isinstance(f, dict) else list(f)
+
+    @property
+    def names(self) -> list[str] | None:
+        """The sources' names, in the folders' order, when ``dataset_folder`` is a mapping."""
+        return list(self.dataset_folder) if isinstance(self.dataset_folder, dict) else None
 
     @property
     def schedule(self) -> list[WeightsAtStep] | None:
@@ -347,6 +391,15 @@ class DatasetStageArgs:
     start_training_step: int = key()  # the stage's first global step (one stage starts at 1)
     data: DataArgs
     sequence_length: int | None = key(None)  # default: tokens.sequence_length
+    optimizer: StageOptimizerArgs | None = None  # the stage's own optimizer keys; null: the top level's
+    lr_scheduler: StageLRSchedulerArgs | None = None  # the stage's own schedule; null: the run's (see own_schedule)
+
+    @property
+    def own_schedule(self) -> bool:
+        """Whether the stage has its own learning-rate schedule, counted from its first step: it gives
+        ``lr_scheduler`` or ``optimizer.learning_rate``; otherwise it takes the run's schedule at its steps."""
+        return self.lr_scheduler is not None or (self.optimizer is not None and
+                                                 self.optimizer.learning_rate is not None)
 
 
 @dataclass
@@ -358,6 +411,9 @@ class ValidationArgs:
     samples: int = key(64)  # windows per dataset: the first `samples` of the dataset's seeded permutation
     at_stage_end: bool = True  # also evaluate at the last step of every stage
     seed: int | None = key(None, SEED)  # default: general.seed
+    sequence_length: int | None = key(None)  # every validation of the run at this length; null: the first stage's
+    holdout: float = key(0.0, Range(0, 1, high_open=True))  # this fraction of each training folder's documents never
+    # trains and is the validation set <source>-holdout
 
     def folders(self, name: str) -> list[str]:
         value = self.datasets[name]
@@ -365,7 +421,24 @@ class ValidationArgs:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.datasets) and (self.interval > 0 or self.at_stage_end)
+        return bool(self.datasets or self.holdout) and (self.interval > 0 or self.at_stage_end)
+
+
+@dataclass
+class EvaluationTaskArgs:
+    """A multiple-choice task: a JSON-lines file of ``{"context", "choices", "gold"}`` rows (docs/evaluation.md)."""
+
+    name: str  # its key in the metrics row's ``eval``
+    path: str  # the JSON-lines file
+
+
+@dataclass
+class EvaluationArgs:
+    """Evaluation during training: multiple-choice tasks scored by log-likelihood, and the user's hooks."""
+
+    interval: int = key(0, NON_NEGATIVE)  # evaluate every N steps; 0: never during training
+    tasks: list[EvaluationTaskArgs] = field(default_factory=list)
+    hooks: list[str] = field(default_factory=list)  # "module:function", called with the model and step
 
 
 @dataclass
@@ -391,6 +464,17 @@ class SurgeryArgs:
 
 
 @dataclass
+class StorageArgs:
+    """The local cache of datasets read from object storage (``s3://``, ``gs://``): docs/storage.md."""
+
+    cache_dir: str | None = None  # null: remote/ under the user's cache (nanoset.cache); use a node-local disk
+    cache_limit_gb: float | None = key(None)  # null: no limit; least recently used shards go first beyond it
+
+    def __post_init__(self) -> None:
+        self.cache_dir = _home(self.cache_dir)
+
+
+@dataclass
 class Config:
     general: GeneralArgs
     model: ModelArgs
@@ -403,7 +487,9 @@ class Config:
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     tokenizer: TokenizerArgs | None = None
     validation: ValidationArgs = field(default_factory=ValidationArgs)
+    evaluation: EvaluationArgs = field(default_factory=EvaluationArgs)
     surgery: SurgeryArgs = field(default_factory=SurgeryArgs)
+    storage: StorageArgs = field(default_factory=StorageArgs)
 
     def to_dict(self) -> dict:
         return to_dict(self)
@@ -428,10 +514,25 @@ class Config:
     def stage_sequence_length(self, stage: DatasetStageArgs) -> int:
         return stage.sequence_length if stage.sequence_length is not None else self.tokens.sequence_length
 
+    @property
+    def validation_sequence_length(self) -> int:
+        """The one sequence length of every validation and evaluation of the run (a series stays comparable across
+        stages of other lengths): ``validation.sequence_length``, default the first stage's."""
+        v = self.validation.sequence_length
+        return v if v is not None else self.stage_sequence_length(self.data_stages[0])
+
     def stage_end_step(self, stage: DatasetStageArgs) -> int:
         """First global step after ``stage`` (exclusive end): the next stage's start, or train_steps + 1."""
         later = [s.start_training_step for s in self.data_stages if s.start_training_step > stage.start_training_step]
         return min(later) if later else self.tokens.train_steps + 1
+
+    def stage_optimizer(self, stage: DatasetStageArgs) -> OptimizerArgs:
+        """The optimizer keys in force in ``stage``: its own, and the top level's for the rest."""
+        return merged_section(self.optimizer, stage.optimizer)
+
+    def stage_lr_scheduler(self, stage: DatasetStageArgs) -> LRSchedulerArgs:
+        """The schedule keys of ``stage``: its own, and the top level's for the rest."""
+        return merged_section(self.lr_scheduler, stage.lr_scheduler)
 
     def stage_seed(self, stage: DatasetStageArgs) -> int:
         return stage.data.seed if stage.data.seed is not None else self.general.seed

@@ -4,8 +4,7 @@ mapped to the plan's datasets, and the names a log or report shows for each.
 
 from __future__ import annotations
 
-import os
-
+from nanoset import storage
 from nanoset.errors import ConfigError
 from runtime.config import Config, DatasetStageArgs, HFDatasetArgs
 from runtime.data.order.surgery import FINGERPRINT, dataset_key
@@ -13,7 +12,7 @@ from runtime.data.order.surgery import FINGERPRINT, dataset_key
 
 def resolved(folder: str) -> str:
     """The one spelling of a dataset folder: ``A``, ``./A`` and ``/abs/A`` (or a link to it) are one dataset."""
-    return os.path.realpath(folder)
+    return storage.resolved(folder)
 
 
 class DatasetNames:

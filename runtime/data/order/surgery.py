@@ -14,13 +14,12 @@ folder (a Hugging Face stage's source) stays a resolved location, as do the fold
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from nanoset import NanosetError, open_dataset
+from nanoset import NanosetError, open_dataset, storage
 from nanoset.errors import ConfigError
 from runtime.data.order.excision import sorted_unique
 
@@ -95,7 +94,7 @@ def dataset_key(folder: str) -> tuple[str, str]:
     already is kept."""
     if folder.startswith(FINGERPRINT):
         return folder, folder
-    location = os.path.realpath(folder)
+    location = storage.resolved(folder)
     try:
         return FINGERPRINT + open_dataset(location).fingerprint, location
     except (NanosetError, OSError):
