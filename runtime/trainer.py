@@ -35,6 +35,7 @@ from runtime.engine import Engine
 from runtime.evaluation.evaluator import DueEvaluation, Evaluator
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
+from runtime.models.registry import spec_of
 from runtime.observe.divergence import DivergenceGuard
 from runtime.observe.metrics import MetricsLogger, parameter_count, peak_flops, short_names
 from runtime.observe.mixing import RunMixing
@@ -317,7 +318,8 @@ class Trainer(NanotronCallStyles):
         if self.is_main:
             try:
                 out = export_checkpoint(checkpoint, self.run_dir / "hf", replace=True)
-                self.metrics.info(f"exported {checkpoint.name} to {out} (Hugging Face LlamaForCausalLM)")
+                architecture = spec_of(self.config.model).hf_architectures[0]
+                self.metrics.info(f"exported {checkpoint.name} to {out} (Hugging Face {architecture})")
             except Exception as e:  # noqa: BLE001 - reported below, once every rank is past the barrier
                 failed = e
         torch.distributed.barrier()

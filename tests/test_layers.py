@@ -16,7 +16,9 @@ COMMANDS = ("runtime.cli", "runtime.train", "runtime.evaluate", "runtime.explain
 # a layer's modules → the prefixes they may import (their own layer included); the lowest layer first
 LAYERS = {
     "nanoset": ("nanoset",),
-    "runtime.config": ("nanoset", "runtime.config"),  # its own parsers, Hugging Face's config.json included
+    # the config owns its parsers (Hugging Face's config.json included) and asks the torch-free registry of model
+    # families what a family takes
+    "runtime.config": ("nanoset", "runtime.config", "runtime.models.registry", "runtime.models.spec"),
     "runtime.data.order": ("nanoset", "runtime.config", "runtime.data.order"),
     "runtime.parallel": ("nanoset", "runtime.config", "runtime.parallel"),
     "runtime.models": ("nanoset", "runtime.config", "runtime.parallel", "runtime.models"),

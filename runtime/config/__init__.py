@@ -30,9 +30,7 @@ __all__ = ["Config", "ConfigError", "DataArgs", "DatasetStageArgs", "HFDatasetAr
 
 def _from_yaml(cls: type[Config], path: str | Path) -> Config:
     """The config at ``path``, loaded strictly and checked (``load_config`` under the seeds' name)."""
-    from runtime.config.load import load_config
-
-    return load_config(path)
+    return __getattr__("load_config")(path)  # the package's lazy loader: importing the schema loads no YAML
 
 
 Config.from_yaml = classmethod(_from_yaml)

@@ -1,4 +1,5 @@
-"""A checkpoint of any layout → a Hugging Face ``LlamaForCausalLM`` folder, on one CPU process.
+"""A checkpoint of any layout → a Hugging Face folder of its model family (``LlamaForCausalLM``, …), on one CPU
+process.
 
 The DCP files are keyed by layout-independent parameter names, so one process reads them without
 a process group, a safetensors file's worth at a time (never more than one output shard in
@@ -26,6 +27,7 @@ from runtime.config.load import from_dict
 from runtime.config.schema import SIZE_KEYS, ModelArgs
 from runtime.hf.load import INDEX, SINGLE, expected_parameters, hf_name
 from runtime.hf.tokenizer_files import check_tokenizer_folder, copy_tokenizer_folder, write_data_tokenizer
+from runtime.models.registry import spec_of
 
 MAX_SHARD_BYTES = 5 * 10**9  # as save_pretrained: one file up to 5 GB, else shards with an index
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -56,7 +58,7 @@ def _shards(names: list[tuple[str, tuple[int, ...]]], itemsize: int, limit: int)
 
 
 def _read_group(checkpoint: Path, group: list[tuple[str, tuple]], stored: dict, dtype: torch.dtype | None,
-                what_to_do: str) -> dict[str, torch.Tensor]:
+                what_to_do: str, family: str) -> dict[str, torch.Tensor]:
     state = {}
     for name, shape in group:
         meta = stored.get(f"model.{name}")
@@ -67,7 +69,7 @@ def _read_group(checkpoint: Path, group: list[tuple[str, tuple]], stored: dict, 
                               f"needs {list(shape)}")
         state[name] = torch.empty(shape, dtype=meta.properties.dtype)
     load_dcp({"model": state}, checkpoint, what_to_do, no_dist=True)
-    return {hf_name(n): (t if dtype is None else t.to(dtype)).contiguous() for n, t in state.items()}
+    return {hf_name(n, family): (t if dtype is None else t.to(dtype)).contiguous() for n, t in state.items()}
 
 
 def _write_weights(checkpoint: Path, tmp: Path, args: ModelArgs, dtype: torch.dtype | None, limit: int,
@@ -83,7 +85,7 @@ def _write_weights(checkpoint: Path, tmp: Path, args: ModelArgs, dtype: torch.dt
     weight_map, total = {}, 0
     for i, group in enumerate(groups):
         file = SINGLE if len(groups) == 1 else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-        tensors = _read_group(checkpoint, group, stored, dtype, what_to_do)
+        tensors = _read_group(checkpoint, group, stored, dtype, what_to_do, args.family)
         save_file(tensors, str(tmp / file), metadata={"format": "pt"})
         for name, t in tensors.items():
             weight_map[name] = file
@@ -139,13 +141,15 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
 
 
 def hf_config_json(model: ModelArgs, bos_id: int | None, eos_id: int | None, dtype: str) -> dict:
-    """A complete ``LlamaForCausalLM`` config.json for ``model`` (both rope forms, so transformers 4 and 5 read it).
-    Every field is written here: a config that transformers fills with its own defaults would change the model."""
+    """A complete config.json of ``model``'s family (its first architecture, ``LlamaForCausalLM`` for Llama) for
+    ``model`` (both rope forms, so transformers 4 and 5 read it). Every field is written here: a config that
+    transformers fills with its own defaults would silently change the model."""
+    spec = spec_of(model)
     rope = {"rope_type": "default"} if model.rope_scaling is None else {
         k: v for k, v in asdict(model.rope_scaling).items() if v is not None}
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [spec.hf_architectures[0]],
+        **spec.hf_fields(model),
         "hidden_size": model.hidden_size,
         "intermediate_size": model.intermediate_size,
         "num_hidden_layers": model.num_hidden_layers,
@@ -160,10 +164,7 @@ def hf_config_json(model: ModelArgs, bos_id: int | None, eos_id: int | None, dty
         "rope_parameters": dict(rope, rope_theta=model.rope_theta),
         "tie_word_embeddings": model.tie_word_embeddings,
         "hidden_act": "silu",
-        "attention_bias": False,
         "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "pretraining_tp": 1,
         "initializer_range": model.init_std,
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,

@@ -18,6 +18,7 @@ import torch
 
 from runtime.control.preemption import leave_a_closed_terminal
 from runtime.control.progress import duration
+from runtime.models.registry import spec_of
 from runtime.observe import step_log
 
 # dense bf16 peak FLOP/s by device name fragment, for MFU; the first fragment the name holds decides, so the
@@ -44,8 +45,7 @@ def flops_per_token(model_args, sequence_length: int) -> float:
     convention: the work a causal or document mask skips is counted too)."""
     h, n, v = model_args.hidden_size, model_args.num_hidden_layers, model_args.vocab_size
     q = model_args.num_attention_heads * model_args.head_size
-    kv = model_args.kv_heads * model_args.head_size
-    params = n * (2 * h * q + 2 * h * kv + 3 * h * model_args.intermediate_size) + h * v
+    params = n * spec_of(model_args).layer_matmul_parameters(model_args) + h * v
     return 6 * params + 12 * n * q * sequence_length
 
 
@@ -77,11 +77,9 @@ def _millions(n: int) -> str:
 
 
 def parameter_count(model_args) -> ParameterCount:
-    """The parameters of the Llama decoder ``runtime/models/llama.py`` builds from ``model_args``."""
+    """The parameters of the decoder that ``model_args``' family builds (its spec counts a layer's)."""
     h, n, v = model_args.hidden_size, model_args.num_hidden_layers, model_args.vocab_size
-    q = model_args.num_attention_heads * model_args.head_size
-    kv = model_args.kv_heads * model_args.head_size
-    layer = 2 * h * q + 2 * h * kv + 3 * h * model_args.intermediate_size + 2 * h  # q, o, k, v, MLP, two norms
+    layer = spec_of(model_args).layer_parameters(model_args)
     tied = model_args.tie_word_embeddings
     return ParameterCount(embedding=v * h * (1 if tied else 2), rest=n * layer + h, tied=tied)
 
