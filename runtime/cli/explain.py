@@ -38,7 +38,7 @@ from runtime.data.order.adaptive_blend import NotDecided
 from runtime.data.order.mixing_log import log_path, read_decisions
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import document_steps, explain_step, parse_document
-from runtime.data.order.surgery import SURGERY_KEY, Surgery
+from runtime.data.order.surgery import SURGERY_KEY, Surgery, read_document_lines
 
 
 def sample_decoders(plan: DataPlan) -> dict[int, Any]:
@@ -169,13 +169,7 @@ def _queries(document: str | None, documents: str | None) -> list[tuple[str, int
         return [parse_document(document)]
     if documents is None:
         return None
-    try:
-        lines = open(documents, encoding="utf-8").read().splitlines()
-    except OSError as e:
-        raise ConfigError(f"--documents {documents}: cannot read it ({e.strerror or e})") from None
-    out = [parse_document(line, f"{documents} line {n}") for n, line in enumerate(lines, 1) if line.strip()]
-    if not out:
-        raise ConfigError(f"--documents {documents}: no FOLDER:DOC line in it")
+    out = [(folder, int(doc)) for folder, doc in read_document_lines(documents, "--documents")]
     return list(dict.fromkeys(out))  # a document listed twice is reported once
 
 

@@ -244,6 +244,25 @@ def test_a_documents_file_means_what_its_lines_say_and_a_bad_index_is_one_line(t
     assert str(e.value) == "surgery.skip_steps: expected A:B with 1 ≤ A ≤ B (steps, both included), got '²:3'"
 
 
+def test_a_documents_file_with_a_byte_order_mark_reads_and_one_not_utf8_is_one_line(tmp_path):
+    """Every reader of a documents file (--exclude-documents, surgery.exclude_documents_file, explain --documents)
+    takes a byte-order mark and refuses other encodings in one line naming the file and the line."""
+    from runtime.cli.explain import _queries
+
+    listed = tmp_path / "docs.txt"
+    listed.write_bytes(b"\xef\xbb\xbfshards/web:5\nshards/web:6\n")
+    assert {f: d.tolist() for f, d in read_documents_file(str(listed), "surgery.exclude_documents_file").items()} \
+        == {"shards/web": [5, 6]}
+    assert _queries(None, str(listed)) == [("shards/web", 5), ("shards/web", 6)]
+    listed.write_bytes("shards/web:5\nshards/caf\u00e9:6\n".encode("latin-1"))
+    for where, read in (("--exclude-documents", lambda: read_documents_file(str(listed), "--exclude-documents")),
+                        ("--documents", lambda: _queries(None, str(listed)))):
+        with pytest.raises(ConfigError) as e:
+            read()
+        assert str(e.value) == (f"{where}: {listed} line 2: not UTF-8 (byte 0xe9); save the file as UTF-8, one "
+                                f"FOLDER:DOC a line")
+
+
 def test_a_packed_dataset_passes_over_whole_packed_samples_from_the_step_on():
     stages = [{"name": "sft", "start_training_step": 1, "data": {"packing": "documents", "dataset": {
         "dataset_folder": ["shards/sft"]}}}]
