@@ -257,6 +257,35 @@ def test_a_user_rule_may_return_a_numpy_vector(monkeypatch):
     assert decide(resolve_rule(opts.rule, "rule"), history, {}, "step 2") == ([0.75, 0.25], {})
 
 
+def test_a_user_rule_raising_is_one_line_naming_it_and_its_step_and_huge_weights_keep_their_ratio(
+        shards, tmp_path, monkeypatch):
+    module = types.ModuleType("edge_rules")
+    module.huge = lambda history: [1e308, 1e308]  # their sum overflows a float; the ratio is 1:1
+
+    def broken(history):
+        raise KeyError("loss_sum")
+
+    module.broken = broken
+    monkeypatch.setitem(sys.modules, "edge_rules", module)
+    monkeypatch.chdir(shards)
+    for name, every in (("huge", 2), ("broken", 3)):
+        d = adaptive_config({"rule": f"edge_rules:{name}", "every": every})
+        d["tokens"].update(train_steps=10)
+        d["data_stages"] = d["data_stages"][:1]
+        plan = DataPlan(build(d))
+        mixer = StageMixer(plan, plan.stages[0])
+        if name == "huge":
+            assert [mixer.observe(s, [(2, 50, 100.0), (2, 50, 120.0)]) for s in (1, 2)][1]["weights"] == [0.5, 0.5]
+            continue
+        for step in (1, 2):
+            assert mixer.observe(step, [(2, 50, 100.0), (2, 50, 120.0)]) is None
+        with pytest.raises(ConfigError) as e:
+            mixer.observe(3, [(2, 50, 100.0), (2, 50, 120.0)])
+        assert str(e.value) == (f"stage {plan.stages[0].name!r} dataset_weights.adaptive.rule at step 3: the rule "
+                                f"'edge_rules:broken' raised KeyError: 'loss_sum'; fix the function (it decides from "
+                                f"its history alone)")
+
+
 def test_loss_proportional_at_a_high_temperature_does_not_overflow():
     """6 ** 500 overflows a float; (ℓ / max ℓ) ** T keeps the same ratios: 5/6 ** 500 is 1.2e-40."""
     got = run_rule(loss_proportional, options(temperature=500.0), [([1, 1], [10, 10], [50.0, 60.0])], [0.5, 0.5])
