@@ -52,7 +52,7 @@ from runtime.parallel.step_reduction import StepReduction
 from runtime.preemption import installed, stop_on_signal
 from runtime.progress import Progress, clock, describe_tokens, duration
 from runtime.spikes import SpikeDetector, SpikeLog, ranked_samples
-from runtime.startup import Startup, start_up, startup_notes
+from runtime.startup import Startup, start_up, startup_notes, startup_warnings
 from runtime.validation import Validator, describe
 from runtime.wandb_logger import start_wandb
 
@@ -98,11 +98,11 @@ class Trainer(NanotronCallStyles):
                                      config.logging.log_interval)
         self.metrics.source_names = short_names(self.plan.source_names())
         saved = self.start.record.extensions.get(MIXING_KEY) if self.start.record is not None else None
-        self.mixing = RunMixing(self.plan, self.run_dir, self.is_main, saved)
+        self.mixing = RunMixing(self.plan, self.run_dir, self.is_main, saved, self.metrics.info)
         self.metrics.train_steps = config.tokens.train_steps
         self.parameters = parameter_count(config.model)
         spike = config.surgery.spike
-        self.spikes = SpikeDetector(spike) if spike is not None else None
+        self.spikes = SpikeDetector(spike, config) if spike is not None else None
         self.spike_log = SpikeLog(self.run_dir, self.is_main)
         self.last_step = 0
         self._feed: StepFeed | None = None
@@ -112,6 +112,8 @@ class Trainer(NanotronCallStyles):
         self._peak = peak_flops(self.parallel_context.device)
         if moved:
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
+        for warning in startup_warnings(startup):
+            self.metrics.info(f"warning: {warning}")
         for note in startup_notes(startup):
             self.metrics.info(f"note: {note}")
         if rewound is not None:
@@ -209,6 +211,7 @@ class Trainer(NanotronCallStyles):
         reduction = StepReduction(self.parallel_context.device)
         stop.add_to(reduction)
         reduction.add(WRITE_FAILED, 1.0 if self._write_failure is not None else 0.0)
+        self.mixing.add_to(reduction)
         spikes = self.spikes
         result = None
         if self.plan.surgery.skips(step):
@@ -219,6 +222,7 @@ class Trainer(NanotronCallStyles):
                                             reduction=reduction, skip_above=skip_above)
         if reduction.value(WRITE_FAILED):  # a rank could not write the previous step's metrics
             self._raise_write_failure()
+        self.mixing.agree_from(reduction)  # the previous step's decision, the same on every rank
         self.last_step = step
         if result is None:
             self._log_surgery_skip(step, stage, lr)

@@ -30,9 +30,9 @@ from runtime.data.order.mixing_rules import (
     odm,
 )
 from runtime.data.order.scheduled_blend import allocate, deviation_bound
-from tests.support import TOKENIZER
+from tests.support import ROOT, TOKENIZER
 from tests.support.configs import TWO_STAGE, build, merged, small_config
-from tests.support.harness import error_lines, metrics, torchrun, train_one
+from tests.support.harness import error_lines, metrics, torchrun, train_one, worker_stderr
 
 # ------------------------------------------------------------------ re-implementations of the rules ----------
 
@@ -369,6 +369,38 @@ def runs(mixed, tmp_path_factory):
     return out
 
 
+RANK_RULE = '''
+import os
+
+
+def by_rank(history):
+    """Not a function of the history: each rank decides its own weights."""
+    return [1.0 + int(os.environ.get("RANK", "0")), 1.0]
+'''
+
+
+def test_a_rule_deciding_differently_per_rank_stops_every_rank_in_one_line(shards, tmp_path):
+    """dp 2, blocks of one step: step 1's decision (for block 3) rides in step 2's reduction, which finds the
+    ranks' weights differ; every rank stops there, before any step draws with them, and one line says why."""
+    (tmp_path / "rank_rules.py").write_text(RANK_RULE)
+    cfg = small_config(tmp_path, tmp_path / "run", dp=2, accum=1, steps=4, single_stage=True, interval=4)
+    d = yaml.safe_load(cfg.read_text())
+    d["data_stages"][0]["data"]["dataset"] = {"dataset_folder": ["shards/web", "shards/code"], "dataset_weights": {
+        "adaptive": {"rule": "rank_rules:by_rank", "every": 1}}}
+    cfg.write_text(yaml.safe_dump(d))
+    proc = torchrun(cfg, 2, cwd=shards, env={"PYTHONPATH": f"{tmp_path}:{ROOT}"}, check=False)
+    assert proc.returncode != 0
+    assert error_lines(proc.stderr) == [
+        "error: stage 'pretrain': the rule 'rank_rules:by_rank' decided different weights on different ranks at "
+        "step 1 (block 3; this rank: [0.5, 0.5]); a rule must decide from its history alone (not RANK, a clock or an "
+        "unseeded random generator)"]
+    assert "Traceback" not in worker_stderr(proc.stderr)
+    decision = (f"mixing: stage 'pretrain' block 3 (steps 3-3): shards/web 0.5000, shards/code 0.5000; decided at "
+                f"step 1 by rank_rules:by_rank (inputs and state: {tmp_path / 'run' / 'mixing.jsonl'})")
+    assert decision in proc.stdout.splitlines()  # every decision is printed (rank 0's)
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [1]  # step 2 trained with the initial weights, unlogged
+
+
 def test_the_weights_move_as_the_rule_says(runs):
     root = runs["root"]
     rows = read_rows(log_path(root / "whole"))
@@ -513,7 +545,8 @@ def test_check_says_the_rule_and_the_last_decision(shards, tmp_path, monkeypatch
                                          "steps": [5, 6], "weights": [0.25, 0.75]})
     plan = DataPlan(config, decisions=read_decisions(log_path(tmp_path)))
     assert plan_report(plan)[-1] == ("  adaptive (odm, every 2): samples above are of the decided steps 1-6; last "
-                                     "decision at step 2 (block 1 → block 3, steps 5-6): [0.2500, 0.7500]")
+                                     "decision at step 2 (block 1 → block 3, steps 5-6): [0.2500, 0.7500]; every "
+                                     f"decision: {log_path(tmp_path)}")
 
 
 def test_tensorboard_gets_each_weight_as_mix_weight(tmp_path):

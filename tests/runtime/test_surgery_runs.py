@@ -106,6 +106,7 @@ def test_rewind_to_rewinds_records_trains_on_and_runs_again_without_rewinding(sh
     surgery = ["--rewind-to", 4, "--skip-steps", "6:6", "--exclude-documents", listed]
 
     check = nanoset_train("--config", cfg, *surgery, "--check", cwd=shards).stdout.splitlines()
+    assert not [line for line in check if line.startswith("--set")]  # none given: the rewind's own resume is not one
     start = [line for line in check if line.startswith("start: ")]
     assert start == [f"start: rewinds to {run / 'checkpoints' / 'step-000004'} (step 4): trains steps 5-8; the 2 later "
                      f"checkpoint(s) (step-000006, step-000008) are moved to {run}/rewound-<UTC time>/checkpoints, and "
