@@ -275,16 +275,15 @@ class Trainer(NanotronCallStyles):
         }
         if result.sources is not None:  # per dataset of the stage; none from a loader without source ids
             row["sources"] = source_metrics([self.plan.datasets[d].folder for d in stage.dataset_ids], result.sources)
-        if self._feed.from_config:  # the weights the step was drawn with (adaptive: as decided)
-            folders = [self.plan.datasets[d].folder for d in stage.dataset_ids]
-            row["weights"] = dict(zip(folders, stage.weights_at(step)))
+        row.update(self._drawn_weights(step, stage))
         spike = self.spikes.last if self.spikes is not None else None
         if spike is not None:
             row["spike_z"] = spike[0]
             if result.skipped:
                 row["skipped"] = "spike"
-            self._log_spike(step, stage, result, spike[0])
         self.metrics.log(row, self.progress.step_done(step, seconds) if self.is_main else "")
+        if spike is not None:  # its line after the step's
+            self._log_spike(step, stage, result, spike[0])
 
     def _log_spike(self, step: int, stage: StagePlan, result: StepResult, z: float) -> None:
         """A row of spikes.jsonl (its samples named by the data order when they are the config's) and a line."""
@@ -295,12 +294,19 @@ class Trainer(NanotronCallStyles):
         self.spike_log.append(step, stage.name, result.loss, z, samples)
         self.metrics.info(self.spikes.describe(step, stage.name, result.loss))
 
+    def _drawn_weights(self, step: int, stage: StagePlan) -> dict:
+        """A row's ``weights``: the ones the step was drawn with (adaptive: as decided), trained or skipped; none
+        for a custom loader's batches."""
+        if not self._feed.from_config:
+            return {}
+        return {"weights": dict(zip([self.plan.datasets[d].folder for d in stage.dataset_ids], stage.weights_at(step)))}
+
     def _log_surgery_skip(self, step: int, stage: StagePlan, lr: float) -> None:
         """The row of a step that surgery skips: its step, stage and data hash, ``skipped: "surgery"``, no loss."""
         self._step_end = time.perf_counter()
         row = {"step": step, "stage": stage.name, "loss": None, "lr": lr, "grad_norm": None, "skipped": SURGERY_SKIP,
                "data_hash": self.plan.data_hash(step) if self._feed.from_config and self.is_main else None,
-               "time": time.time()}
+               "time": time.time(), **self._drawn_weights(step, stage)}
         validate = self.validator.should_validate(step, stage.index)
         self._writing_metrics(lambda: self.mixing.after_step(step, stage, None),  # a block's decision is still due
                               lambda: self.metrics.log(row), lambda: self._validate(step, stage) if validate else None)

@@ -180,6 +180,9 @@ def adaptive_config(adaptive: dict, folders=("shards/web", "shards/code")) -> di
     ({"rule": "odm", "every": 15}, "data_stages[0] (pretrain).data.dataset.dataset_weights.adaptive.every: 15, but "
      "the stage has 30 steps: blocks 1 and 2 (steps 1-30 of it) train with initial, so no decided weight would be "
      "trained; give every below 15"),
+    ({"rule": "odm", "every": 5, "exploration": 0.0}, "adaptive.exploration: 0 keeps every weight at 1/2 (odm's "
+     "rate of learning from the losses is its exploration), so nothing would be decided; give a value in (0, 0.5], "
+     "or leave it out for the decaying default"),
     ({"rule": "odm", "every": 5, "exploration": 0.6}, "adaptive.exploration: 0.6 × 2 folders is > 1, which gives "
      "the lowest weights to the highest losses; give at most 0.5"),
 ])

@@ -134,6 +134,9 @@ def test_the_spike_is_logged_with_the_random_samples_first_also_after_a_resume(s
     line = ("spike at step 13 ('easy'): loss {:.4f} is {:.1f} standard deviations above the mean".format(row["loss"],
                                                                                                          row["z"]))
     assert line in spiked["resumed"].stdout and "; logged; its samples: spikes.jsonl" in spiked["resumed"].stdout
+    lines = spiked["resumed"].stdout.splitlines()
+    at = next(i for i, text in enumerate(lines) if text.startswith("step     13/16 | easy | loss"))
+    assert lines[at + 1].startswith(line)  # the spike's line follows its step's
 
 
 def test_action_skip_leaves_the_spikes_update_out_and_trains_on(spiked):

@@ -152,6 +152,10 @@ def test_surgery_mistakes_are_one_line(tmp_path):
         web_and_code(exclude_documents=["shards/web:1"], exclude_from_step=31)
     assert ("surgery.exclude_from_step: 31 is after tokens.train_steps 30, so nothing would be excised; give a step "
             "in [1, 30]") in str(e.value)
+    with pytest.raises(ConfigError) as e:  # an exclusion's first step, and nothing to exclude
+        web_and_code(exclude_from_step=9)
+    assert ("surgery.exclude_from_step: 9, but no document is excluded; give surgery.exclude_documents or "
+            "surgery.exclude_documents_file, or remove the key") in str(e.value)
     code = DataPlan(web_and_code()).datasets[1]
     everything = [f"shards/code:{d}" for d in range(code.reader.num_documents)]
     with pytest.raises(ConfigError) as e:
@@ -185,6 +189,11 @@ def test_a_surgery_that_contradicts_trained_steps_is_refused_and_a_recorded_one_
     assert str(e.value) == (f"ckpt: surgery excludes {folder}:5 from step 10, but this checkpoint trained steps up to "
                             f"10; an exclusion must start after the step resumed: rewind to an earlier checkpoint "
                             f"(nanoset train --rewind-to STEP with STEP < 10)")
+    with pytest.raises(ConfigError) as e:  # from step 1: no checkpoint to rewind to
+        resumed_surgery(surgery_of(["1:12"], {}, 1, "surgery"), record, 12, "ckpt")
+    assert str(e.value) == ("ckpt: surgery skips steps 1-12, but this checkpoint trained steps up to 12; a skip must "
+                            "start after the step resumed: no checkpoint comes before step 1, so start a new run with "
+                            "it (another general.run_dir), or make it start after step 12")
     # a document the checkpoint excluded earlier may be named again from a later step
     assert resumed_surgery(surgery_of([], {"shards/web": [4]}, 10, "surgery"), record, 10, "ckpt") == past
 

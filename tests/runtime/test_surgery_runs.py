@@ -56,6 +56,7 @@ def test_skipped_steps_read_the_data_but_update_nothing(shards, tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert [r["data_hash"] for r in rows] == [r["data_hash"] for r in base]  # the order goes on as if trained
     assert [r["lr"] for r in rows] == [r["lr"] for r in base]  # and the learning-rate schedule
+    assert [r["weights"] for r in rows] == [r["weights"] for r in base]  # every row: the weights drawn with
     for r in rows[2:4]:
         assert (r["skipped"], r["loss"], r["grad_norm"], r["stage"]) == ("surgery", None, None, "pretrain")
     assert [r["loss"] for r in rows[:2]] == [r["loss"] for r in base[:2]]

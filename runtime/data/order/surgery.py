@@ -243,8 +243,7 @@ def resumed_surgery(surgery: Surgery, recorded: dict | None, last_step: int, che
     if new_skips:
         a, b = new_skips[0]
         raise ConfigError(f"{checkpoint}: surgery skips steps {a}-{b}, but this checkpoint trained steps up to "
-                          f"{last_step}; a skip must start after the step resumed: rewind to an earlier checkpoint "
-                          f"(nanoset train --rewind-to STEP with STEP < {a})")
+                          f"{last_step}; a skip must start after the step resumed: {_earlier(a, last_step)}")
     for step in sorted(surgery.exclusions):
         if step > last_step:
             break
@@ -254,6 +253,14 @@ def resumed_surgery(surgery: Surgery, recorded: dict | None, last_step: int, che
             if len(new):
                 raise ConfigError(f"{checkpoint}: surgery excludes {folder}:{int(new[0])} from step {step}, but this "
                                   f"checkpoint trained steps up to {last_step}; an exclusion must start after the step "
-                                  f"resumed: rewind to an earlier checkpoint (nanoset train --rewind-to STEP with "
-                                  f"STEP < {step})")
+                                  f"resumed: {_earlier(step, last_step)}")
     return total
+
+
+def _earlier(first: int, last_step: int) -> str:
+    """How to apply a surgery from step ``first`` to a run trained up to ``last_step``: a rewind, or (from step 1,
+    which no checkpoint precedes) a new run."""
+    if first <= 1:
+        return (f"no checkpoint comes before step 1, so start a new run with it (another general.run_dir), or make "
+                f"it start after step {last_step}")
+    return f"rewind to an earlier checkpoint (nanoset train --rewind-to STEP with STEP < {first})"
