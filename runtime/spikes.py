@@ -35,7 +35,7 @@ class SpikeDetector:
 
     def __init__(self, args: SpikeArgs, config: Config | None = None) -> None:
         self.args = args
-        self.config = config  # the run's: the spike's line suggests a command on it
+        self.arguments = (config or Config).arguments  # the run's config: the spike's line suggests a command on it
         self.stage: str | None = None
         self.losses: deque[float] = deque(maxlen=args.window)
         self.last: tuple[float, float, float] | None = None  # (z, mean, std) of the step just judged, if a spike
@@ -87,7 +87,7 @@ class SpikeDetector:
         what = "update skipped (surgery.spike.action: skip)" if self.skips else "logged"
         return (f"spike at step {step} ({stage!r}): loss {loss:.4f} is {z:.1f} standard deviations above the mean "
                 f"{mean:.4f} of the last {self.args.window} steps; {what}; its samples: {SPIKES_FILE}, or "
-                f"{suggested_command(self.config or Config, 'explain', '--suspects', step)}")
+                f"{suggested_command(self.arguments, 'explain', '--suspects', step)}")
 
 
 def ranked_samples(samples: SampleLosses, identities: list[dict] | None) -> list[dict]:

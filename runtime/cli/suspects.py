@@ -143,5 +143,5 @@ def print_suspects(config: Config, row: dict, source: str, top: int | None, as_j
         return 0
     print(f"suspects: {len(chosen)} samples ({which}, mean loss {mean:.4f}), {count} documents, in {path}; to "
           f"excise them from step {point + 1} on (the latest checkpoint before step {step} is of step {point}):")
-    print(f"  {suggested_command(config, 'train', '--rewind-to', point, '--exclude-documents', path)}")
+    print(f"  {suggested_command(config.arguments, 'train', '--rewind-to', point, '--exclude-documents', path)}")
     return 0

@@ -48,10 +48,10 @@ def config_arguments(path: str, overrides: list[str] | tuple[str, ...]) -> tuple
     return ("--config", str(path), *(word for o in kept for word in ("--set", o)))
 
 
-def suggested_command(config: Config, command: str, *args: object) -> str:
-    """``nanoset COMMAND`` on the same config (its file and ``--set``: ``Config.arguments``), then ``args``: a line
+def suggested_command(arguments: tuple[str, ...], command: str, *args: object) -> str:
+    """``nanoset COMMAND`` on the same config (``arguments``: a config's ``Config.arguments``), then ``args``: a line
     to run as printed."""
-    return shlex.join(["nanoset", command, *config.arguments, *map(str, args)])
+    return shlex.join(["nanoset", command, *arguments, *map(str, args)])
 
 
 def add_set_option(parser: argparse.ArgumentParser) -> None:
