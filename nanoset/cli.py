@@ -25,8 +25,7 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Output dataset folder.")
+@click.option("-o", "--output", required=True, help="Output dataset folder (or s3://BUCKET/PATH, gs://...).")
 @click.option("--tokenizer", required=True, help="tokenizer.json, a folder holding one, or a locally cached hub name.")
 @click.option("--eos-token", default=None,
               help="The EOS token appended to every document (default: the tokenizer's own; this one wins).")
@@ -54,17 +53,25 @@ def cli() -> None:
 @click.option("--backend", default="auto", show_default=True, type=click.Choice(BACKENDS),
               help="The encoder; the output is the same with each. auto: fastokens where it is installed, loads the "
                    "tokenizer and agrees with tokenizers on a probe set, else tokenizers (with a note).")
-def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: str | None, text_column: str,
+def tokenize(inputs: tuple[str, ...], output: str, tokenizer: str, eos_token: str | None, text_column: str,
              workers: int, max_tokens_per_shard: int | None, num_tasks: int | None, task_index: int | None,
              task_bytes: int | None, skip_bad_lines: bool, overwrite: bool, quiet: bool, chat: bool,
              chat_template: str | None, messages_column: str, prompt_column: str, completion_column: str,
              backend: str) -> None:
     """Tokenize INPUTS (files, folders, globs) into a Nanoset dataset folder."""
+    from nanoset.storage import is_url, location
     from nanoset.tokenize.job import TokenizeOptions
     from nanoset.tokenize.job import tokenize as run
 
+    if is_url(output):
+        from nanoset.tokenize.remote_output import tokenize_to_store
+
+        url = location(output)
+        run = lambda opts: tokenize_to_store(opts, url)  # noqa: E731
+    elif Path(output).is_file():  # what click.Path(file_okay=False) said before URLs were taken
+        raise click.BadParameter(f"Directory {output!r} is a file.", param_hint="'-o' / '--output'")
     summary = run(TokenizeOptions(
-        inputs=list(inputs), output=output, tokenizer=tokenizer, eos_token=eos_token, text_column=text_column,
+        inputs=list(inputs), output=Path(output), tokenizer=tokenizer, eos_token=eos_token, text_column=text_column,
         workers=workers, max_tokens_per_shard=max_tokens_per_shard,
         num_tasks=num_tasks if num_tasks is not None else env_number("WORLD_SIZE", 1),
         task_index=task_index if task_index is not None else env_number("RANK", 0),
@@ -75,15 +82,22 @@ def tokenize(inputs: tuple[str, ...], output: Path, tokenizer: str, eos_token: s
     click.echo("\n".join([summary.line(), *summary.details()]))
 
 
+def dataset_path(text: str) -> Path | str:
+    """A dataset argument: a local path, or a URL as it is (``Path`` would fold ``s3://`` into ``s3:/``)."""
+    from nanoset.storage import is_url
+
+    return text if is_url(text) else Path(text)
+
+
 @cli.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=dataset_path)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--samples", default=2, show_default=True, type=int, help="Decoded sample documents to show.")
 @click.option("--tokenizer", default=None, help="Tokenizer for decoding (default: the one in the manifest).")
 @click.option("--document", default=None, type=int, metavar="N",
               help="Print document N (0-based, as explain numbers them) whole and verbatim, with its loss mask "
                    "for chat data.")
-def inspect(path: Path, as_json: bool, samples: int, tokenizer: str | None, document: int | None) -> None:
+def inspect(path: Path | str, as_json: bool, samples: int, tokenizer: str | None, document: int | None) -> None:
     """Statistics, per-shard table and decoded samples of a dataset folder (or one whole document)."""
     from nanoset.stats import collect_document, collect_stats, render_document, render_text
 
@@ -96,11 +110,11 @@ def inspect(path: Path, as_json: bool, samples: int, tokenizer: str | None, docu
 
 
 @cli.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=dataset_path)
 @click.option("--retokenize", default=None, type=int, metavar="N",
               help="Also re-encode N sampled documents from the recorded inputs with the tokenizers backend and "
                    "compare them with the shards.")
-def verify(path: Path, retokenize: int | None) -> None:
+def verify(path: Path | str, retokenize: int | None) -> None:
     """Check checksums, sizes, index, token ids and EOS of every shard (a full read)."""
     from nanoset.verify import check_retokenize_count, verify_dataset
 

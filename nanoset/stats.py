@@ -174,7 +174,7 @@ def collect_stats(path: Path, samples: int = 2, tokenizer: str | None = None) ->
         "document_length": _length_stats(lengths) if len(lengths) else None,
         "histogram": _histogram(lengths) if len(lengths) else [],
         "shards": [{"name": s.name, "num_tokens": s.num_tokens, "num_documents": s.num_documents,
-                    "bytes": s.tokens_path.stat().st_size} for s in ds.shards],
+                    "bytes": s.num_tokens * s.dtype.itemsize} for s in ds.shards],  # sizes checked above
         "samples": sample_docs,
     }
 

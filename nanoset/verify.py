@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nanoset import storage
 from nanoset.errors import NanosetError
 from nanoset.format.maxid import check_token_ids
 from nanoset.format.megatron import MegatronShardReader, verify_megatron_shard
@@ -14,6 +15,7 @@ from nanoset.format.open import open_dataset
 from nanoset.format.reader import NanosetReader, ShardReader, index_problem, loss_mask_problem, missing_file
 from nanoset.format.shardtable import check_shard_table
 from nanoset.format.spec import ShardInfo
+from nanoset.remote_cache import local_file
 
 CHUNK_TOKENS = 1 << 24
 
@@ -21,7 +23,7 @@ CHUNK_TOKENS = 1 << 24
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     try:
-        f = open(path, "rb")
+        f = storage.open_read(path)
     except (FileNotFoundError, NotADirectoryError):  # the metadata file: the one whose size is not checked first
         raise missing_file(path) from None
     with f:
@@ -44,7 +46,11 @@ def verify_shard(ds: NanosetReader, shard: ShardReader, expected: ShardInfo | No
     if expected_sha:
         files = [("ds", shard.tokens_path), ("index", shard.index_path), ("metadata", shard.metadata_path)]
         for role, path in files + ([("loss", shard.loss_path)] if shard.has_loss else []):
-            got = _sha256(path)
+            if shard.source is not None:  # a remote shard: its copy in the shard cache, named by its URL
+                path = shard.source / path.name
+                got = _sha256(local_file(path, sha256=expected_sha.get(role)))
+            else:
+                got = _sha256(path)
             if got != expected_sha.get(role):
                 raise _fail(path, f"sha256 {got[:12]}… differs from the manifest's {str(expected_sha.get(role))[:12]}…")
     ends = np.asarray(shard.ends, dtype=np.int64)

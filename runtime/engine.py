@@ -96,6 +96,7 @@ class Engine:
         self.owns_inputs = self.chunks[0].has_embedding
         self.owns_loss = self.chunks[-1].has_head
         self.optimizer = self._build_optimizer()
+        self.clip_grad = config.optimizer.clip_grad  # a stage's own may replace it (runtime/stage_optimizer.py)
         # gradient clipping counts each weight once: a pipeline-tied head copy has the embedding's gradient
         self._norm_parameters = [p for c in self.chunks for n, p in c.named_parameters() if c.stored_name(n) == n]
         self._schedules: dict[tuple, object] = {}
@@ -118,7 +119,8 @@ class Engine:
         o = self.config.optimizer
         decay = [p for p in self.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.parameters() if p.ndim < 2]
-        groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        groups = [{"params": decay, "weight_decay": o.weight_decay, "decayed": True},
+                  {"params": no_decay, "weight_decay": 0.0, "decayed": False}]
         # fused (CUDA and CPU): one kernel for all parameters, no host read of its step counts (the foreach
         # path reads each one), and a non-finite step skipped on the device (found_inf)
         return torch.optim.AdamW(groups, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,
@@ -252,7 +254,7 @@ class Engine:
         self._add_step_numbers(reduction, batches, losses, num_sources, sources is not None)
         n_tokens = reduction.on_device("label_tokens").clamp(min=1)
         loss = reduction.on_device("loss_sum")[0] / n_tokens[0]
-        grad_norm = clip_grad_norm_(self.parameters(), self.config.optimizer.clip_grad, self.ctx,
+        grad_norm = clip_grad_norm_(self.parameters(), self.clip_grad, self.ctx,
                                     counted=self._norm_parameters, divisor=n_tokens[0])
         self._step_unless_not_finite(loss, grad_norm, skip_above)
         self.optimizer.zero_grad(set_to_none=True)

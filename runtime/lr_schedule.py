@@ -3,6 +3,7 @@
 Linear warm-up from 0 to the peak over ``warmup_steps``, then ``cosine``, ``linear`` or
 ``constant`` decay to ``min_lr`` at the last step, or ``wsd``: warm-up, stable at the peak,
 then a linear decay to ``min_lr`` over the last ``wsd_decay_fraction`` of the steps after warm-up.
+The run's schedule spans steps 1 to ``tokens.train_steps``; a stage's own schedule spans the stage's steps.
 """
 
 from __future__ import annotations
@@ -13,14 +14,18 @@ from runtime.config import LRSchedulerArgs
 
 
 class LRSchedule:
-    def __init__(self, args: LRSchedulerArgs, peak_lr: float, train_steps: int) -> None:
+    def __init__(self, args: LRSchedulerArgs, peak_lr: float, train_steps: int, first_step: int = 1) -> None:
+        """``train_steps``: the schedule's last global step; ``first_step``: its first (its warm-up's step 1)."""
         self.args = args
         self.peak = peak_lr
-        self.total = train_steps
+        self.last = train_steps
+        self.first = first_step
+        self.total = train_steps - first_step + 1  # the steps it spans
 
     def lr_at(self, step: int) -> float:
         """Learning rate used by global step ``step`` (1-based)."""
         a = self.args
+        step = step - self.first + 1  # counted from the schedule's first step
         if a.warmup_steps and step <= a.warmup_steps:
             return self.peak * step / a.warmup_steps
         span = max(self.total - a.warmup_steps, 1)
@@ -43,4 +48,12 @@ class LRSchedule:
         return lr
 
     def state_dict(self) -> dict:
-        return {"peak_lr": self.peak, "train_steps": self.total, **self.args.__dict__}
+        first = {"first_step": self.first} if self.first != 1 else {}
+        return {"peak_lr": self.peak, "train_steps": self.last, **first, **self.args.__dict__}
+
+    def describe(self) -> str:
+        """The schedule in words, for ``--check``: ``lr 1e-05 (warm-up 2, cosine to 0)``."""
+        a = self.args
+        warmup = f"warm-up {a.warmup_steps}, " if a.warmup_steps else ""
+        decay = "constant" if a.decay_style == "constant" else f"{a.decay_style} to {a.min_lr:g}"
+        return f"lr {self.peak:g} ({warmup}{decay})"

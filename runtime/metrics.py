@@ -187,6 +187,9 @@ class MetricsLogger:
         self.source_names: dict[str, str] = {}  # folder → its TensorBoard and W&B name (short_names)
         self.train_steps: int | None = None  # the console's `step N/TOTAL`
         self.wandb = None  # a runtime.wandb_logger.WandbLogger once the trainer started one
+        # a checkpointing step's row is held from its line until its checkpoint's blocking part is over (``release``)
+        self.hold_rows = False
+        self._held: dict | None = None
         self.tb = None
         if enabled and tensorboard:
             try:
@@ -237,8 +240,11 @@ class MetricsLogger:
             return
         shown = dict(record)
         record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
-        self._append(record)
-        self._scalars(record)
+        if self.hold_rows:
+            self._held = record
+        else:
+            self._append(record)
+            self._scalars(record)
         if record.get("skipped") == SURGERY_SKIP:
             self.info(f"step {record['step']:>6} | {record['stage']} | skipped by surgery: read, not trained "
                       f"| lr {record['lr']:.3e}")
@@ -252,6 +258,16 @@ class MetricsLogger:
                       f"| lr {record['lr']:.3e} "
                       f"| grad_norm {shown['grad_norm']:.3f} | tokens/s {record['tokens_per_s']:,.0f} "
                       f"| data_wait {record['data_wait_ms']:.1f} ms{mfu}{' | ' + progress if progress else ''}")
+
+    def release(self, **extra) -> None:
+        """The held row of a checkpointing step, written with ``extra`` (``checkpoint_blocking_s``): after its
+        checkpoint is written or staged, before ``latest`` can name it, so a resume never lacks it."""
+        self.hold_rows = False
+        if self._held is None:
+            return
+        row, self._held = {**self._held, **extra}, None
+        self._append(row)
+        self._scalars(row)
 
     def log_validation(self, step: int, stage: str, results: dict[str, dict], lines: list[str],
                        seconds: float | None = None) -> None:

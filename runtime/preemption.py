@@ -8,11 +8,13 @@ has one answer:
 * during start-up (imports, checks, building the engine, loading weights, tokenizing a stage) nothing has
   been trained: a signal ends the process at once with one line (see ``StopRequested``);
 * while training, the handler only sets a flag. A signal can reach the ranks at different steps (or only
-  some of them), so after every step the ranks take the MAX of their signal numbers over the world group —
-  one part of the step's one reduction — and all stop after the same step, save one checkpoint together and exit with
-  128 + that signal (130 after Ctrl-C, 143 after SIGTERM), what a shell reports for a process the signal
-  ended: a stopped run has not finished, so ``nanoset train ... && next`` does not go on and
-  ``sbatch --dependency=afternotok:JOB`` can resubmit it;
+  some of them), so in every step the ranks take the MAX of their signal numbers over the world group —
+  one part of the step's one reduction, made at the end of its backward — and all stop after the same step
+  (the step in progress; a signal that comes after its reduction — its update, its metrics line — stops the
+  run after the next one, except during the update in a world of one process, which has no one to ask), save one
+  checkpoint together and exit with 128 + that signal (130 after Ctrl-C, 143 after SIGTERM), what a shell
+  reports for a process the signal ended: a stopped run has not finished, so ``nanoset train ... && next``
+  does not go on and ``sbatch --dependency=afternotok:JOB`` can resubmit it;
 * a Ctrl-C while a stop is under way exits at once, without a checkpoint of the step.
 
 torchrun starts each worker in its own session, so a worker whose launcher was killed (``kill -9``) would go
@@ -247,14 +249,19 @@ class StopOnSignal:
 
     def add_to(self, reduction) -> None:
         """This rank's stop code as a part of the step's reduction (``runtime.parallel.step_reduction``): one
-        count per possible code, so that the world's sum says the highest code any rank has, as a MAX would."""
-        code = self._own_code()
-        reduction.add("stop", [float(code == c) for c in AGREED_CODES])
+        count per possible code, so that the world's sum says the highest code any rank has, as a MAX would.
+        The code is taken when the reduction is made (the end of the step's backward), so a signal that comes
+        during the step stops the run after it."""
+        reduction.add("stop", lambda: [float(self._own_code() == c) for c in AGREED_CODES])
 
     def agree_from(self, reduction) -> bool:
-        """``agreed`` from the step's reduced, read ``reduction``: no collective of its own."""
+        """``agreed`` from the step's reduced, read ``reduction`` (right after the step's update): no collective
+        of its own. A process alone in its world has no one to agree with: a signal that came after the
+        reduction (during the step's update) stops it after this step too."""
         counts = reduction.values("stop")
         self.agreed_code = max((c for c, n in zip(AGREED_CODES, counts) if n > 0), default=0)
+        if not self.agreed_code and not _in_a_larger_world():
+            self.agreed_code = self._own_code()
         return self.agreed_code != 0
 
     @property
@@ -274,6 +281,12 @@ class StopOnSignal:
         if not self.agreed_code:
             return 0
         return LAUNCHER_LOST_STATUS if self.agreed_code == LAUNCHER_LOST else stop_status(self.agreed_code)
+
+
+def _in_a_larger_world() -> bool:
+    """Whether this process trains with others (a process group of more than one rank)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def installed() -> StopOnSignal | None:

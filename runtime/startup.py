@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanoset.errors import ConfigError
+from nanoset.remote_cache import configure as configure_storage
 from runtime.checkpoint.layout import (
     LATEST,
     RESUME,
@@ -42,6 +43,8 @@ from runtime.data.order.plan import DataPlan
 from runtime.data.order.surgery import Surgery
 from runtime.data.order.validation_sets import ValidationSet, open_validation_sets, training_readers
 from runtime.hf.preflight import check_init_from_hf
+from runtime.stage_optimizer import RECORD_KEY as STAGE_OPTIMIZERS_KEY
+from runtime.stage_optimizer import StageOptimizers
 
 
 @dataclass
@@ -82,6 +85,7 @@ def start_up(config: Config | str | Path, world: int | None = None, lock: bool =
         config.parallelism.check_world(world if world is not None else world_size())
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}" if path is not None else str(e)) from None
+    configure_storage(config.storage.cache_dir, config.storage.cache_limit_gb)  # the workers started later inherit it
     start = plan_start(config, lock)
     record = start.record
     resumed = record.last_step if record is not None else 0
@@ -196,6 +200,7 @@ def startup_notes(startup: Startup) -> list[str]:
         if old_steps is not None and old_steps != c.tokens.train_steps:
             notes.append(f"tokens.train_steps is {c.tokens.train_steps}, the checkpoint's learning-rate schedule was "
                          f"for {old_steps}: it is recomputed for {c.tokens.train_steps} steps from step {last + 1}")
+        notes += StageOptimizers(c).changed_since(record.extensions.get(STAGE_OPTIMIZERS_KEY) or {}, last)
     resumed = record.last_step if record is not None else 0
     named = plan.shown_names()
     for part in plan.stages:

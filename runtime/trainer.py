@@ -33,7 +33,6 @@ from runtime.data.order.surgery import SURGERY_KEY, surgery_record
 from runtime.engine import Engine, StepResult
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
-from runtime.lr_schedule import LRSchedule
 from runtime.metrics import (
     SURGERY_SKIP,
     MetricsLogger,
@@ -52,6 +51,8 @@ from runtime.parallel.step_reduction import StepReduction
 from runtime.preemption import installed, stop_on_signal
 from runtime.progress import Progress, clock, describe_tokens, duration
 from runtime.spikes import SpikeDetector, SpikeLog, ranked_samples
+from runtime.stage_optimizer import RECORD_KEY as STAGE_OPTIMIZERS_KEY
+from runtime.stage_optimizer import StageOptimizers
 from runtime.startup import Startup, start_up, startup_notes, startup_warnings
 from runtime.validation import Validator, describe
 from runtime.wandb_logger import start_wandb
@@ -92,8 +93,11 @@ class Trainer(NanotronCallStyles):
         # resumed or from Hugging Face: every weight is loaded in _resume, so none is drawn first
         self.engine = Engine(config, self.parallel_context,
                              initialize=self.start.checkpoint is None and config.model.init_from_hf is None)
-        self.lr_schedule = LRSchedule(config.lr_scheduler, config.optimizer.learning_rate, config.tokens.train_steps)
-        self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main)
+        self.optimizers = StageOptimizers(config)  # each stage's optimizer keys and learning-rate schedule
+        cuda = self.parallel_context.device.type == "cuda"
+        background = config.checkpoints.async_save if config.checkpoints.async_save is not None else cuda
+        self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main,
+                                             async_save=background, pinned=cuda)
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
                                      config.logging.log_interval)
         self.metrics.source_names = short_names(self.plan.source_names())
@@ -175,10 +179,11 @@ class Trainer(NanotronCallStyles):
                 stage = self.plan.stage_for_step(step)
                 batches = self._feed.batches(step)
                 data_wait = self._feed.wait
-                lr = self.lr_schedule.apply(self.engine.optimizer, step)
+                lr = self.optimizers.apply(self.engine, step)
                 agreed = self._train_step(step, stage, batches, lr, data_wait, summary, stop)
                 if os.environ.get(KILL_AT_STEP_ENV) == str(step) and self.is_main:
                     os.kill(os.getpid(), signal.SIGKILL)
+                self._note(self.checkpoints.poll())  # a checkpoint written in the background is complete
                 # every rank stops after the same step; a signal during the last one changes nothing
                 summary.stopped_by_signal = agreed and step < c.tokens.train_steps
                 interval = c.checkpoints.checkpoint_interval
@@ -194,6 +199,7 @@ class Trainer(NanotronCallStyles):
             loaded_only = c.tokens.train_steps == 0 and self.start.checkpoint is None
             if c.checkpoints.save_final and (self.last_step > last_save or loaded_only):
                 self._save(self.last_step)
+            self._note(self.checkpoints.wait())  # a write in the background ends before the run does
         summary.checkpoint = self.checkpoints.resolve(LATEST)
         summary.last_step = self.last_step
         if c.checkpoints.export_hf and not summary.stopped_by_signal and summary.checkpoint is not None:
@@ -224,16 +230,24 @@ class Trainer(NanotronCallStyles):
             self._raise_write_failure()
         self.mixing.agree_from(reduction)  # the previous step's decision, the same on every rank
         self.last_step = step
+        agreed = stop.agree_from(reduction)
+        self.metrics.hold_rows = self._saves_after(step, agreed)  # its row carries the checkpoint's blocking time
         if result is None:
             self._log_surgery_skip(step, stage, lr)
-            return stop.agree_from(reduction)
+            return agreed
         if spikes is not None:  # a non-finite step is not judged and does not enter the window
             spikes.forget_verdict()
             if math.isfinite(result.loss) and math.isfinite(result.grad_norm):
                 spikes.judge(stage.name, result.loss)
         self._log_and_validate(step, stage, result, lr, data_wait, summary)
         self._count_skips(step, result)
-        return stop.agree_from(reduction)
+        return agreed
+
+    def _saves_after(self, step: int, stop: bool) -> bool:
+        """Whether a checkpoint follows step ``step`` (the loop's rule, or the final one)."""
+        c = self.config.checkpoints
+        last = step == self.config.tokens.train_steps
+        return c.save_final if last else stop or bool(c.checkpoint_interval and step % c.checkpoint_interval == 0)
 
     def _log_and_validate(self, step: int, stage: StagePlan, result: StepResult, lr: float, data_wait: float,
                           summary: TrainSummary) -> None:
@@ -320,7 +334,7 @@ class Trainer(NanotronCallStyles):
     def _count_skips(self, step: int, result: StepResult) -> None:
         """A run whose steps keep being non-finite (skipped) has diverged: stop it, naming where to resume."""
         self._skipped_in_a_row = self._skipped_in_a_row + 1 if result.skipped else 0
-        limit = self.config.optimizer.max_skipped_steps
+        limit = self.optimizers.at(step).optimizer.max_skipped_steps
         if self._skipped_in_a_row > limit:
             first = self._streak_start(step)
             between = [f"{max(a, first)}-{min(b, step)}" for a, b in self.plan.surgery.skip_steps
@@ -330,6 +344,7 @@ class Trainer(NanotronCallStyles):
             where = (f"the newest checkpoint of a finite step is {good}: resume from it (checkpoints.resume: {good})"
                      if good is not None else "no checkpoint of a finite step was saved: start over")
             spikes = " or were spikes (surgery.spike.action: skip)" if self.spikes and self.spikes.skips else ""
+            self._writing_metrics(self.metrics.release)  # a row held for the checkpoint this run will not save
             raise NanosetError(f"steps {first}-{step}: {self._skipped_in_a_row} steps in a row had a non-finite loss "
                                f"or gradient norm{spikes} and were skipped{counted} "
                                f"(optimizer.max_skipped_steps {limit}); the run has diverged: {where} with a lower "
@@ -369,15 +384,20 @@ class Trainer(NanotronCallStyles):
     def _save(self, step: int) -> Path:
         """A checkpoint of ``step`` (with the count of skipped steps in a row, so that a resumed diverging run stops
         where an uninterrupted one would; a surgery skip is finite, not a state to avoid)."""
-        record = CheckpointRecord.of_run(self.plan, step, self.lr_schedule.state_dict(), self._skipped_in_a_row)
+        record = CheckpointRecord.of_run(self.plan, step, self.optimizers.run_schedule.state_dict(),
+                                         self._skipped_in_a_row)
         record.step_skipped = record.step_skipped and not self.plan.surgery.skips(step)
         record.extensions[SURGERY_KEY] = surgery_record(self.plan.surgery)
         record.extensions[MIXING_KEY] = self.mixing.checkpoint_state()
+        record.extensions[STAGE_OPTIMIZERS_KEY] = self.optimizers.record()
         if self.spikes is not None:
             record.extensions[SPIKE_WINDOW] = self.spikes.state_dict()
         began = time.perf_counter()
-        path = self.checkpoints.save(self.engine, step, record)
-        self.metrics.info(f"checkpoint {path} saved in {duration(time.perf_counter() - began)}")
+        self._note(self.checkpoints.wait())  # the previous one's write, when still in the background
+        path = self.checkpoints.save(self.engine, step, record, before_commit=lambda: self._writing_metrics(
+            lambda: self.metrics.release(checkpoint_blocking_s=round(time.perf_counter() - began, 4))))
+        how = "staged (writing it in the background)" if self.checkpoints.in_flight is not None else "saved"
+        self.metrics.info(f"checkpoint {path} {how} in {duration(time.perf_counter() - began)}")
         self._step_end = time.perf_counter()  # the next step's time (tokens/s, the ETA) leaves the save out
         return path
 
@@ -396,6 +416,10 @@ class Trainer(NanotronCallStyles):
             self.spikes.load_state_dict(window)
         self.metrics.info(f"resumed from {path} at step {last}")
         return last
+
+    def _note(self, line: str | None) -> None:
+        if line is not None:
+            self.metrics.info(line)
 
     def _export_hf(self, checkpoint: Path) -> None:
         """``checkpoints.export_hf``: the final checkpoint as a Hugging Face folder, ``run_dir/hf`` (rank 0).

@@ -108,3 +108,21 @@ def test_each_layer_imports_only_the_layers_below_it():
         if not any(within(name, command) for command in COMMANDS):
             wrong += [(name, m) for m in sorted(uses) if any(within(m, command) for command in COMMANDS)]
     assert wrong == []
+
+
+OBJECT_STORAGE = {"fsspec", "s3fs", "gcsfs", "obstore", "boto3", "botocore", "aiobotocore"}
+
+
+def test_object_storage_libraries_are_imported_by_the_storage_seam_only_and_lazily():
+    """``nanoset/storage.py`` alone reaches an object store, importing its library at the first URL: the toolkit
+    and the runtime import and train without any of them."""
+    def storage_imports(path: Path, module_level: bool) -> set[str]:
+        tree = ast.parse(path.read_text())
+        nodes = tree.body if module_level else list(ast.walk(tree))
+        names = {a.name for n in nodes if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in nodes if isinstance(n, ast.ImportFrom) and n.module}
+        return {name.split(".")[0] for name in names} & OBJECT_STORAGE
+
+    anywhere = {name for name, path in MODULES.items() if storage_imports(path, module_level=False)}
+    assert anywhere == {"nanoset.storage"}
+    assert storage_imports(MODULES["nanoset.storage"], module_level=True) == set()

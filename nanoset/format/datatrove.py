@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nanoset import storage
 from nanoset.errors import NanosetError
 from nanoset.format.reader import ShardReader
 from nanoset.format.spec import (
@@ -26,9 +27,10 @@ from nanoset.format.spec import (
 
 
 def open_datatrove(folder: Path) -> tuple[list[ShardReader], TokenizerInfo | None]:
-    names = sorted(p.name[: -len(TOKENS_SUFFIX)] for p in folder.glob("*" + TOKENS_SUFFIX) if p.is_file())
+    names = sorted(n[: -len(TOKENS_SUFFIX)] for n in storage.list_names(folder, "*" + TOKENS_SUFFIX)
+                   if storage.is_file(folder / n))
     if not names:
-        partial = any(p.name.startswith(".") for p in folder.iterdir())
+        partial = any(n.startswith(".") for n in storage.list_names(folder))
         hint = " (a tokenize run is unfinished: re-run it)" if partial else ""
         raise NanosetError(f"{folder}: neither {MANIFEST_NAME} nor *.ds shards found{hint}; is this a dataset folder?")
     shards = []
@@ -36,16 +38,16 @@ def open_datatrove(folder: Path) -> tuple[list[ShardReader], TokenizerInfo | Non
     for name in names:
         meta = folder / (name + METADATA_SUFFIX)
         index = folder / (name + INDEX_SUFFIX)
-        if not meta.is_file() or not index.is_file():
+        if not storage.is_file(meta) or not storage.is_file(index):
             raise NanosetError(f"{folder / name}.ds: missing {meta.name} or {index.name}; the shard is incomplete")
         tok_name, token_size, num_tokens = parse_metadata(meta)
         if token_size not in (2, 4):
             raise NanosetError(f"{meta}: token size {token_size} bytes is not supported (2 or 4)")
         tokenizer_names.add(tok_name)
-        num_documents = index.stat().st_size // INDEX_DTYPE.itemsize
+        num_documents = storage.size(index) // INDEX_DTYPE.itemsize
         dtype = np.dtype(f"<u{token_size}")
         shard = ShardReader(folder, name, dtype, num_tokens, num_documents,
-                            has_loss=(folder / (name + LOSS_SUFFIX)).is_file())
+                            has_loss=storage.is_file(folder / (name + LOSS_SUFFIX)))
         shard.check_sizes()
         last = _last_end(index, num_documents)
         if num_documents and last != num_tokens:
@@ -67,6 +69,5 @@ def _last_end(index: Path, num_documents: int) -> int:
     """The index's last entry, read without mapping the file (open checks touch every shard)."""
     if not num_documents:
         return 0
-    with open(index, "rb") as f:
-        f.seek((num_documents - 1) * INDEX_DTYPE.itemsize)
-        return int(np.frombuffer(f.read(INDEX_DTYPE.itemsize), dtype=INDEX_DTYPE)[0])
+    at = (num_documents - 1) * INDEX_DTYPE.itemsize
+    return int(np.frombuffer(storage.read_range(index, at, at + INDEX_DTYPE.itemsize), dtype=INDEX_DTYPE)[0])

@@ -24,8 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
+from nanoset import storage
 from nanoset.env import env_number
 from nanoset.errors import MissingPath, NanosetError
+from nanoset.remote_cache import local_file
+from nanoset.storage import Location
 
 DEFAULT_MAX_OPEN_SHARDS = 64
 ENV_MAX_OPEN_SHARDS = "NANOSET_MAX_OPEN_SHARDS"
@@ -40,12 +43,14 @@ def new_key() -> int:
     return next(_keys)
 
 
-def map_file(path: Path, dtype: np.dtype, expected_bytes: int | None = None) -> np.ndarray:
-    """A read-only ndarray over the whole file; the descriptor used to map it is closed at once. With
-    ``expected_bytes``, a file of another size is refused (the size a shard's counts imply: checked here,
-    at no cost, rather than by a ``stat`` of every file at open)."""
+def map_file(source: Path | Location, dtype: np.dtype, expected_bytes: int | None = None,
+             sha256: str | None = None) -> np.ndarray:
+    """A read-only ndarray over the whole file (a remote file's local copy, checked against ``sha256``); the
+    descriptor used to map it is closed at once. With ``expected_bytes``, a file of another size is refused (the
+    size a shard's counts imply: checked here, at no cost, rather than by a ``stat`` of every file at open)."""
+    path = local_file(source, expected_bytes, sha256)
     try:
-        with open(path, "rb") as f:
+        with _open(source, path, expected_bytes, sha256) as f:
             size = os.fstat(f.fileno()).st_size
             if expected_bytes is not None and size != expected_bytes:
                 raise wrong_size(path, size, expected_bytes, path.parent)
@@ -64,6 +69,17 @@ def map_file(path: Path, dtype: np.dtype, expected_bytes: int | None = None) -> 
         raise NanosetError(f"{path}: cannot map it ({e.strerror}): set ${ENV_MAX_OPEN_SHARDS} lower (shards kept "
                            f"mapped, now {_cache.capacity // 2}) or raise `ulimit -n`") from None
     return np.frombuffer(mm, dtype=dtype)
+
+
+def _open(source: Path | Location, path: Path, expected_bytes: int | None, sha256: str | None):
+    """``path`` open for reading; a remote file's copy evicted by another process since it was fetched is fetched
+    again."""
+    try:
+        return storage.open_read(path)
+    except FileNotFoundError:
+        if not isinstance(source, Location) or not source.remote:
+            raise
+        return storage.open_read(local_file(source, expected_bytes, sha256))
 
 
 def wrong_size(path: str | Path, size: int, expected: int, folder: Path) -> NanosetError:
@@ -94,7 +110,8 @@ class MapCache:
         self._maps: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[int, str], path: Path, dtype: np.dtype, expected_bytes: int | None = None) -> np.ndarray:
+    def get(self, key: tuple[int, str], path: Path | Location, dtype: np.dtype, expected_bytes: int | None = None,
+            sha256: str | None = None) -> np.ndarray:
         arr = self._maps.get(key)  # the hot path takes no lock: each dict operation is atomic
         if arr is not None:
             try:
@@ -102,7 +119,7 @@ class MapCache:
             except KeyError:  # evicted by another thread meanwhile: the array stays valid all the same
                 pass
             return arr
-        arr = map_file(path, dtype, expected_bytes)
+        arr = map_file(path, dtype, expected_bytes, sha256)
         with self._lock:
             self._maps[key] = arr
             self._evict()

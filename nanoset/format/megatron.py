@@ -19,7 +19,6 @@ with EOS, so nothing checks for one.
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import IO
 
 import numpy as np
 
+from nanoset import storage
 from nanoset.atomic import atomic_write, writable_folder
 from nanoset.cache import DerivedCache, file_stamp, key_digest
 from nanoset.errors import NanosetError
@@ -57,9 +57,8 @@ class MegatronIndex:
     @staticmethod
     def read(path: Path) -> MegatronIndex:
         try:
-            with open(path, "rb") as f:
-                head = f.read(HEADER_BYTES)
-                size = os.fstat(f.fileno()).st_size
+            head = storage.read_range(path, 0, HEADER_BYTES)
+            size = storage.size(path)
         except FileNotFoundError:
             raise NanosetError(f"{path}: missing; a Megatron dataset needs both PREFIX.bin and PREFIX.idx") from None
         if head[: len(MAGIC)] != MAGIC:
@@ -88,7 +87,7 @@ class MegatronIndex:
     def _array(self, dtype: str, offset: int, count: int) -> np.ndarray:
         if count == 0:
             return np.empty(0, dtype=dtype)
-        return np.memmap(self.path, dtype=dtype, mode="r", offset=offset, shape=(count,))
+        return storage.map_range(self.path, dtype, offset, count)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -108,11 +107,10 @@ class MegatronIndex:
         n = self.num_sequences
         if not n:
             return 0
-        with open(self.path, "rb") as f:
-            f.seek(HEADER_BYTES + 4 * (n - 1))
-            (length,) = struct.unpack("<i", f.read(4))
-            f.seek(HEADER_BYTES + 4 * n + 8 * (n - 1))
-            (pointer,) = struct.unpack("<q", f.read(8))
+        at = HEADER_BYTES + 4 * (n - 1)
+        (length,) = struct.unpack("<i", storage.read_range(self.path, at, at + 4))
+        at = HEADER_BYTES + 4 * n + 8 * (n - 1)
+        (pointer,) = struct.unpack("<q", storage.read_range(self.path, at, at + 8))
         return (pointer + length * self.dtype.itemsize) // self.dtype.itemsize
 
 
@@ -179,7 +177,7 @@ def _cache_file(index_path: Path) -> Path:
 def document_ends_file(index: MegatronIndex, bin_size: int) -> Path:
     """The cached uint64 document ends of ``index`` (written once, atomically, when missing)."""
     path = _cache_file(index.path)
-    if path.is_file():
+    if storage.is_file(path):
         return path
 
     def write(f: IO[bytes]) -> None:
@@ -202,13 +200,13 @@ class MegatronShardReader(ShardReader):
         self.prefix = prefix
         self.megatron_index = MegatronIndex.read(prefix.with_name(prefix.name + INDEX_SUFFIX))
         data = prefix.with_name(prefix.name + DATA_SUFFIX)
-        if not data.is_file():
+        if not storage.is_file(data):
             raise NanosetError(f"{data}: missing; a Megatron dataset needs both PREFIX.bin and PREFIX.idx")
-        bin_size = data.stat().st_size
+        bin_size = storage.size(data)
         check_data_size(self.megatron_index, bin_size)
         ends_path = document_ends_file(self.megatron_index, bin_size)
         super().__init__(prefix.parent, prefix.name, self.megatron_index.dtype, self.megatron_index.last_token_end(),
-                         ends_path.stat().st_size // INDEX_DTYPE.itemsize)
+                         storage.size(ends_path) // INDEX_DTYPE.itemsize)
         self.tokens_path = data
         self.index_path = ends_path
         self.metadata_path = self.megatron_index.path
@@ -216,7 +214,7 @@ class MegatronShardReader(ShardReader):
 
     def check_sizes(self) -> None:
         expected = self.num_tokens * self.dtype.itemsize
-        size = self.tokens_path.stat().st_size if self.tokens_path.is_file() else None
+        size = storage.size(self.tokens_path) if storage.is_file(self.tokens_path) else None
         if size != expected:
             raise NanosetError(f"{self.tokens_path}: {size} bytes, expected {expected}; the file is missing, "
                                f"truncated or replaced (run `nanoset verify {self.prefix}`)")
@@ -226,7 +224,7 @@ class MegatronShardReader(ShardReader):
         try:
             return super().ends
         except FileNotFoundError:
-            self.index_path = document_ends_file(self.megatron_index, self.tokens_path.stat().st_size)
+            self.index_path = document_ends_file(self.megatron_index, storage.size(self.tokens_path))
             return super().ends
 
 
@@ -234,19 +232,20 @@ def megatron_prefixes(path: Path) -> list[Path] | None:
     """The prefixes ``path`` names: itself when ``path.idx`` or ``path.bin`` exists, the pairs in a folder
     with neither a manifest nor datatrove shards, else None (not Megatron data)."""
     own = [path.with_name(path.name + s) for s in (INDEX_SUFFIX, DATA_SUFFIX)]
-    if any(p.is_file() for p in own):
+    if any(storage.is_file(p) for p in own):
         for p in own:
-            if not p.is_file():
+            if not storage.is_file(p):
                 raise NanosetError(f"{p}: missing; a Megatron dataset needs both {own[1].name} and {own[0].name}")
         return [path]
-    if path.suffix in (INDEX_SUFFIX, DATA_SUFFIX) and path.is_file():
+    if path.suffix in (INDEX_SUFFIX, DATA_SUFFIX) and storage.is_file(path):
         raise NanosetError(f"{path}: name the Megatron dataset by its prefix, without {path.suffix} "
                            f"({path.with_suffix('')})")
-    if not path.is_dir():
+    if not storage.is_dir(path):
         return None
-    stems = {p.name[: -len(s)] for s in (INDEX_SUFFIX, DATA_SUFFIX) for p in path.glob("*" + s) if p.is_file()}
-    if (path / MANIFEST_NAME).is_file() or any(path.glob("*" + TOKENS_SUFFIX)):
-        pairs = sorted(s for s in stems if all((path / (s + x)).is_file() for x in (INDEX_SUFFIX, DATA_SUFFIX)))
+    stems = {n[: -len(s)] for s in (INDEX_SUFFIX, DATA_SUFFIX) for n in storage.list_names(path, "*" + s)
+             if storage.is_file(path / n)}
+    if storage.is_file(path / MANIFEST_NAME) or storage.list_names(path, "*" + TOKENS_SUFFIX):
+        pairs = sorted(s for s in stems if all(storage.is_file(path / (s + x)) for x in (INDEX_SUFFIX, DATA_SUFFIX)))
         if pairs:  # read as the shards alone, the pairs' tokens would be silently left out
             raise NanosetError(f"{path}: holds both {TOKENS_SUFFIX} shards and Megatron pairs ({', '.join(pairs)}); "
                                f"one folder is one dataset: move the pairs to a folder of their own")
@@ -270,7 +269,7 @@ def verify_megatron_shard(shard: MegatronShardReader) -> None:
     compare the document ends it gives with the cached ones the readers use."""
     index = MegatronIndex.read(shard.megatron_index.path)
     ends, pos = shard.ends, 0
-    for chunk in iter_document_ends(index, shard.tokens_path.stat().st_size):
+    for chunk in iter_document_ends(index, storage.size(shard.tokens_path)):
         if not np.array_equal(ends[pos : pos + len(chunk)], chunk):
             break
         pos += len(chunk)

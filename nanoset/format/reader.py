@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
+from nanoset import storage
 from nanoset.errors import NanosetError
 from nanoset.format.mapcache import new_key, shared_cache, wrong_size
 from nanoset.format.maxid import dataset_max_token_id
@@ -40,6 +40,8 @@ from nanoset.format.spec import (
     TokenizerInfo,
     shard_files,
 )
+from nanoset.remote_cache import shard_cache
+from nanoset.storage import Location
 
 _MAPS = shared_cache()
 
@@ -60,8 +62,10 @@ class ShardReader:
     format = "datatrove"  # a shard of a folder without a manifest; Nanoset shards have the same files
 
     def __init__(self, folder: Path, name: str, dtype: np.dtype, num_tokens: int, num_documents: int,
-                 has_loss: bool = False) -> None:
+                 has_loss: bool = False, source: Location | None = None, sha256: dict[str, str] | None = None) -> None:
         self.folder = folder
+        self.source = source  # a remote dataset's folder: its files are mapped from the shard cache
+        self.sha256 = sha256 or {}  # a remote file is checked against it before its first use
         self.name = name
         self.dtype = dtype
         self.num_tokens = num_tokens
@@ -79,8 +83,10 @@ class ShardReader:
 
     def check_sizes(self) -> None:
         """The data files have exactly the sizes the counts imply (a datatrove folder's open, inspect, verify)."""
-        for suffix, per_token, per_document in file_sizes(self.dtype.itemsize, self.has_loss):
-            check_size(str(self.folder / (self.name + suffix)),
+        sizes, folder = file_sizes(self.dtype.itemsize, self.has_loss), self.source or self.folder
+        found = storage.sizes(folder, [self.name + suffix for suffix, _, _ in sizes])
+        for (suffix, per_token, per_document), size in zip(sizes, found):
+            check_size(folder / (self.name + suffix), size,
                        self.num_tokens * per_token + self.num_documents * per_document, self.folder)
 
     def __setstate__(self, state: dict) -> None:
@@ -88,20 +94,40 @@ class ShardReader:
         self.__dict__.update(state)
         self._map_keys = _map_keys()
 
+    def _map(self, slot: int, path: Path, dtype: np.dtype, role: str) -> np.ndarray:
+        if self.source is None:  # the hot path: every read of a local shard
+            return _MAPS.get(self._map_keys[slot], path, dtype, self._bytes[slot])
+        return _MAPS.get(self._map_keys[slot], self._urls[slot], dtype, self._bytes[slot], self.sha256.get(role))
+
+    @cached_property
+    def _urls(self) -> tuple[Location, Location, Location]:
+        """A remote shard's files (tokens, index, loss mask), made once: every read passes them to the map cache."""
+        assert self.source is not None
+        return tuple(self.source / p.name for p in (self.tokens_path, self.index_path, self.loss_path))  # type: ignore
+
+    def prefetch(self) -> None:
+        """A remote shard: fetch its tokens and index into the shard cache in the background (nothing for a local
+        one)."""
+        if self.source is None:
+            return
+        cache = shard_cache()
+        for slot, path, role in ((0, self.tokens_path, "ds"), (1, self.index_path, "index")):
+            cache.prefetch(self.source / path.name, self._bytes[slot], self.sha256.get(role))
+
     @property
     def tokens(self) -> np.ndarray:
-        return _MAPS.get(self._map_keys[0], self.tokens_path, self.dtype, self._bytes[0])
+        return self._map(0, self.tokens_path, self.dtype, "ds")
 
     @property
     def ends(self) -> np.ndarray:
-        return _MAPS.get(self._map_keys[1], self.index_path, INDEX_DTYPE, self._bytes[1])
+        return self._map(1, self.index_path, INDEX_DTYPE, "index")
 
     @property
     def loss(self) -> np.ndarray:
         """The loss mask, one uint8 (1 = trained on) per token; only for a shard with ``has_loss``."""
         if not self.has_loss:
             raise NanosetError(f"{self.tokens_path}: this shard has no loss mask ({self.loss_path.name})")
-        return _MAPS.get(self._map_keys[2], self.loss_path, LOSS_DTYPE, self._bytes[2])
+        return self._map(2, self.loss_path, LOSS_DTYPE, "loss")
 
 
 def file_sizes(itemsize: int, has_loss: bool) -> list[tuple[str, int, int]]:
@@ -118,15 +144,13 @@ def missing_file(path: str | Path) -> NanosetError:
     return NanosetError(f"{path}: missing; the dataset is incomplete (re-run `nanoset tokenize`)")
 
 
-def check_size(path: str, expected: int, folder: Path, dir_fd: int | None = None) -> None:
-    """One file of a shard has exactly ``expected`` bytes: a missing, truncated or replaced file is one line.
-    With ``dir_fd`` (the open ``folder``), ``path`` is a name inside it: no path to walk per file."""
-    try:
-        size = os.stat(path, dir_fd=dir_fd).st_size
-    except (FileNotFoundError, NotADirectoryError):
-        raise missing_file(os.path.join(folder, path) if dir_fd is not None else path) from None
+def check_size(path: str | Path, size: int | None, expected: int, folder: Path) -> None:
+    """One file of a shard (``size`` bytes, None: missing) has exactly ``expected`` bytes: a missing, truncated or
+    replaced file is one line."""
+    if size is None:
+        raise missing_file(path)
     if size != expected:
-        raise wrong_size(os.path.join(folder, path) if dir_fd is not None else path, size, expected, folder)
+        raise wrong_size(path, size, expected, folder)
 
 
 def index_problem(lengths: np.ndarray) -> str | None:
@@ -149,8 +173,11 @@ class ShardList(Sequence[ShardReader]):
     """The shards of a folder with a manifest: a ``ShardReader`` is made (once) when a shard is first
     asked for, so that opening makes none, whatever the number of shards."""
 
-    def __init__(self, folder: Path, table: ShardTable, dtype: np.dtype, has_loss: bool) -> None:
+    def __init__(self, folder: Path, table: ShardTable, dtype: np.dtype, has_loss: bool,
+                 source: Location | None = None, checksums: Callable[[int], dict[str, str]] | None = None) -> None:
         self.folder = folder
+        self.source = source  # a remote dataset: ``folder`` is its local folder in the shard cache
+        self.checksums = checksums  # shard k's sha256 per file, for a remote dataset's downloads
         self.table = table
         self.dtype = np.dtype(dtype)
         self.has_loss = has_loss
@@ -168,24 +195,20 @@ class ShardList(Sequence[ShardReader]):
         shard = self._made.get(k)
         if shard is None:
             t = self.table
-            shard = self._made[k] = ShardReader(self.folder, t.names[k], self.dtype, int(t.num_tokens[k]),
-                                                int(t.num_documents[k]), self.has_loss)
+            shard = self._made[k] = ShardReader(
+                self.folder, t.names[k], self.dtype, int(t.num_tokens[k]), int(t.num_documents[k]), self.has_loss,
+                self.source, self.checksums(k) if self.checksums is not None else None)
         return shard
 
     def check_sizes(self) -> None:
         """Every shard's files have the sizes the manifest implies: one ``stat`` per file, made relative to
         the open folder, and nothing else (0.3 s for 100,000 shards, which is why opening leaves it to the maps)."""
-        t, folder, sizes = self.table, self.folder, file_sizes(self.dtype.itemsize, self.has_loss)
-        relative = os.stat in os.supports_dir_fd
-        fd = os.open(self.folder, os.O_RDONLY) if relative else None
-        prefix = "" if relative else str(self.folder) + os.sep
-        try:
-            for name, tokens, documents in zip(t.names, t.num_tokens.tolist(), t.num_documents.tolist()):
-                for suffix, per_token, per_document in sizes:
-                    check_size(prefix + name + suffix, tokens * per_token + documents * per_document, folder, fd)
-        finally:
-            if fd is not None:
-                os.close(fd)
+        t, folder, sizes = self.table, self.source or self.folder, file_sizes(self.dtype.itemsize, self.has_loss)
+        found = iter(storage.sizes(folder, [name + suffix for name in t.names for suffix, _, _ in sizes]))
+        for name, tokens, documents in zip(t.names, t.num_tokens.tolist(), t.num_documents.tolist()):
+            for suffix, per_token, per_document in sizes:
+                check_size(folder / (name + suffix), next(found), tokens * per_token + documents * per_document,
+                           folder)
 
 
 class NanosetReader:
@@ -269,6 +292,25 @@ class NanosetReader:
             pos = end
             s += 1
         return out
+
+    @property
+    def remote(self) -> bool:
+        """Whether the shards are read from object storage (through the node's shard cache)."""
+        return isinstance(self.shards, ShardList) and self.shards.source is not None
+
+    def prefetch(self, starts: np.ndarray, stops: np.ndarray) -> None:
+        """Fetch in the background, in order, the remote shards that token ranges ``[starts, stops)`` lie in: what
+        the next steps read, known ahead from the data order (nothing for a local dataset)."""
+        if not self.remote or not len(starts):
+            return
+        first = np.searchsorted(self.token_offsets, np.asarray(starts), side="right") - 1
+        last = np.searchsorted(self.token_offsets, np.maximum(np.asarray(stops) - 1, 0), side="right") - 1
+        seen: set[int] = set()
+        for a, b in zip(first.tolist(), last.tolist()):
+            for k in range(max(a, 0), min(b, len(self.shards) - 1) + 1):
+                if k not in seen:
+                    seen.add(k)
+                    self.shards[k].prefetch()
 
     def document_bounds(self, i: int) -> tuple[int, int]:
         """Global token range ``[start, end)`` of document ``i``."""

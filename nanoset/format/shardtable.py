@@ -20,6 +20,7 @@ from typing import IO
 
 import numpy as np
 
+from nanoset import storage
 from nanoset.atomic import atomic_write
 from nanoset.cache import DerivedCache
 from nanoset.errors import NanosetError
@@ -98,7 +99,7 @@ def load_manifest(path: Path) -> Manifest:
     table stored for the next open."""
     beside = path.with_name(SHARD_TABLE_NAME)
     try:
-        f = open(path, "rb")
+        f = storage.open_read(path)
     except OSError:
         return read_whole_manifest(path)  # which names the problem in one line
     with f:  # one open file throughout: the stamp and the parse are of the same bytes, whatever renames
@@ -139,7 +140,7 @@ def store_in_cache(path: Path, data: bytes) -> Path | None:
 
 def _read(path: Path) -> bytes | None:
     try:
-        return path.read_bytes()
+        return storage.read_bytes(path)
     except OSError:
         return None
 

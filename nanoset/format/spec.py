@@ -22,6 +22,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from nanoset import storage
 from nanoset.errors import NanosetError
 from nanoset.format.jsonstream import read_object
 
@@ -81,7 +82,7 @@ def parse_metadata(path: Path) -> tuple[str, int, int]:
     Older datatrove versions write the tokenizer name alone on the first line: 2-byte tokens.
     """
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = storage.read_text(path).splitlines()
         name, _, size = lines[0].rpartition("|") if "|" in lines[0] else (lines[0], "", "2")
         return name, int(size), int(lines[1])
     except (IndexError, ValueError, UnicodeDecodeError) as e:
@@ -421,7 +422,7 @@ def read_whole_manifest(path: Path, f: IO[bytes] | None = None) -> Manifest:
     """The manifest read in one ``json.loads`` (from ``f``, the file open on it, if given), every record built;
     each problem in one line."""
     try:
-        d = json.loads((f.read() if f is not None else path.read_bytes()).decode("utf-8"))
+        d = json.loads((f.read() if f is not None else storage.read_bytes(path)).decode("utf-8"))
     except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
         raise NanosetError(f"{path}: cannot read the manifest ({e}); re-run `nanoset tokenize`") from e
     if not isinstance(d, dict):
@@ -481,12 +482,12 @@ def task_marker_name(task: int) -> str:
 
 def work_progress(path: Path) -> tuple[int, int | None] | None:
     """(tasks done, tasks planned) of an unfinished tokenize output; None when ``path`` has no work folder."""
-    work = Path(path) / WORK_DIR
-    if not work.is_dir():
+    work = storage.location(path) / WORK_DIR
+    if not storage.is_dir(work):
         return None
-    done = sum(1 for _ in work.glob(TASK_MARKER_GLOB))
+    done = len(storage.list_names(work, TASK_MARKER_GLOB))
     try:
-        total = json.loads((work / WORK_PLAN).read_text()).get("num_tasks")
+        total = json.loads(storage.read_text(work / WORK_PLAN)).get("num_tasks")
     except (OSError, ValueError):
         total = None
     return done, total

@@ -3,7 +3,9 @@
 The DCP files hold the model and AdamW state keyed by the layout-independent parameter names, so
 any tp/pp/dp layout loads them; each rank also saves its RNG states. A checkpoint is written under
 a temporary name and renamed when complete; ``latest`` is updated last. A crash at any moment
-leaves the previous checkpoint and ``latest`` intact; stale temporary folders are removed on start.
+leaves the previous checkpoint and ``latest`` intact; stale temporary folders are removed on start. With
+``checkpoints.async_save`` the files are written in the background (``runtime.checkpoint.background``) and put
+in place once complete.
 Damaged files are one ``CheckpointError`` line naming the checkpoint and what to resume from:
 DCP reports a missing or torn shard as ``CheckpointException``, a ``BaseException`` that escapes
 every ``except Exception`` (and a missing ``.metadata`` as a logged traceback per rank first).
@@ -16,7 +18,9 @@ import os
 import random
 import shutil
 import signal
+import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +32,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from nanoset.atomic import fsync_dir
 from nanoset.errors import CheckpointError, NanosetError, WriteFailed
+from runtime.checkpoint.background import BackgroundWrite, BackgroundWriter
 from runtime.checkpoint.layout import (
     TMP_PREFIX,
     checkpoint_name,
@@ -103,10 +108,14 @@ def _set_rng_state(state: dict) -> None:
 
 
 class CheckpointManager:
-    def __init__(self, folder: Path, keep_last: int, is_writer: bool) -> None:
+    def __init__(self, folder: Path, keep_last: int, is_writer: bool, async_save: bool = False,
+                 pinned: bool = False) -> None:
+        """``async_save``: write in the background (``pinned``: staged in pinned host memory, on CUDA)."""
         self.folder = Path(folder)
         self.keep_last = keep_last
         self.is_writer = is_writer  # global rank 0 renames, updates `latest` and prunes
+        self.background = BackgroundWriter(pinned) if async_save else None
+        self.in_flight: BackgroundWrite | None = None  # the checkpoint being written in the background
 
     def clean_stale(self) -> None:
         """Finish a save killed between its two renames (``latest`` names its checkpoint), then remove what saves
@@ -122,36 +131,94 @@ class CheckpointManager:
         if dist.is_initialized():
             dist.barrier()
 
-    def save(self, engine: Engine, step: int, record: CheckpointRecord) -> Path:
+    def save(self, engine: Engine, step: int, record: CheckpointRecord,
+             before_commit: Callable[[], None] | None = None) -> Path:
         """Write the checkpoint of ``step`` under a temporary name (with the ``latest`` that will name it), then
         rename both into place and prune. A failed write (a full disk) on any rank removes the temporary files and
         raises the same ``CheckpointError`` on every rank; the earlier checkpoints and ``latest`` stay as they
         were. A failure of the renames or the pruning after it is one line on every rank too, saying what is
-        saved."""
+        saved. ``before_commit``: called on every rank once the loop's part is done, before ``latest`` can name
+        the checkpoint. In the background (``async_save``) it returns once the state is copied; ``poll`` and
+        ``wait`` put the checkpoint in place when its write is complete."""
+        self.wait()  # one write at a time
         final = self.folder / checkpoint_name(step)
         tmp = self.folder / f"{TMP_PREFIX}{checkpoint_name(step)}"
         if self.is_writer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier()
-        failure, staged = "", None
+        failure, staged, future = "", None, None
         try:
-            dcp.save(_app_state(engine), checkpoint_id=str(tmp))
+            if self.background is not None:
+                future = self.background.start(_app_state(engine), tmp)
+            else:
+                dcp.save(_app_state(engine), checkpoint_id=str(tmp))
             torch.save(_rng_state(), rng_file(tmp, dist.get_rank()))
             if self.is_writer:
                 write_metadata(tmp, dataclasses.replace(record, world_size=dist.get_world_size()))
-                staged = stage_latest(self.folder, final)
+                staged = stage_latest(self.folder, final) if future is None else None
         except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
             failure = _cause(e)
-        failures = [""] * dist.get_world_size()
-        dist.all_gather_object(failures, failure)  # every rank learns of a failure: none waits alone
-        if any(failures):
-            self._failed(tmp, staged, step, next(f for f in failures if f))
+        results = [("", False)] * dist.get_world_size()
+        dist.all_gather_object(results, (failure, future is not None))  # every rank learns of a failure
+        failures = [f for f, _ in results if f]
+        if failures:
+            if all(started for _, started in results):  # every rank's write goes on: over before the folder goes
+                _settled(future)
+            self._failed(tmp, staged, step, failures[0])
+        if before_commit is not None:
+            before_commit()
+        if future is not None:
+            self.in_flight = BackgroundWrite(step, tmp, final, future)
+            return final
         outcome = [self._put_in_place(tmp, final, staged, step) if self.is_writer else ""]
         dist.broadcast_object_list(outcome, src=0)  # the writer is global rank 0
         if outcome[0]:
             raise CheckpointError(outcome[0])
         return final
+
+    def poll(self) -> str | None:
+        """Global rank 0, after every step: the checkpoint written in the background put in place once its write is
+        complete; a line saying so (None: nothing was done). Other ranks learn of it in ``wait``."""
+        w = self.in_flight
+        if w is None or not self.is_writer or w.outcome is not None or not w.future.done():
+            return None
+        return self._complete(w)
+
+    def wait(self) -> str | None:
+        """Every rank: the write in flight waited for (before the next save, and at the end of training) and put in
+        place; its failure, or a failure to put it in place, raised on every rank as one ``CheckpointError``."""
+        w, self.in_flight = self.in_flight, None
+        if w is None:
+            return None
+        failure = _settled(w.future)
+        note = self._complete(w) if self.is_writer and w.outcome is None else None
+        mine = (w.outcome or "") if self.is_writer else (f"{self.folder}: writing the checkpoint of step {w.step} in "
+                                                         f"the background failed ({failure})" if failure else "")
+        failures = [""] * dist.get_world_size()
+        dist.all_gather_object(failures, mine)
+        if any(failures):
+            raise CheckpointError(next(f for f in failures if f))
+        return note
+
+    def _complete(self, w: BackgroundWrite) -> str | None:
+        """The writer's end of a background write: put in place, or removed; ``w.outcome`` says which."""
+        failure = _settled(w.future)
+        staged = None
+        if not failure:
+            try:
+                staged = stage_latest(self.folder, w.final)
+            except OSError as e:
+                failure = _cause(e)
+        if failure:
+            shutil.rmtree(w.tmp, ignore_errors=True)
+            w.outcome = (f"{self.folder}: writing the checkpoint of step {w.step} in the background failed "
+                         f"({failure}); its partial folder was removed and {self._kept()}; fix the cause and rerun "
+                         f"to resume")
+            return None
+        w.outcome = self._put_in_place(w.tmp, w.final, staged, w.step)
+        return None if w.outcome else (f"checkpoint {w.final} complete: written in the background in "
+                                       f"{time.perf_counter() - w.began:.2f} s")
 
     def _put_in_place(self, tmp: Path, final: Path, staged: Path, step: int) -> str:
         """The writer's renames (the checkpoint, then ``latest``) and pruning: what went wrong, "" when nothing."""
@@ -284,6 +351,15 @@ def unreadable_because(error: BaseException) -> str:
     if not text and isinstance(error, EOFError):
         return "a shard file ends before its data: torn or truncated"
     return text or f"{type(error).__name__} without a message: a damaged file"
+
+
+def _settled(future) -> str:
+    """Wait for a background write; what went wrong ("" when nothing)."""
+    try:
+        future.result()
+    except (Exception, CheckpointException) as e:
+        return _cause(e)
+    return ""
 
 
 def _cause(error: BaseException) -> str:

@@ -205,6 +205,7 @@ def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
     import torch  # noqa: F401 - the workers need it: without it the run is one line saying so, before any other check
 
     from runtime.config.load import read_config
+    from runtime.stage_optimizer import StageOptimizers
     from runtime.startup import describe_start, start_up, startup_notes, startup_warnings
 
     config, changes = read_config(args.config, args.overrides)
@@ -222,6 +223,7 @@ def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
         given = changes[:len(args.overrides)]  # not the checkpoints.resume a rewind adds
         print("\n".join([*(f"--set {change}" for change in given), f"start: {describe_start(startup)}",
                          *surgery_report(startup.plan), *plan_report(startup.plan),
+                         *StageOptimizers(config).describe(),
                          *(f"warning: {warning}" for warning in startup_warnings(startup)),
                          *(f"note: {note}" for note in startup_notes(startup))]))
         return 0

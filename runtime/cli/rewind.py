@@ -9,7 +9,6 @@ surgery run continues, nothing is rewound twice. ``--check`` shows what it would
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from runtime.checkpoint.run_folder import rewind
 from runtime.checkpoint.surgery_log import SURGERY_FILE, RewindEntry, record_entry, recorded_entries
 from runtime.config import Config
 from runtime.data.order.excision import sorted_unique
-from runtime.data.order.surgery import parse_step_range, read_documents_file
+from runtime.data.order.surgery import dataset_key, parse_step_range, read_documents_file
 
 
 @dataclass
@@ -39,7 +38,7 @@ class RewindPlan:
 
 def rewind_entry(step: int, skip_steps: list[str], documents_file: str | None, train_steps: int) -> RewindEntry:
     """The surgery of the command line, checked: skips after ``step`` and inside the run, documents well formed
-    (their folders resolved, so the record means the same from any working directory)."""
+    (their datasets keyed by content, so the record means the same from any working directory, path or node)."""
     if step < 1:
         raise ConfigError(f"--rewind-to {step}: give the step of a saved checkpoint (≥ 1)")
     skips = []
@@ -56,10 +55,14 @@ def rewind_entry(step: int, skip_steps: list[str], documents_file: str | None, t
     if not skips and not docs:
         raise ConfigError(f"--rewind-to {step}: give the surgery: --skip-steps A:B (repeatable) and/or "
                           f"--exclude-documents FILE")
-    resolved: dict[str, list[np.ndarray]] = {}
+    keyed: dict[str, list[np.ndarray]] = {}
+    names: dict[str, str] = {}
     for folder, numbers in docs.items():
-        resolved.setdefault(os.path.realpath(folder), []).append(numbers)
-    return RewindEntry(step, skips, {f: sorted_unique(np.concatenate(a)).tolist() for f, a in sorted(resolved.items())})
+        key, location = dataset_key(folder)
+        names.setdefault(key, location)
+        keyed.setdefault(key, []).append(numbers)
+    return RewindEntry(step, skips, {f: sorted_unique(np.concatenate(a)).tolist() for f, a in sorted(keyed.items())},
+                       names)
 
 
 def plan_rewind(config: Config, entry: RewindEntry) -> RewindPlan:

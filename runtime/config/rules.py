@@ -144,6 +144,21 @@ def _validate_parallelism(c: Config) -> None:
                           f"must be a multiple of parallelism.pp {p.pp} for interleaved-1f1b")
 
 
+def _validate_stage_schedule(c: Config, stage: DatasetStageArgs, where: str) -> None:
+    """A stage's own optimizer and schedule: its minimum below its peak, its warm-up within its steps."""
+    if stage.optimizer is None and stage.lr_scheduler is None:
+        return
+    peak, s = c.stage_optimizer(stage).learning_rate, c.stage_lr_scheduler(stage)
+    if s.min_lr > peak:
+        raise ConfigError(f"{where}: min_lr {s.min_lr} > learning_rate {peak} (the stage's lr_scheduler.min_lr and "
+                          f"optimizer.learning_rate, or the top level's where it gives none); lower min_lr")
+    steps = c.stage_end_step(stage) - stage.start_training_step
+    if stage.own_schedule and s.warmup_steps > steps:
+        raise ConfigError(f"{where}: warmup_steps {s.warmup_steps} > the stage's {steps} steps (its schedule counts "
+                          f"from its first step): the learning rate would never reach its peak; give the stage "
+                          f"lr_scheduler.warmup_steps ≤ {steps}")
+
+
 def _validate_stages(c: Config) -> None:
     stages = c.data_stages
     if not stages:
@@ -165,6 +180,7 @@ def _validate_stages(c: Config) -> None:
         if seq > c.model.max_position_embeddings:
             raise ConfigError(f"{where}.sequence_length {seq} > model.max_position_embeddings "
                               f"{c.model.max_position_embeddings}")
+        _validate_stage_schedule(c, s, where)
         cp = c.parallelism.cp
         if cp > 1 and seq % (2 * cp):
             own = s.sequence_length is not None

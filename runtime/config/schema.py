@@ -205,6 +205,40 @@ class LRSchedulerArgs:
 
 
 @dataclass
+class StageOptimizerArgs:
+    """A stage's own optimizer: each key it does not give (null) is the top-level ``optimizer``'s."""
+
+    learning_rate: float | None = key(None)  # given: the stage has its own schedule (from its first step)
+    weight_decay: float | None = key(None, NON_NEGATIVE)
+    clip_grad: float | None = key(None)  # null: the top level's (a stage cannot turn clipping off)
+    adam_beta1: float | None = key(None, Range(0, 1, high_open=True))
+    adam_beta2: float | None = key(None, Range(0, 1, high_open=True))
+    adam_eps: float | None = key(None, NON_NEGATIVE)
+    max_skipped_steps: int | None = key(None, NON_NEGATIVE)
+    reset_state: bool = False  # AdamW's moments and step count start fresh at the stage's first step
+
+
+@dataclass
+class StageLRSchedulerArgs:
+    """A stage's own learning-rate schedule, counted from the stage's first step to its last; each key it does not
+    give (null) is the top-level ``lr_scheduler``'s."""
+
+    warmup_steps: int | None = key(None, NON_NEGATIVE)
+    decay_style: Literal["cosine", "linear", "constant", "wsd"] | None = None
+    min_lr: float | None = key(None, NON_NEGATIVE)
+    wsd_decay_fraction: float | None = key(None, Range(0, 1, low_open=True))
+
+
+def merged_section(top: Any, stage: Any) -> Any:
+    """``top`` (a top-level section) with every key that ``stage`` (the stage's section, or None) gives."""
+    if stage is None:
+        return top
+    given = {f.name: getattr(stage, f.name) for f in dataclasses.fields(stage)
+             if f.name in {g.name for g in dataclasses.fields(top)} and getattr(stage, f.name) is not None}
+    return dataclasses.replace(top, **given)
+
+
+@dataclass
 class CheckpointsArgs:
     checkpoint_interval: int = key(0, NON_NEGATIVE)  # 0: only at the end
     save_final: bool = True  # a checkpoint after the last step
@@ -216,6 +250,9 @@ class CheckpointsArgs:
     allow_data_change: bool = False
     replace_run: bool = False  # starting fresh where a run exists: move the old one to <run_dir>.old-<time>
     export_hf: bool = False  # at the end of training: the final checkpoint as a Hugging Face folder, <run_dir>/hf
+    # write checkpoints in the background: the loop waits only while the state is copied to host memory; null: on
+    # for CUDA, off on CPU
+    async_save: bool | None = None
 
     def __post_init__(self) -> None:
         self.checkpoints_path = _home(self.checkpoints_path)
@@ -347,6 +384,15 @@ class DatasetStageArgs:
     start_training_step: int = key()  # the stage's first global step (one stage starts at 1)
     data: DataArgs
     sequence_length: int | None = key(None)  # default: tokens.sequence_length
+    optimizer: StageOptimizerArgs | None = None  # the stage's own optimizer keys; null: the top level's
+    lr_scheduler: StageLRSchedulerArgs | None = None  # the stage's own schedule; null: the run's (see own_schedule)
+
+    @property
+    def own_schedule(self) -> bool:
+        """Whether the stage has its own learning-rate schedule, counted from its first step: it gives
+        ``lr_scheduler`` or ``optimizer.learning_rate``; otherwise it takes the run's schedule at its steps."""
+        return self.lr_scheduler is not None or (self.optimizer is not None and
+                                                 self.optimizer.learning_rate is not None)
 
 
 @dataclass
@@ -391,6 +437,17 @@ class SurgeryArgs:
 
 
 @dataclass
+class StorageArgs:
+    """The local cache of datasets read from object storage (``s3://``, ``gs://``): docs/storage.md."""
+
+    cache_dir: str | None = None  # null: remote/ under the user's cache (nanoset.cache); use a node-local disk
+    cache_limit_gb: float | None = key(None)  # null: no limit; least recently used shards go first beyond it
+
+    def __post_init__(self) -> None:
+        self.cache_dir = _home(self.cache_dir)
+
+
+@dataclass
 class Config:
     general: GeneralArgs
     model: ModelArgs
@@ -404,6 +461,7 @@ class Config:
     tokenizer: TokenizerArgs | None = None
     validation: ValidationArgs = field(default_factory=ValidationArgs)
     surgery: SurgeryArgs = field(default_factory=SurgeryArgs)
+    storage: StorageArgs = field(default_factory=StorageArgs)
     # not a key: ``--config PATH --set K=V …`` as ``read_config`` loaded it, which the commands the runtime
     # suggests repeat (``suggested_command``); a config built in a program has no file to name
     arguments: ClassVar[tuple[str, ...]] = ("--config", "CONFIG")
@@ -435,6 +493,14 @@ class Config:
         """First global step after ``stage`` (exclusive end): the next stage's start, or train_steps + 1."""
         later = [s.start_training_step for s in self.data_stages if s.start_training_step > stage.start_training_step]
         return min(later) if later else self.tokens.train_steps + 1
+
+    def stage_optimizer(self, stage: DatasetStageArgs) -> OptimizerArgs:
+        """The optimizer keys in force in ``stage``: its own, and the top level's for the rest."""
+        return merged_section(self.optimizer, stage.optimizer)
+
+    def stage_lr_scheduler(self, stage: DatasetStageArgs) -> LRSchedulerArgs:
+        """The schedule keys of ``stage``: its own, and the top level's for the rest."""
+        return merged_section(self.lr_scheduler, stage.lr_scheduler)
 
     def stage_seed(self, stage: DatasetStageArgs) -> int:
         return stage.data.seed if stage.data.seed is not None else self.general.seed

@@ -10,12 +10,14 @@ is queued.
 Each part is summed over every rank of the world, so a value is contributed by exactly the ranks that make
 it whole (the last pipeline stage's tp rank 0 for the loss, for example) and zeros elsewhere
 (``counted=False``); an "any rank" flag is a count (> 0 somewhere). Every rank adds the same names with the
-same sizes in the same order. More values ride along by adding more parts: no new collective.
+same sizes in the same order. More values ride along by adding more parts: no new collective. A part given as
+a function is read when the reduction is made, at the end of the step's backward: a stop signal that came
+during the step's forward or backward still counts in it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -26,16 +28,19 @@ class StepReduction:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        # in the order added: numbers the host already knows (copied to the device together), or device tensors
-        self._parts: list[tuple[str, list[float] | torch.Tensor]] = []
+        # in the order added: numbers the host already knows (copied to the device together), functions giving
+        # such numbers when the reduction is made, or device tensors
+        self._parts: list[tuple[str, list[float] | Callable[[], Sequence[float]] | torch.Tensor]] = []
         self._slices: dict[str, slice] = {}
         self._reduced: torch.Tensor | None = None
         self._values: list[float] | None = None
 
-    def add(self, name: str, value: float | Sequence[float] | torch.Tensor, counted: bool = True) -> None:
-        """This rank's share of ``name`` (a number, numbers, or a tensor of any shape, flattened); with
-        ``counted`` False, zeros of the same size (a rank that does not contribute to it). The layout is the
-        order of the calls and the sizes, whether a part is on the host or the device."""
+    def add(self, name: str, value: float | Sequence[float] | Callable[[], Sequence[float]] | torch.Tensor,
+            counted: bool = True) -> None:
+        """This rank's share of ``name`` (a number, numbers, a function returning numbers when the reduction is
+        made, or a tensor of any shape, flattened); with ``counted`` False, zeros of the same size (a rank that
+        does not contribute to it). The layout is the order of the calls and the sizes, whether a part is on the
+        host or the device."""
         if any(name == n for n, _ in self._parts):
             raise ValueError(f"step reduction: {name!r} added twice")
         if self._reduced is not None:
@@ -43,6 +48,8 @@ class StepReduction:
         if isinstance(value, torch.Tensor):
             t = value.detach().reshape(-1).to(torch.float64)
             self._parts.append((name, t if counted else torch.zeros_like(t)))
+        elif callable(value):
+            self._parts.append((name, value))
         else:
             numbers = [float(v) for v in value] if isinstance(value, Sequence) else [float(value)]
             self._parts.append((name, numbers if counted else [0.0] * len(numbers)))
@@ -51,6 +58,7 @@ class StepReduction:
         """Sum every part over the world (one all-reduce, queued on the device); the reduced vector."""
         if self._reduced is not None:
             return self._reduced
+        self._parts = [(name, [float(v) for v in part()] if callable(part) else part) for name, part in self._parts]
         host = [v for _, part in self._parts if isinstance(part, list) for v in part]
         copied = torch.tensor(host, dtype=torch.float64)
         if self.device.type == "cuda":  # pinned: the one host-to-device copy is queued, the host does not wait

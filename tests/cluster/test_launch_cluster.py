@@ -203,10 +203,10 @@ import torch.distributed as dist
 from runtime.checkpoint.store import CheckpointManager
 save = CheckpointManager.save
 
-def save_and_get_a_signal(self, engine, step, metadata):
+def save_and_get_a_signal(self, engine, step, metadata, **kwargs):
     if step == 3 and dist.get_rank() == 1:
         os.kill(os.getpid(), signal.SIGUSR1)  # arrives while the checkpoint of step 3 is written
-    return save(self, engine, step, metadata)
+    return save(self, engine, step, metadata, **kwargs)
 
 CheckpointManager.save = save_and_get_a_signal
 from runtime.train import main

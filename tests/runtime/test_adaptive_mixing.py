@@ -478,6 +478,37 @@ def test_a_resume_at_another_layout_replays_the_logged_decisions(runs):
         assert resumed[step]["weights"] == dict(zip(before[0]["datasets"], before[0]["weights"]))
 
 
+def test_an_exclusion_past_the_decided_blocks_starts_at_its_step(mixed, tmp_path_factory, monkeypatch):
+    """An exclusion from step 7, which a start decides only at step 4: what trained equals explain, a resume from
+    step 6 trains the same, steps 1-6 are the order without it and no excluded document trains from step 7 on."""
+    from nanoset import open_dataset
+    from runtime.data.order.surgery import Surgery
+
+    root = tmp_path_factory.mktemp("excised")
+    excluded = set(range(0, open_dataset(mixed / "shards" / "web").num_documents, 3))
+    cfgs = {}
+    for name in ("whole", "cut"):
+        cfgs[name] = run_config(root, root / name, f"{name}.yaml")
+        d = yaml.safe_load(cfgs[name].read_text())
+        d["surgery"] = {"exclude_documents": [f"shards/web:{doc}" for doc in sorted(excluded)], "exclude_from_step": 7}
+        cfgs[name].write_text(yaml.safe_dump(d))
+    train_one(cfgs["whole"], mixed)
+    assert train_one(cfgs["cut"], mixed, env={"NANOSET_FAULT_KILL_AT_STEP": "8"}, check=False).returncode != 0
+    assert "at step 6" in train_one(cfgs["cut"], mixed).stdout
+    whole, cut = metrics(root / "whole"), metrics(root / "cut")
+    assert [(r["loss"], r["data_hash"]) for r in whole] == [(r["loss"], r["data_hash"]) for r in cut]
+    hashes = {r["step"]: r["data_hash"] for r in whole}
+    assert explained_hashes(cfgs["whole"], mixed, monkeypatch) == hashes
+    config = load_config(cfgs["whole"])
+    plain = DataPlan(config, decisions=read_decisions(log_path(config.general.run_path)), surgery=Surgery())
+    assert [plain.data_hash(step) for step in range(1, 7)] == [hashes[step] for step in range(1, 7)]
+    assert [plain.data_hash(step) for step in range(7, 11)] != [hashes[step] for step in range(7, 11)]
+    surgery = DataPlan(config, decisions=read_decisions(log_path(config.general.run_path)))
+    for step in range(7, 11):
+        held = {doc for r in explain_step(surgery, step) if r["dataset"] == "shards/web" for doc in r["documents"]}
+        assert not held & excluded, step
+
+
 def test_explain_without_the_log_says_where_it_should_be(runs, mixed, tmp_path):
     d = yaml.safe_load(runs["cfg"].read_text())
     d["general"]["run_dir"] = str(tmp_path / "never-trained")
@@ -550,6 +581,25 @@ def test_check_says_the_rule_and_the_last_decision(shards, tmp_path, monkeypatch
     assert plan_report(plan)[-1] == ("  adaptive (odm, every 2): samples above are of the decided steps 1-6; last "
                                      "decision at step 2 (block 1 → block 3, steps 5-6): [0.2500, 0.7500]; every "
                                      f"decision: {log_path(tmp_path)}")
+
+
+def test_a_stage_of_a_trillion_steps_is_planned_in_memory_of_its_decided_steps(shards, tmp_path, monkeypatch):
+    """The adaptive blend keeps the counts of its decided steps, not of the stage's length (10**12 steps would be
+    14.6 TiB): the plan, --check's report and the decisions cost what the steps decided so far cost."""
+    from runtime.cli.launch import plan_report
+
+    short = DataPlan(single_stage(shards, monkeypatch, tmp_path, steps=10))
+    config = single_stage(shards, monkeypatch, tmp_path, steps=10**12)
+    plan = DataPlan(config)
+    blend = plan.stages[0].blend
+    assert blend.num_steps == 10**12 and blend.decided_steps == 4 and len(blend.cumulative) <= 2 * 4 + 1
+    assert [plan.data_hash(s) for s in range(1, 5)] == [short.data_hash(s) for s in range(1, 5)]
+    assert plan_report(plan)[0].startswith("stage 'pretrain': steps 1-1000000000000 (1000000000000 steps)")
+    for weights in ([0.25, 0.75], [0.5, 0.5], [0.75, 0.25]):
+        plan.decide(plan.stages[0], weights)
+    assert blend.decided_steps == 10 and len(blend.cumulative) <= 2 * 10 + 1
+    short.decide(short.stages[0], [0.25, 0.75])
+    assert plan.data_hash(5) == short.data_hash(5)
 
 
 def test_tensorboard_gets_each_weight_as_mix_weight(tmp_path):

@@ -28,11 +28,11 @@ import resource, signal, sys
 sys.path.insert(0, {str(ROOT)!r})
 from runtime.checkpoint import store
 save = store.CheckpointManager.save
-def save_on_a_full_disk(self, engine, step, metadata):
+def save_on_a_full_disk(self, engine, step, metadata, **kwargs):
     if step == 4:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.RLIM_INFINITY))
-    return save(self, engine, step, metadata)
+    return save(self, engine, step, metadata, **kwargs)
 store.CheckpointManager.save = save_on_a_full_disk
 from runtime.train import main
 sys.exit(main())
@@ -86,9 +86,9 @@ def latest_on_a_full_disk(path, write):
 layout.write_beside = latest_on_a_full_disk
 FULL = [False]
 save = store.CheckpointManager.save
-def save_on_a_full_disk(self, engine, step, metadata):
+def save_on_a_full_disk(self, engine, step, metadata, **kwargs):
     FULL[0] = step == 4
-    return save(self, engine, step, metadata)
+    return save(self, engine, step, metadata, **kwargs)
 store.CheckpointManager.save = save_on_a_full_disk
 from runtime.train import main
 sys.exit(main())

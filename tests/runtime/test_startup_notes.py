@@ -16,6 +16,7 @@ STAGE = {"name": "sft", "start_training_step": 1, "data": {"dataset": {"dataset_
 def notes(config, metadata=None):
     # the parts of a CheckpointRecord the notes read (the test gives only the fields that matter)
     record = SimpleNamespace(config=metadata["config"], lr_schedule=metadata.get("lr_schedule", {}),
+                             extensions=metadata.get("extensions", {}),
                              training=SimpleNamespace(**metadata["training"]),
                              last_step=metadata["training"]["last_train_step"]) if metadata else None
     start = RunStart(Path("ck/step-000010") if metadata else None, record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,11 +13,12 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from nanoset import open_dataset
 from runtime.checkpoint.record import read_metadata
 from runtime.cli.explain import explain_step
 from runtime.config.load import load_config
 from runtime.data import DataPlan
-from runtime.data.order.surgery import SURGERY_KEY
+from runtime.data.order.surgery import SURGERY_KEY, documents_of, parse_document, surgery_of
 from runtime.startup import start_up
 from tests.runtime.test_nonfinite_steps import POISONED
 from tests.support.configs import small_config
@@ -88,6 +90,37 @@ def test_a_resume_with_surgery_continues_exactly(shards, tmp_path):
     assert a[2]["skipped"] == "surgery"
 
 
+def test_a_dataset_folder_copied_to_another_path_resumes_exactly_with_its_recorded_surgery(shards, tmp_path):
+    """The data and its recorded surgery are named by content: a run whose folders moved (the old path gone) resumes
+    bit for bit, the exclusion recorded by its checkpoint included, though the config no longer names it."""
+    probe = small_config(tmp_path, tmp_path / "probe", dp=1, steps=6, single_stage=True, name="probe.yaml")
+    surgery = {"exclude_documents": web_documents(probe, shards, 5)[:3], "exclude_from_step": 2}
+    surgery["exclude_documents"] = [f"shards/web:{d.rsplit(':', 1)[1]}" for d in surgery["exclude_documents"]]
+    whole = small_config(tmp_path, tmp_path / "whole", dp=1, steps=6, interval=3, single_stage=True,
+                         name="whole.yaml", surgery=surgery)
+    cut = small_config(tmp_path, tmp_path / "cut", dp=1, steps=6, interval=3, single_stage=True, name="cut.yaml",
+                       surgery=surgery)
+    moved = small_config(tmp_path, tmp_path / "cut", dp=1, steps=6, interval=3, single_stage=True, name="moved.yaml")
+    first, second = tmp_path / "first", tmp_path / "second"
+    for name in ("web", "code"):
+        shutil.copytree(shards / "shards" / name, first / "shards" / name)
+    train_one(whole, cwd=shards)
+    assert train_one(cut, cwd=first, env={"NANOSET_FAULT_KILL_AT_STEP": "5"}, check=False).returncode != 0
+    first.rename(second)  # the folders the checkpoint and its surgery were recorded with are gone
+    resumed = train_one(moved, cwd=second)
+    assert f"resumed from {tmp_path / 'cut' / 'checkpoints' / 'step-000003'} at step 3" in resumed.stdout
+    a, b = metrics(tmp_path / "whole"), metrics(tmp_path / "cut")
+    assert [r["step"] for r in b] == list(range(1, 7))
+    assert [(r["loss"], r["data_hash"]) for r in a] == [(r["loss"], r["data_hash"]) for r in b]
+    web = "fingerprint:" + open_dataset(second / "shards" / "web").fingerprint
+    recorded = read_metadata(tmp_path / "cut" / "checkpoints" / "step-000006").extensions[SURGERY_KEY]
+    docs = sorted(int(d.rsplit(":", 1)[1]) for d in surgery["exclude_documents"])
+    assert recorded["exclusions"] == [{"from_step": 2, "documents": {web: docs}}]
+    os.chdir(second)
+    plan = start_up(load_config(moved), lock=False).plan  # explain's order there: the recorded exclusion in force
+    assert [plan.data_hash(s) for s in range(1, 7)] == [r["data_hash"] for r in a]
+
+
 def nanoset_train(*args, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "nanoset.cli", "train", *map(str, args)], capture_output=True,
                           text=True, cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
@@ -125,9 +158,11 @@ def test_rewind_to_rewinds_records_trains_on_and_runs_again_without_rewinding(sh
         f"rewound to {run / 'checkpoints' / 'step-000004'} (step 4), surgery recorded in {run / 'surgery.json'}; "
         f"the run's later checkpoints were moved to {aside / 'checkpoints'}, and a copy of metrics.jsonl made in "
         f"{aside}")
-    by_folder = {str(shards / "shards" / "web"): [int(d.rsplit(":", 1)[1]) for d in docs]}
+    web = "fingerprint:" + open_dataset(shards / "shards" / "web").fingerprint  # the dataset, wherever it is
+    by_folder = {web: [int(d.rsplit(":", 1)[1]) for d in docs]}
     assert json.loads((run / "surgery.json").read_text()) == {"rewinds": [
-        {"rewind_to": 4, "skip_steps": ["6:6"], "exclude_documents": by_folder}]}
+        {"rewind_to": 4, "skip_steps": ["6:6"], "exclude_documents": by_folder,
+         "datasets": {web: str(shards / "shards" / "web")}}]}
     after = metrics(run)
     assert [r["step"] for r in after] == list(range(1, 9)) and after[:4] == before[:4]
     assert after[5]["skipped"] == "surgery" and after[5]["loss"] is None
@@ -138,8 +173,9 @@ def test_rewind_to_rewinds_records_trains_on_and_runs_again_without_rewinding(sh
     for step in range(5, 9):
         held = {(str(shards / r["dataset"]), str(doc)) for r in explain_step(plan, step) for doc in r["documents"]}
         assert not held & excluded, step
-    assert read_metadata(run / "checkpoints" / "step-000008").extensions[SURGERY_KEY]["exclusions"] == [
-        {"from_step": 5, "documents": by_folder}]
+    recorded = read_metadata(run / "checkpoints" / "step-000008").extensions[SURGERY_KEY]
+    assert recorded["exclusions"] == [{"from_step": 5, "documents": by_folder}]
+    assert recorded["datasets"] == {web: str(shards / "shards" / "web")}  # shown only
 
     again = nanoset_train("--config", cfg, *surgery, cwd=shards)
     assert again.stdout.splitlines() == [
@@ -159,6 +195,43 @@ def test_rewind_to_rewinds_records_trains_on_and_runs_again_without_rewinding(sh
     assert error_lines(missing.stderr) == [f"error: --rewind-to 5: {run / 'checkpoints'} has no complete checkpoint "
                                            f"of step 5 (its checkpoints: step-000002, step-000004, step-000006, "
                                            f"step-000008); rewind to one of them"]
+
+
+def test_a_second_earlier_rewind_keeps_what_the_first_excised_out_of_the_steps_it_trains_again(shards, tmp_path):
+    """--rewind-to 4 excluding A, then --rewind-to 2 excluding B: neither trains after step 2, as in the run that
+    excluded both from step 3; explain says what trained."""
+    run = tmp_path / "run"
+    cfg = small_config(tmp_path, run, dp=1, steps=6, interval=2, single_stage=True, checkpoints={"keep_last": 4})
+    cwd = os.getcwd()
+    os.chdir(shards)
+    try:
+        config = load_config(cfg)
+        web = [f for f in DataPlan(config).folders if f.endswith("web")][0]
+        b = {f"{web}:{d}" for r in explain_step(DataPlan(config), 6) if r["dataset"].endswith("web")
+             for d in r["documents"]}
+        with_b = DataPlan(config, surgery=surgery_of([], documents_of([parse_document(t, "b") for t in b]), 3, "b"))
+        a = {f"{web}:{d}" for step in (3, 4) for r in explain_step(with_b, step) if r["dataset"].endswith("web")
+             for d in r["documents"]} - b  # what steps 3-4 read once B is out
+    finally:
+        os.chdir(cwd)
+    assert a and b
+    (tmp_path / "a.txt").write_text("\n".join(sorted(a)) + "\n")
+    (tmp_path / "b.txt").write_text("\n".join(sorted(b)) + "\n")
+    both = small_config(tmp_path, tmp_path / "both", dp=1, steps=6, interval=2, single_stage=True, name="both.yaml",
+                        surgery={"exclude_documents": sorted(a | b), "exclude_from_step": 3})
+    train_one(cfg, cwd=shards)
+    train_one(both, cwd=shards)
+    nanoset_train("--config", cfg, "--rewind-to", 4, "--exclude-documents", tmp_path / "a.txt", cwd=shards)
+    second = ["--rewind-to", 2, "--exclude-documents", tmp_path / "b.txt"]
+    check = nanoset_train("--config", cfg, *second, "--check", cwd=shards).stdout.splitlines()
+    assert f"surgery: excises {len(a | b)} document(s) from step 3" in check
+    nanoset_train("--config", cfg, *second, cwd=shards)
+    rows, expected = metrics(run), metrics(tmp_path / "both")
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert [(r["loss"], r["data_hash"]) for r in rows] == [(r["loss"], r["data_hash"]) for r in expected]
+    os.chdir(shards)
+    plan = start_up(load_config(cfg), lock=False).plan
+    assert [plan.data_hash(s) for s in range(1, 7)] == [r["data_hash"] for r in rows]
 
 
 def test_a_run_of_non_finite_steps_around_skipped_ones_names_its_real_first_step(shards, tmp_path):

@@ -373,6 +373,20 @@ def test_a_schedule_is_a_form_of_dataset_weights():
     assert constant.schedule is None and constant.weights == [0.7, 0.3]
 
 
+def test_a_schedule_too_long_to_count_is_one_line(shards, monkeypatch):
+    """A schedule's per-step counts are a table in memory: a stage of 10**12 steps is refused before it is made."""
+    from runtime.data import DataPlan
+
+    monkeypatch.chdir(shards)
+    d = schedule_config([{"step": 1, "weights": [0.9, 0.1]}, {"step": 30, "weights": [0.5, 0.5]}], steps=10**12)
+    d["data_stages"][0]["data"]["dataset"]["dataset_folder"] = ["shards/web", "shards/code"]
+    with pytest.raises(ConfigError) as e:
+        DataPlan(build(d))
+    assert str(e.value) == ("data_stages[0] (s).data.dataset.dataset_weights: a weight schedule over "
+                            "1,000,000,000,000 steps needs 14,901 GiB of per-step counts, more than 16 GiB; end the "
+                            "stage earlier and go on with constant weights in a later stage")
+
+
 @pytest.mark.parametrize("weights,start,fragment", [
     ([{"step": 2, "weights": [1, 1]}], 1, "dataset_weights[0].step: 2, but a schedule starts at the stage's first "
                                           "step (start_training_step 1)"),

@@ -30,6 +30,8 @@ class StageDataset:
         self.end = stage.num_samples if end is None else min(end, stage.num_samples)
         self._block: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._masked: bool | None = None
+        self._remote: bool | None = None  # whether any of the stage's datasets is in object storage
+        self._prefetched = 0  # the stage samples below this one have had their shards prefetched
 
     def _locate(self, j: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(dataset, window, source) of stage samples ``j``, from a cached block when they fall in one."""
@@ -76,7 +78,25 @@ class StageDataset:
                 ids[:, rows] = part
             if masks is not None and windows.has_label_mask:
                 masks[rows] = windows.label_mask(sample[rows], positions[rows] if positions is not None else None)
+        self._prefetch(int(j.max()) + 1 if len(j) else 0)
         return Examples(ids, masks, np.asarray(source, dtype=np.int64).reshape(-1))
+
+    def _prefetch(self, first: int) -> None:
+        """Datasets in object storage: start fetching the shards that the next two global batches' samples (from
+        stage sample ``first``, as the data order places them) lie in, so that a step waits only for what it reads.
+        Local datasets: nothing."""
+        if self._remote is None:
+            self._remote = any(getattr(getattr(self.plan.datasets[d], "reader", None), "remote", False)
+                               for d in self.stage.dataset_ids)
+        if not self._remote or first >= len(self) or first < self._prefetched:
+            return
+        ahead = np.arange(first, min(first + 2 * self.plan.config.global_batch_size, len(self)))
+        self._prefetched = int(ahead[-1]) + 1
+        dataset, sample, _ = self._locate(ahead) if len(ahead) else (ahead, ahead, ahead)
+        for d in np.unique(dataset).tolist():
+            space = self.plan.datasets[d]
+            starts, stops = space.token_range(sample[dataset == d])
+            space.reader.prefetch(starts, stops)
 
 
 class Examples(Sequence):

@@ -147,7 +147,7 @@ class ConfigStages(PlanStages):
         self.plan, self.ctx, self.micro_batch_size = plan, ctx, micro_batch_size
 
     def loader(self, stage: StagePlan, step: int) -> Any:
-        decided = stage.blend.decided_samples() if stage.adaptive is not None else None  # no read past a decision
+        decided = stage.decided_samples()  # no read past a decision
         return build_loader(StageDataset(self.plan, stage, decided), stage.sequence_length, self.ctx,
                             self.micro_batch_size, stage.consumed_samples(step - 1),
                             num_workers=stage.num_loading_workers, use_position_ids=stage.use_position_ids,

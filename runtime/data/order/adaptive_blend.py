@@ -6,7 +6,8 @@ scheduled blend's rule (``scheduled_blend.allocate``) with that block's weights,
 deviation from the targets, or for two datasets the running cumulative target) carried from block to
 block, so the realised counts keep the scheduled blend's bound against the decided weights.
 
-Only decided steps can be located: a sample beyond them raises ``NotDecided``, never a guess.
+Only decided steps can be located: a sample beyond them raises ``NotDecided``, never a guess. The counts are kept
+for the decided steps only, so memory follows the steps trained, not the stage's length.
 """
 
 from __future__ import annotations
@@ -26,17 +27,22 @@ class AdaptiveBlend(ScheduledBlend):
     stage starting at ``start_step`` (block 1 begins there)."""
 
     kind = "adaptive"
+    schedule = None
 
-    def __init__(self, initial: list[float], every: int, start_step: int, num_steps: int, global_batch: int) -> None:
+    def __init__(self, initial: list[float], every: int, start_step: int, num_steps: int, global_batch: int,
+                 options: dict | None = None) -> None:
+        """``options``: adaptive mixing's options as recorded (``record.adaptive_options``)."""
         if not 0 < global_batch < MAX_GLOBAL_BATCH:
             raise ValueError(f"an adaptive blend needs a global batch in [1, {MAX_GLOBAL_BATCH}), got {global_batch}")
         self.every = int(every)
+        self.options = options
+        self.weights = [float(w) for w in initial]
         self.start_step, self.num_steps, self.global_batch = start_step, num_steps, global_batch
         self.k = len(initial)
         self.initial_deviation = np.zeros(self.k)
         self.deviation = self.initial_deviation
         self._running: object = None
-        self.cumulative = np.zeros((num_steps + 1, self.k), dtype=np.int64)
+        self.cumulative = np.zeros((1, self.k), dtype=np.int64)  # rows 0..decided_steps (and room to grow)
         self.decided_steps = 0
         self.block_weights: list[list[float]] = []  # the weights of blocks 1, 2, ... decided so far
         total = float(sum(initial))
@@ -69,6 +75,10 @@ class AdaptiveBlend(ScheduledBlend):
         lo, hi = b * self.every, min(self.num_steps, (b + 1) * self.every)
         if lo >= self.num_steps:
             return
+        if hi >= len(self.cumulative):  # grow with the decisions, never to the part's length at once
+            grown = np.zeros((min(self.num_steps, max(hi, 2 * len(self.cumulative))) + 1, self.k), dtype=np.int64)
+            grown[: len(self.cumulative)] = self.cumulative
+            self.cumulative = grown
         shares = np.tile(np.asarray(weights, dtype=np.float64), (hi - lo, 1))
         counts, self.deviation, self._running = allocate(shares, self.global_batch, self.initial_deviation,
                                                          self._running)
@@ -91,8 +101,20 @@ class AdaptiveBlend(ScheduledBlend):
             raise self._undecided(self.start_step + (num_samples - 1) // self.global_batch)
         return super().draws(num_samples)
 
-    def decided_samples(self) -> int:
-        return self.decided_steps * self.global_batch
+    def decided_samples(self, num_samples: int) -> int:
+        return min(num_samples, self.decided_steps * self.global_batch)
+
+    def weights_at(self, step: int) -> list[float]:
+        return list(self.block_weights[self.block_of(step) - 1])
+
+    def weights_shown(self) -> list[str]:
+        return [f"{w:g} then adaptive" for w in self.weights]
+
+    def record(self, last_step: int) -> dict:
+        """With the decisions made by the end of ``last_step`` (block b's, at its last step, for block b + 2)."""
+        finished = max(0, min(last_step - self.start_step + 1, self.num_steps)) // self.every
+        return {"weights": None, "blend": self.kind, "schedule": None, "adaptive": self.options,
+                "decisions": [list(w) for w in self.block_weights[2 : 2 + finished]]}
 
     def position(self, dataset: np.ndarray, draw: np.ndarray) -> np.ndarray:
         """As the scheduled blend's, over the decided steps (a draw past them is outside the part's known range)."""

@@ -43,8 +43,11 @@ class BlendSchedule:
     """Maps blended sample ``j`` to (dataset index, draw number of that dataset) in O(1), and back."""
 
     kind = "periodic"
+    schedule = None
+    options = None
 
     def __init__(self, weights: list[float], period: int | None = None) -> None:
+        self.weights = list(weights)
         if len(weights) == 1:
             period = 1
         self.counts = round_weights(weights, period if period is not None else default_period(len(weights)))
@@ -84,3 +87,17 @@ class BlendSchedule:
         """How many samples of each dataset the first ``num_samples`` blended samples take."""
         q, r = divmod(int(num_samples), self.period)
         return q * self.counts + np.bincount(self.slots[:r], minlength=len(self.counts))
+
+    def weights_at(self, step: int) -> list[float]:
+        total = float(sum(self.weights))
+        return [float(w) / total for w in self.weights]
+
+    def weights_shown(self) -> list[str]:
+        return [f"{w:g}" for w in self.weights]
+
+    def decided_samples(self, num_samples: int) -> int:
+        return num_samples
+
+    def record(self, last_step: int) -> dict:
+        return {"weights": list(self.weights), "blend": self.kind, "schedule": None, "adaptive": None,
+                "decisions": None}

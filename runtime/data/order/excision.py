@@ -15,11 +15,13 @@ and a sort, once per epoch, cached). The ``t``-th kept position of an epoch is `
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from nanoset.errors import ConfigError
 from runtime.data.order.permutation import FeistelPermutation
 from runtime.data.order.sample_space import SampleSpace
 
@@ -119,6 +121,12 @@ class DrawIndex:
             out[m] = self._select(g, s.rank_base + draws[m] - s.first_draw)
         return out
 
+    def stream_position(self, draws: int) -> int:
+        """The position in the stream after the first ``draws`` draws (passed-over samples counted)."""
+        if draws <= 0 or not self.excised:
+            return max(draws, 0)
+        return int(self.positions(np.array([draws - 1]))[0]) + 1
+
     def draws(self, positions: np.ndarray, samples: np.ndarray) -> np.ndarray:
         """The draw number of each stream position (whose sample is ``samples``), -1 where it is passed over."""
         positions = np.asarray(positions, dtype=np.int64)
@@ -133,6 +141,43 @@ class DrawIndex:
             passed = np.isin(samples[m], s.excluded)
             out[m] = np.where(passed, -1, s.first_draw + self._rank(g, positions[m]) - s.rank_base)
         return out
+
+
+def draw_indexes(exclusions: dict[int, dict[str, np.ndarray]], datasets: list[SampleSpace],
+                 named: Callable[[str, str, str], list[int]], shown: Callable[[str], str],
+                 draws_before: Callable[[int], dict[int, int]],
+                 permutation: Callable[[int, int], FeistelPermutation],
+                 known: Callable[[int], bool] = lambda step: True) -> list[DrawIndex]:
+    """Each dataset's draw index under a surgery's ``exclusions`` (first step → dataset key → documents): from
+    each one's first step on, the dataset's draws pass over the samples that hold a token of an excluded document
+    (a dataset without exclusions keeps its plain stream). ``named(key, where, shown)``: the datasets a key names;
+    ``shown(key)``: its folder; ``draws_before(step)``: each dataset's draws by the steps before ``step``;
+    ``permutation(dataset, epoch)``: the plan's permutations; ``known(step)``: whether the draws before ``step``
+    are known (an exclusion from a step whose are not is checked, and left out until they are)."""
+    by_dataset: dict[int, dict[int, np.ndarray]] = {}  # dataset → first step → documents
+    for step, docs in sorted(exclusions.items()):
+        for folder, numbers in sorted(docs.items()):
+            for d in named(folder, "surgery", shown(folder)):
+                n = datasets[d].reader.num_documents
+                bad = numbers[(numbers < 0) | (numbers >= n)]
+                if len(bad):
+                    raise ConfigError(f"surgery: {shown(folder)}:{int(bad.min())}: {shown(folder)} has {n} documents; "
+                                      f"give an index in [0, {n})")
+                if not known(step):
+                    continue
+                of_step = by_dataset.setdefault(d, {})
+                of_step[step] = np.concatenate([of_step.get(step, np.zeros(0, dtype=np.int64)), numbers])
+    indexes = []
+    for d, w in enumerate(datasets):
+        starts = [(draws_before(step).get(d, 0), excised_samples(w, docs))
+                  for step, docs in sorted(by_dataset.get(d, {}).items())]
+        try:
+            indexes.append(DrawIndex(w.num_samples, functools.partial(permutation, d), starts))
+        except ValueError:
+            raise ConfigError(f"surgery: every sample of {w.folder} (sequence length {w.sequence_length}) holds a "
+                              f"token of an excluded document, so nothing of it is left to train on; exclude "
+                              f"fewer of its documents or remove it from the stages") from None
+    return indexes
 
 
 def excised_samples(windows: SampleSpace, documents: np.ndarray) -> np.ndarray:

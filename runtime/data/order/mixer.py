@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from runtime.config.schema import AdaptiveMixingArgs
-from runtime.data.order.adaptive_blend import AdaptiveBlend
 from runtime.data.order.mixing_rules import BlockRecord, BlockStats, MixingHistory, decide, resolve_rule
 from runtime.data.order.plan import DataPlan, StagePlan
 
@@ -20,7 +19,7 @@ class StageMixer:
     """The block statistics, rule state and history of one adaptive stage part."""
 
     def __init__(self, plan: DataPlan, stage: StagePlan, saved: dict | None = None) -> None:
-        assert isinstance(stage.blend, AdaptiveBlend) and stage.adaptive is not None
+        assert stage.adaptive is not None, "a mixer of a stage whose weights are not adaptive"
         self.plan, self.stage, self.blend = plan, stage, stage.blend
         self.options = AdaptiveMixingArgs(**stage.adaptive)
         self.where = f"stage {stage.name!r} dataset_weights.adaptive.rule"

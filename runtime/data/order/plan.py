@@ -17,20 +17,17 @@ resume changed (with ``allow_data_change``) is split into two parts at the resum
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from nanoset import NanosetError, open_dataset
-from runtime.config import Config, ConfigError, DatasetStageArgs, HFDatasetArgs, NanosetDatasetsArgs
-from runtime.data.order.adaptive_blend import AdaptiveBlend, NotDecided
-from runtime.data.order.blend import BlendSchedule
-from runtime.data.order.excision import DrawIndex, excised_samples
+from runtime.config import Config, ConfigError, DatasetStageArgs, NanosetDatasetsArgs
+from runtime.data.order.adaptive_blend import NotDecided
+from runtime.data.order.dataset_names import DatasetNames, check_listed_once, resolved
+from runtime.data.order.excision import DrawIndex, draw_indexes
 from runtime.data.order.packing import PackedDocuments
 from runtime.data.order.permutation import FeistelPermutation
 from runtime.data.order.record import (
@@ -39,115 +36,17 @@ from runtime.data.order.record import (
     PartSpec,
     TrainingMetadata,
     adaptive_options,
-    data_changed_error,
-    differences,
     packing_mode,
     started_stages,
 )
+from runtime.data.order.resumed_parts import merged_decisions, recorded_parts
 from runtime.data.order.sample_space import SampleSpace
-from runtime.data.order.scheduled_blend import ScheduledBlend, WeightSchedule
+from runtime.data.order.scheduled_blend import WeightSchedule
+from runtime.data.order.stage_blend import part_blend
+from runtime.data.order.stage_plan import DatasetReads, SampleLocation, StagePlan
 from runtime.data.order.surgery import Surgery, config_surgery
 from runtime.data.order.vocab import SeenTokenizer, check_same_tokenizer, check_unknown_beside_known, check_vocab
 from runtime.data.order.windows import TokenWindows
-
-
-@dataclass
-class StagePlan:
-    """Global steps ``[start_step, end_step)`` of one data stage and how their samples are drawn.
-
-    Normally one per config stage; a stage whose data or global batch size a resume changed has
-    two (same ``index`` and ``name``): the recorded part and the part from the resume step on.
-    """
-
-    index: int
-    name: str
-    start_step: int
-    end_step: int
-    sequence_length: int
-    global_batch_size: int
-    seed: int
-    use_position_ids: bool
-    num_loading_workers: int
-    prefetch: int
-    dataset_ids: list[int]  # indices into DataPlan.datasets, in the stage's folder order
-    weights: list[float]  # constant weights; with a schedule, its normalised weights at start_step
-    blend: BlendSchedule | ScheduledBlend | AdaptiveBlend
-    draw_offsets: np.ndarray = field(repr=False)  # draws taken by earlier stages, per stage dataset
-    schedule: WeightSchedule | None = None  # the weight schedule of a scheduled blend
-    adaptive: dict | None = None  # adaptive mixing's options (record.adaptive_options) of an adaptive blend
-
-    @property
-    def num_steps(self) -> int:
-        return self.end_step - self.start_step
-
-    @property
-    def num_samples(self) -> int:
-        return self.num_steps * self.global_batch_size
-
-    def consumed_samples(self, last_step: int) -> int:
-        """Stage samples used once global steps ``1..last_step`` are done."""
-        done = min(max(last_step - self.start_step + 1, 0), self.num_steps)
-        return done * self.global_batch_size
-
-    def weights_at(self, step: int) -> list[float]:
-        """The normalised weights the blend draws with at global ``step`` (constant, scheduled or decided)."""
-        if isinstance(self.blend, AdaptiveBlend):
-            return list(self.blend.block_weights[self.blend.block_of(step) - 1])
-        if self.schedule is not None:
-            return self.schedule.shares(np.array([step]))[0].tolist()
-        total = float(sum(self.weights))
-        return [float(w) / total for w in self.weights]
-
-    def weights_shown(self) -> list[str]:
-        """Each dataset's weight as the plan and the log show it; with a schedule, its weights at the part's first
-        and last steps (``0.9 → 0.2 by schedule``)."""
-        if self.adaptive is not None:
-            return [f"{w:g} then adaptive" for w in self.weights]
-        if self.schedule is None:
-            return [f"{w:g}" for w in self.weights]
-        first, last = self.schedule.shares(np.array([self.start_step, self.end_step - 1]))
-        return [f"{a:g} by schedule" if f"{a:g}" == f"{b:g}" else f"{a:g} → {b:g} by schedule"
-                for a, b in zip(first, last)]
-
-
-@dataclass(frozen=True)
-class DatasetReads:
-    """What one stage part draws from one of its datasets: ``samples`` after the ``offset`` earlier parts drew."""
-
-    dataset: int  # index into DataPlan.datasets
-    offset: int
-    samples: int
-    dataset_samples: int  # the dataset's own samples (one epoch)
-
-    @property
-    def epochs(self) -> float:
-        return self.samples / self.dataset_samples
-
-    @property
-    def end_epoch(self) -> float:
-        """How far into the dataset (in epochs) the part's last draw is."""
-        return (self.offset + self.samples) / self.dataset_samples
-
-    @property
-    def repeats(self) -> bool:
-        """Whether the part reads past the dataset's first epoch: some of its samples come a second time."""
-        return self.offset + self.samples > self.dataset_samples
-
-
-@dataclass
-class SampleLocation:
-    """Where samples come from: per sample, the dataset index, window index and epoch, and ``source``: the
-    index of its dataset among the stage's (``StagePlan.dataset_ids``), what per-source metrics count by."""
-
-    dataset: np.ndarray
-    sample: np.ndarray
-    epoch: np.ndarray
-    source: np.ndarray
-
-
-def resolved(folder: str) -> str:
-    """The one spelling of a dataset folder: ``A``, ``./A`` and ``/abs/A`` (or a link to it) are one dataset."""
-    return os.path.realpath(folder)
 
 
 class DataPlan:
@@ -175,7 +74,8 @@ class DataPlan:
         self.history = history
         self.checkpoint = str(checkpoint) if history is not None else None
         self.datasets: list[SampleSpace] = []
-        self.folders: list[str] = []  # resolved folder of each dataset
+        self.names = DatasetNames(config, stage_folders)
+        self.folders = self.names.locations  # resolved folder of each dataset
         self._keys: dict[tuple[str, int, str, bool], int] = {}
         self._seeds: dict[int, int] = {}  # the first part to draw from a dataset keys its order
         self._perms: dict[tuple[int, int], FeistelPermutation] = {}
@@ -184,19 +84,19 @@ class DataPlan:
         records = started_stages(config, history, self.checkpoint) if history is not None else {}
         totals: dict[int, int] = {}  # draws taken from each dataset so far
         for i, stage in enumerate(config.data_stages):
-            ids = [self._dataset(folder, i, stage) for folder in stage_folders[i]]
-            _check_unique(ids, [self.datasets[d].reader.fingerprint for d in ids], stage_folders[i], i, stage)
+            ids = [self.dataset_of(folder, i, stage) for folder in stage_folders[i]]
+            check_listed_once(ids, [self.datasets[d].reader.fingerprint for d in ids], stage_folders[i], i, stage)
             weights, schedule = _weights(stage)
             adaptive = _adaptive(stage, len(ids))
             spec = PartSpec([self.folders[d] for d in ids], weights, config.stage_seed(stage),
                             config.global_batch_size, schedule, adaptive)
             if i in records:
-                parts = self._recorded_parts(i, stage, records[i], spec, ids, totals)
+                parts = recorded_parts(self, i, stage, records[i], spec, ids, totals)
             else:
-                parts = [self._part(i, stage, stage.start_training_step, config.stage_end_step(stage), spec, ids,
+                parts = [self.new_part(i, stage, stage.start_training_step, config.stage_end_step(stage), spec, ids,
                                     [totals.get(d, 0) for d in ids])]
             for part in parts:
-                _add_draws(totals, part)
+                part.add_draws(totals)
             self.stages.extend(parts)
         self._check_tokenizers()
         self.draw_indexes = self._excise()
@@ -217,7 +117,7 @@ class DataPlan:
 
     # ---------------------------------------------------------------- construction --------------
 
-    def _dataset(self, folder: str, i: int, stage: DatasetStageArgs) -> int:
+    def dataset_of(self, folder: str, i: int, stage: DatasetStageArgs) -> int:
         seq = self.config.stage_sequence_length(stage)
         data = stage.data
         key = (resolved(folder), seq, packing_mode(stage))
@@ -241,10 +141,10 @@ class DataPlan:
                                   f"{seq + 1}; lower sequence_length or add data")
             self._keys[key] = len(self.datasets)
             self.datasets.append(windows)
-            self.folders.append(key[0])
+            self.names.add(key[0], folder, windows.reader.fingerprint)
         return self._keys[key]
 
-    def _part(self, i: int, stage: DatasetStageArgs, start: int, end: int, spec: PartSpec, ids: list[int],
+    def new_part(self, i: int, stage: DatasetStageArgs, start: int, end: int, spec: PartSpec, ids: list[int],
               offsets: list[int], before: StagePlan | None = None, decided: list[list[float]] | None = None
               ) -> StagePlan:
         """A part of stage ``i``; ``before``: the stage's previous part, whose deviation from its schedule's
@@ -252,132 +152,42 @@ class DataPlan:
         changed the global batch size); ``decided``: an adaptive part's decisions as a checkpoint recorded them."""
         for d in ids:
             self._seeds.setdefault(d, spec.seed)
-        if spec.adaptive is not None:
-            blend = AdaptiveBlend(spec.adaptive["initial"], spec.adaptive["every"], start, end - start,
-                                  spec.global_batch_size)
-            weights = list(spec.adaptive["initial"])
-            for w in _merged_decisions(decided or [], self.decisions.get(stage.name, []), stage.name):
-                blend.add_block(w)
-        elif spec.schedule is None:
-            blend, weights = BlendSchedule(spec.weights), spec.weights
-        else:
-            carried = before is not None and before.schedule is not None and before.dataset_ids == ids
-            blend = ScheduledBlend(spec.schedule, start, end - start, spec.global_batch_size,
-                                   before.blend.deviation if carried else None, self.config.general.cache_path)
-            weights = spec.schedule.shares(np.array([start]))[0].tolist()
+        carried = before is not None and before.schedule is not None and before.dataset_ids == ids
+        blend = part_blend(spec.weights, spec.schedule, spec.adaptive, start, end - start, spec.global_batch_size,
+                           before.blend.deviation if carried else None,
+                           merged_decisions(decided or [], self.decisions.get(stage.name, []), stage.name),
+                           self.config.general.cache_path,
+                           f"data_stages[{i}] ({stage.name}).data.dataset.dataset_weights")
         return StagePlan(
             index=i, name=stage.name, start_step=start, end_step=end,
             sequence_length=self.config.stage_sequence_length(stage), global_batch_size=spec.global_batch_size,
             seed=spec.seed, use_position_ids=stage.data.use_position_ids,
             num_loading_workers=stage.data.num_loading_workers, prefetch=stage.data.prefetch,
-            dataset_ids=ids, weights=weights, blend=blend, draw_offsets=np.array(offsets, dtype=np.int64),
-            schedule=spec.schedule, adaptive=spec.adaptive)
-
-    def _recorded_parts(self, i: int, stage: DatasetStageArgs, record: DataStageMetadata, spec: PartSpec,
-                        ids: list[int], totals: dict[int, int]) -> list[StagePlan]:
-        """The parts of a stage that has begun: as recorded, then (when the config changed the stage in
-        progress and ``allow_data_change`` is set) a new part from the resume step on."""
-        last = self.history.last_train_step
-        end = self.config.stage_end_step(stage)
-        recorded = record.parts or [_legacy_part(record, spec, self.history)]
-        parts, content = [], {}
-        after = dict(totals)
-        folders = [self._moved(r, ids) for r in recorded]
-        for k, r in enumerate(recorded):
-            stop = recorded[k + 1].start_step if k + 1 < len(recorded) else end
-            part_ids = [self._dataset(folder, i, stage) for folder in folders[k]]
-            for d, old in zip(part_ids, r.fingerprints):
-                new = self.datasets[d].reader.fingerprint
-                if old != new:
-                    content[d] = f"{self.folders[d]} has other content (fingerprint {old} → {new})"
-            offsets = r.draw_offsets if r.draw_offsets else [after.get(d, 0) for d in part_ids]
-            part = self._part(i, stage, r.start_step, stop, PartSpec.of_record(r, folders[k]), part_ids, offsets,
-                              parts[-1] if parts else None, r.decisions)
-            parts.append(part)
-            _add_draws(after, part)
-        in_progress = end > last + 1
-        old = PartSpec.of_record(recorded[-1], folders[-1])
-        changes = differences(self.config, i, spec, old, in_progress, last + 1)
-        if (changes or content) and not self.config.checkpoints.allow_data_change:
-            raise data_changed_error(self.checkpoint, list(content.values()) + changes, stage.start_training_step,
-                         min(end - 1, last), in_progress)
-        last_part = parts[-1]
-        if changes and in_progress and (old.adaptive is not None or spec.adaptive is not None):
-            raise ConfigError(f"{self.checkpoint}: data_stages[{i}] ({stage.name}) is adaptive and in progress: "
-                              f"{'; '.join(changes)}; an adaptive stage cannot change mid-stage, even with "
-                              f"allow_data_change: restore it, or add a new stage from step {last + 1}")
-        if changes and in_progress:  # continue the stage from the resume step with the config's values
-            parts[-1] = self._part(i, stage, last_part.start_step, last + 1, old, last_part.dataset_ids,
-                                   last_part.draw_offsets.tolist(), parts[-2] if len(parts) > 1 else None)
-            after = dict(totals)
-            for part in parts:
-                _add_draws(after, part)
-            parts.append(self._part(i, stage, last + 1, end, spec, ids, [after.get(d, 0) for d in ids], parts[-1]))
-        elif in_progress and spec.schedule is not None and spec.schedule != old.schedule:
-            # only the schedule's future changed: the causal blend keeps every step trained so far
-            parts[-1] = self._part(i, stage, last_part.start_step, end, PartSpec(
-                old.folders, None, old.seed, old.global_batch_size, spec.schedule), last_part.dataset_ids,
-                last_part.draw_offsets.tolist(), parts[-2] if len(parts) > 1 else None)
-        return parts
+            dataset_ids=ids, blend=blend, draw_offsets=np.array(offsets, dtype=np.int64))
 
     def _excise(self) -> list[DrawIndex]:
-        """Each dataset's draw index: from each exclusion's first step on, its draws pass over the samples that
-        hold a token of an excluded document (a dataset without exclusions keeps its plain stream)."""
-        by_dataset: dict[int, dict[int, np.ndarray]] = {}  # dataset → first step → documents
-        for step, docs in sorted(self.surgery.exclusions.items()):
-            for folder, numbers in sorted(docs.items()):
-                for d in self.datasets_named(folder, "surgery"):
-                    n = self.datasets[d].reader.num_documents
-                    bad = numbers[(numbers < 0) | (numbers >= n)]
-                    if len(bad):
-                        raise ConfigError(f"surgery: {folder}:{int(bad.min())}: {folder} has {n} documents; give an "
-                                          f"index in [0, {n})")
-                    of_step = by_dataset.setdefault(d, {})
-                    of_step[step] = np.concatenate([of_step.get(step, np.zeros(0, dtype=np.int64)), numbers])
-        indexes = []
-        for d, w in enumerate(self.datasets):
-            exclusions = [(self._draws_before(step).get(d, 0), excised_samples(w, docs))
-                          for step, docs in sorted(by_dataset.get(d, {}).items())]
-            try:
-                indexes.append(DrawIndex(w.num_samples, functools.partial(self.permutation, d), exclusions))
-            except ValueError:
-                raise ConfigError(f"surgery: every sample of {w.folder} (sequence length {w.sequence_length}) holds a "
-                                  f"token of an excluded document, so nothing of it is left to train on; exclude "
-                                  f"fewer of its documents or remove it from the stages") from None
-        return indexes
+        """Each dataset's draw index under the plan's surgery (``excision.draw_indexes``): an exclusion from a step
+        whose earlier steps are not all decided (past an adaptive stage's decided blocks) starts at a draw not known
+        yet, so it waits, and ``decide`` builds the indexes again once it is known."""
+        def known(step: int) -> bool:
+            open_part = self.undecided(step)
+            return open_part is None or open_part[1] >= step
+        self._waiting = not all(known(step) for step in self.surgery.exclusions)
+        return draw_indexes(self.surgery.exclusions, self.datasets, self.names.named, self.surgery.shown,
+                            self._draws_before, self.permutation, known)
 
     def _draws_before(self, step: int) -> dict[int, int]:
         """Draws taken from each dataset by steps ``1..step - 1`` (draw numbers, the blend's count)."""
         totals: dict[int, int] = {}
         for part in self.stages:
             if part.start_step <= step - 1:
-                _add_draws(totals, part, part.consumed_samples(step - 1))
+                part.add_draws(totals, part.consumed_samples(step - 1))
         return totals
 
     def datasets_named(self, folder: str, where: str = "") -> list[int]:
         """The plan's datasets (one per sequence length and packing) read from ``folder``: a folder of a stage, or
         the Hugging Face source of a stage (whose tokenized copy the plan reads); ``where`` names the asking key."""
-        target = resolved(folder)
-        folders = {target}
-        for i, stage in enumerate(self.config.data_stages):
-            ds = stage.data.dataset
-            if isinstance(ds, HFDatasetArgs) and resolved(ds.hf_dataset_or_datasets) == target:
-                folders.update(resolved(f) for f in self.stage_folders[i])
-        ids = [d for d, f in enumerate(self.folders) if f in folders]
-        if not ids:
-            known = ", ".join(sorted({w.folder for w in self.datasets}))
-            prefix = f"{where}: " if where else ""
-            raise ConfigError(f"{prefix}{folder}: not a dataset of this run; its datasets are: {known}")
-        return ids
-
-    def _moved(self, record: PartRecord, ids: list[int]) -> list[str]:
-        """The recorded folders, each one that the stage no longer lists replaced by the stage's folder with
-        the same content fingerprint: a dataset copied elsewhere (another mount, a node-local disk, a
-        relative path from another cwd) is the same dataset, and its draws continue there."""
-        listed = {self.folders[d] for d in ids}
-        found = {self.datasets[d].reader.fingerprint: self.folders[d] for d in ids}
-        return [folder if folder in listed or fp not in found else found[fp]
-                for folder, fp in zip(record.datasets, record.fingerprints or [""] * len(record.datasets))]
+        return self.names.named(folder, where)
 
     # ---------------------------------------------------------------- lookups -------------------
 
@@ -398,10 +208,9 @@ class DataPlan:
         """The first adaptive part (starting before ``before_step``, default any) with steps not decided yet, and its
         first such step; None when every adaptive step is decided."""
         for part in self.stages:
-            blend = part.blend
-            if isinstance(blend, AdaptiveBlend) and blend.decided_steps < part.num_steps and (
-                    before_step is None or part.start_step < before_step):
-                return part, part.start_step + blend.decided_steps
+            decided = part.decided_samples()
+            if decided < part.num_samples and (before_step is None or part.start_step < before_step):
+                return part, part.start_step + decided // part.global_batch_size
         return None
 
     def locate(self, stage: StagePlan, j: np.ndarray | int) -> SampleLocation:
@@ -446,13 +255,8 @@ class DataPlan:
         return h.hexdigest()[:16]
 
     def source_names(self) -> dict[str, str]:
-        """Each dataset's folder as ``explain`` prints it → what the config calls it: the folder, or for a stage
-        of a Hugging Face dataset its source (``hf_dataset_or_datasets``), whose tokenized copy the plan reads."""
-        hf = {}
-        for i, stage in enumerate(self.config.data_stages):
-            if isinstance(stage.data.dataset, HFDatasetArgs):
-                hf.update({resolved(f): stage.data.dataset.hf_dataset_or_datasets for f in self.stage_folders[i]})
-        return {w.folder: hf.get(f, w.folder) for f, w in zip(self.folders, self.datasets)}
+        """Each dataset's folder as ``explain`` prints it → what the config calls it (``DatasetNames.sources``)."""
+        return self.names.sources()
 
     def decide(self, stage: StagePlan, weights: list[float]) -> None:
         """The weights of the next block of adaptive ``stage`` (decided at the end of the block two before); later
@@ -462,21 +266,20 @@ class DataPlan:
         for part in self.stages:
             if part.start_step > stage.start_step:
                 part.draw_offsets = np.array([totals.get(d, 0) for d in part.dataset_ids], dtype=np.int64)
-            _add_draws(totals, part)
+            part.add_draws(totals)
+        if self._waiting:
+            self.draw_indexes = self._excise()
 
     def reads(self, part: StagePlan) -> list[DatasetReads]:
         """Per dataset of ``part``, in its folder order: what the part draws from it, and whether that repeats (of an
         adaptive part: over its decided steps)."""
-        samples = part.blend.decided_samples() if isinstance(part.blend, AdaptiveBlend) else part.num_samples
-        draws = part.blend.draws(samples).tolist()
+        draws = part.blend.draws(part.decided_samples()).tolist()
         return [DatasetReads(d, offset, n, self.datasets[d].num_samples)
                 for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), draws)]
 
     def shown_names(self) -> dict[str, str]:
-        """Each dataset's folder → how the run names it to a user: the folder, or for a stage of a Hugging Face
-        dataset ``SOURCE (tokenized in FOLDER)`` (a cache folder's name says nothing of where its data came from)."""
-        return {folder: folder if source == folder else f"{source} (tokenized in {folder})"
-                for folder, source in self.source_names().items()}
+        """Each dataset's folder → how the run names it to a user (``DatasetNames.shown``)."""
+        return self.names.shown()
 
     def consumed_samples(self, last_step: int) -> int:
         """Samples of all stages used once global steps ``1..last_step`` are done."""
@@ -490,16 +293,14 @@ class DataPlan:
 
     def stream_position(self, dataset: int, draws: int) -> int:
         """The position in ``dataset``'s stream after its first ``draws`` draws (passed-over samples counted)."""
-        if draws <= 0 or not self.draw_indexes[dataset].excised:
-            return max(draws, 0)
-        return int(self.draw_indexes[dataset].positions(np.array([draws - 1]))[0]) + 1
+        return self.draw_indexes[dataset].stream_position(draws)
 
     def passed_over(self, part: StagePlan) -> list[tuple[int, int, int]]:
         """Per excised dataset of ``part``: (dataset, excluded documents of it, samples its draws pass over)."""
         out = []
         docs: dict[int, int] = {}
         for folder, count in self.surgery.count().items():
-            for d in self.datasets_named(folder, "surgery"):
+            for d in self.names.named(folder, "surgery", self.surgery.shown(folder)):
                 docs[d] = docs.get(d, 0) + count
         for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), part.blend.draws(part.num_samples)):
             if self.draw_indexes[d].excised and n:
@@ -516,20 +317,17 @@ class DataPlan:
                 stage.name, stage.start_training_step, sum(p.consumed_samples(last_step) for p in parts),
                 parts[0].sequence_length,
                 [PartRecord(p.start_step, p.global_batch_size, [self.folders[d] for d in p.dataset_ids],
-                            [self.datasets[d].reader.fingerprint for d in p.dataset_ids],
-                            list(p.weights) if p.schedule is None and p.adaptive is None else None, p.seed,
-                            p.draw_offsets.tolist(), p.blend.kind,
-                            p.schedule.to_json() if p.schedule is not None else None, p.adaptive,
-                            _decided_by(p, last_step))
+                            [self.datasets[d].reader.fingerprint for d in p.dataset_ids], seed=p.seed,
+                            draw_offsets=p.draw_offsets.tolist(), **p.blend.record(last_step))
                  for p in parts if p.start_step <= last_step],
                 packing_mode(stage)))
         return out
 
     @property
     def fingerprint(self) -> str:
-        """Changes when any dataset's content changes (manifest checksums, or datatrove sizes)."""
-        payload = [(folder, w.sequence_length, w.reader.fingerprint) + (() if w.packing == "window" else (w.mode,))
-                   for folder, w in zip(self.folders, self.datasets)]
+        """Changes when any dataset's content changes (manifest checksums, or datatrove sizes), not where it is."""
+        payload = [(w.sequence_length, w.reader.fingerprint) + (() if w.packing == "window" else (w.mode,))
+                   for w in self.datasets]
         return hashlib.sha256(json.dumps(payload).encode()).hexdigest()[:16]
 
     def _check_tokenizers(self) -> None:
@@ -541,66 +339,10 @@ class DataPlan:
         check_unknown_beside_known([(w.reader, w.folder) for w in self.datasets], seen, "data_stages")
 
 
-def _decided_by(part: StagePlan, last_step: int) -> list[list[float]] | None:
-    """An adaptive part's decisions made by the end of ``last_step`` (block b's, at its last step, for block b + 2)."""
-    if not isinstance(part.blend, AdaptiveBlend):
-        return None
-    blend = part.blend
-    finished = max(0, min(last_step - part.start_step + 1, part.num_steps)) // blend.every
-    return [list(w) for w in blend.block_weights[2 : 2 + finished]]
-
-
 def _draws_key(folder: str, dataset: SampleSpace) -> str:
     """``folder@L`` for windows, ``folder@L/documents-MODE`` for packed samples (another sample space)."""
     suffix = "" if dataset.packing == "window" else f"/{dataset.mode}"
     return f"{folder}@{dataset.sequence_length}{suffix}"
-
-
-def _add_draws(totals: dict[int, int], part: StagePlan, samples: int | None = None) -> None:
-    """Set ``totals`` to the draws of each dataset of ``part`` after its first ``samples`` samples (default all; of an
-    adaptive part, at most its decided samples: a later stage's offsets follow once the stage is decided)."""
-    samples = part.num_samples if samples is None else samples
-    if isinstance(part.blend, AdaptiveBlend):
-        samples = min(samples, part.blend.decided_samples())
-    counts = part.blend.draws(samples)
-    for d, offset, n in zip(part.dataset_ids, part.draw_offsets.tolist(), counts.tolist()):
-        totals[d] = offset + n
-
-
-def _check_unique(ids: list[int], fingerprints: list[str], folders: list[str], i: int,
-                  stage: DatasetStageArgs) -> None:
-    """One dataset listed twice in a stage (``A`` and ``./A``, or ``A`` and a copy of it: the same content
-    fingerprint, so the same sample order too) would give every sample twice: refuse it."""
-    where = f"data_stages[{i}] ({stage.name}).data.dataset.dataset_folder"
-    first: dict[int, int] = {}
-    copies: dict[str, int] = {}
-    for b, (d, fingerprint) in enumerate(zip(ids, fingerprints)):
-        a = first.setdefault(d, b)
-        if a != b:
-            raise ConfigError(f"{where}: {folders[a]!r} and {folders[b]!r} are the same dataset "
-                              f"({resolved(folders[a])}); list it once and merge the weights")
-        c = copies.setdefault(fingerprint, b)
-        if c != b:
-            raise ConfigError(f"{where}: {folders[c]!r} and {folders[b]!r} hold the same data (fingerprint "
-                              f"{fingerprint}), so every sample would be read twice; list one "
-                              f"of them and merge the weights")
-
-
-def _legacy_part(record: DataStageMetadata, spec: PartSpec, history: TrainingMetadata) -> PartRecord:
-    """A checkpoint written before parts were recorded: the config's data, the checkpoint's batch size."""
-    return PartRecord(record.start_training_step, history.global_batch_size, spec.folders, [], spec.weights,
-                      spec.seed, [], "periodic" if spec.schedule is None else "scheduled",
-                      spec.schedule.to_json() if spec.schedule is not None else None)
-
-
-def _merged_decisions(recorded: list[list[float]], logged: list[list[float]], name: str) -> list[list[float]]:
-    """A checkpoint's decisions, continued by a mixing log's later ones; a log that disagrees with the record is
-    not the log of this run."""
-    n = min(len(recorded), len(logged))
-    if [list(map(float, w)) for w in recorded[:n]] != [list(map(float, w)) for w in logged[:n]]:
-        raise ConfigError(f"stage {name!r}: the mixing log's decisions differ from the checkpoint's record; the log "
-                          f"belongs to another run (or was edited): give this run's mixing.jsonl")
-    return list(recorded) + list(logged[n:])
 
 
 def _adaptive(stage: DatasetStageArgs, num_folders: int) -> dict | None:

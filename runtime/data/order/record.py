@@ -34,8 +34,8 @@ class PartRecord:
 
     start_step: int
     global_batch_size: int
-    datasets: list[str]  # resolved dataset folders, in the stage's order
-    fingerprints: list[str]  # content fingerprint of each dataset when this part was trained
+    datasets: list[str]  # resolved dataset folders, in the stage's order: shown (identity: the fingerprints)
+    fingerprints: list[str]  # content fingerprint of each dataset when this part was trained: what names it
     weights: list[float] | None  # constant weights; None with a schedule
     seed: int
     draw_offsets: list[int]  # draws each dataset had taken before this part

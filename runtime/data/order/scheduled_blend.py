@@ -274,6 +274,7 @@ class ScheduledBlend:
     ``G``; ``deviation`` the ``T − C`` the stage had before the part (zeros for a stage's first part)."""
 
     kind = "scheduled"
+    options = None
 
     def __init__(self, schedule: WeightSchedule, start_step: int, num_steps: int, global_batch: int,
                  deviation: np.ndarray | None = None, cache_dir: str | Path | None = None) -> None:
@@ -287,10 +288,27 @@ class ScheduledBlend:
         self.initial_deviation = np.zeros(k) if deviation is None else np.asarray(deviation, dtype=np.float64)
         cumulative, self.deviation = _cached_allocation(self, cache_dir)
         self.cumulative = cumulative  # [num_steps + 1, k]: draws of each dataset after each step of the part
+        self.weights = schedule.shares(np.array([start_step]))[0].tolist()
 
     @property
     def num_datasets(self) -> int:
         return self.schedule.num_datasets
+
+    def weights_at(self, step: int) -> list[float]:
+        return self.schedule.shares(np.array([step]))[0].tolist()
+
+    def weights_shown(self) -> list[str]:
+        """The weights at the part's first and last steps (``0.9 → 0.2 by schedule``)."""
+        first, last = self.schedule.shares(np.array([self.start_step, self.start_step + self.num_steps - 1]))
+        return [f"{a:g} by schedule" if f"{a:g}" == f"{b:g}" else f"{a:g} → {b:g} by schedule"
+                for a, b in zip(first, last)]
+
+    def decided_samples(self, num_samples: int) -> int:
+        return num_samples
+
+    def record(self, last_step: int) -> dict:
+        return {"weights": None, "blend": self.kind, "schedule": self.schedule.to_json(), "adaptive": None,
+                "decisions": None}
 
     def step_counts(self, t: np.ndarray | int) -> np.ndarray:
         """Samples each dataset gets in part step ``t`` (0-based): ``[*shape, k]``."""

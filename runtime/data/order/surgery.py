@@ -5,20 +5,26 @@ from a first step). It comes from the config's ``surgery:`` section, from what `
 --rewind-to`` recorded in the run folder, and from the checkpoint a run resumes; these add up (the
 union: a recorded surgery is never dropped). A surgery that changes a step already trained by the
 checkpoint (a skip or an exclusion that starts at or before its step) is refused: rewind instead.
+
+A dataset is named by its content, not its location: the documents of a folder that opens as a dataset are kept
+under ``fingerprint:F`` (its manifest's fingerprint), the folder only for display (``names``), so a surgery
+recorded by a checkpoint or a rewind follows the data to another path, mount or node. A name that is no dataset
+folder (a Hugging Face stage's source) stays a resolved location, as do the folders of records made before.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from nanoset import NanosetError, open_dataset, storage
 from nanoset.errors import ConfigError
 from runtime.data.order.excision import sorted_unique
 
 SURGERY_KEY = "surgery"  # the checkpoint metadata key of ``surgery_record``
+FINGERPRINT = "fingerprint:"  # a dataset key of content: ``fingerprint:`` and the manifest's fingerprint
 _DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
 _MAX_DIGITS = 18  # every index of up to 18 digits fits the int64 arrays the order computes with
 
@@ -92,7 +98,20 @@ def documents_of(pairs: list[tuple[str, int]]) -> dict[str, np.ndarray]:
     return {f: np.array(d, dtype=np.int64) for f, d in lists.items()}
 
 
-Documents = dict[str, np.ndarray]  # resolved folder → sorted, unique document indices
+Documents = dict[str, np.ndarray]  # dataset key (``dataset_key``) → sorted, unique document indices
+
+
+def dataset_key(folder: str) -> tuple[str, str]:
+    """(the key a surgery keeps ``folder``'s documents under, the resolved folder): ``fingerprint:F`` for a folder
+    that opens as a dataset, else (a Hugging Face source, a missing folder) the resolved folder itself; a key given
+    already is kept."""
+    if folder.startswith(FINGERPRINT):
+        return folder, folder
+    location = storage.resolved(folder)
+    try:
+        return FINGERPRINT + open_dataset(location).fingerprint, location
+    except (NanosetError, OSError):
+        return location, location
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,12 +121,17 @@ class Surgery:
 
     skip_steps: tuple[tuple[int, int], ...] = ()
     exclusions: dict[int, Documents] = field(default_factory=dict)
+    names: dict[str, str] = field(default_factory=dict)  # a key of content → the folder it was named by (display)
 
     def __bool__(self) -> bool:
         return bool(self.skip_steps or self.exclusions)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Surgery) and self.to_json() == other.to_json()
+        return isinstance(other, Surgery) and self._content() == other._content()
+
+    def shown(self, key: str) -> str:
+        """How a dataset key is shown: the folder it was named by."""
+        return self.names.get(key, key)
 
     def skips(self, step: int) -> bool:
         """Whether ``step`` is read but not trained."""
@@ -125,7 +149,7 @@ class Surgery:
                 for folder, numbers in docs.items():
                     exclusions.setdefault(step, {}).setdefault(folder, []).append(numbers)
         return Surgery(skips, _normalised({s: {f: np.concatenate(a) for f, a in d.items()}
-                                           for s, d in exclusions.items()}))
+                                           for s, d in exclusions.items()}), {**other.names, **self.names})
 
     def excluded_by(self, step: int) -> Documents:
         """The documents excluded from ``step`` or earlier."""
@@ -145,21 +169,31 @@ class Surgery:
                     out[folder] = out.get(folder, 0) + len(numbers)
         return out
 
-    def to_json(self) -> dict:
-        """``{"skip_steps": ["A:B", ...], "exclusions": [{"from_step": N, "documents": {FOLDER: [DOC, ...]}}]}``."""
+    def _content(self) -> dict:
         return {"skip_steps": [f"{a}:{b}" for a, b in self.skip_steps],
                 "exclusions": [{"from_step": s, "documents": {f: docs[f].tolist() for f in sorted(docs)}}
                                for s, docs in sorted(self.exclusions.items())]}
+
+    def to_json(self) -> dict:
+        """``{"skip_steps": ["A:B", ...], "exclusions": [{"from_step": N, "documents": {KEY: [DOC, ...]}}]}`` and,
+        with exclusions, ``"datasets": {KEY: FOLDER}``: the folder each key of content was named by (display only)."""
+        out = self._content()
+        keys = {k for docs in self.exclusions.values() for k in docs}
+        if keys:
+            out["datasets"] = {k: self.shown(k) for k in sorted(keys)}
+        return out
 
     @staticmethod
     def from_json(d: dict | None, where: str = "surgery") -> Surgery:
         if not d:
             return Surgery()
         skips = [parse_step_range(s, f"{where}.skip_steps") for s in d.get("skip_steps", [])]
-        exclusions = {int(e["from_step"]): _by_folder({f: np.array(docs, dtype=np.int64)
-                                                       for f, docs in e["documents"].items()})
-                      for e in d.get("exclusions", [])}
-        return Surgery(_merged(skips), _normalised(exclusions))
+        names = dict(d.get("datasets", {}))
+        exclusions = {}
+        for e in d.get("exclusions", []):
+            exclusions[int(e["from_step"])] = _by_folder({f: np.array(docs, dtype=np.int64)
+                                                          for f, docs in e["documents"].items()}, names)
+        return Surgery(_merged(skips), _normalised(exclusions), names)
 
     def describe(self) -> list[str]:
         """Lines for a log or ``--check``: the steps skipped, the documents excised from which step."""
@@ -183,11 +217,14 @@ def _merged(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple((a, b) for a, b in out)
 
 
-def _by_folder(documents: dict[str, np.ndarray]) -> Documents:
-    """Folder → indices with each folder's path resolved (two spellings of one folder merged), indices sorted unique."""
+def _by_folder(documents: dict[str, np.ndarray], names: dict[str, str]) -> Documents:
+    """Folder → indices as dataset key → indices (two spellings or copies of one dataset merged), indices sorted
+    unique; ``names`` gets the folder each new key was named by."""
     out: dict[str, list[np.ndarray]] = {}
     for folder, docs in documents.items():
-        out.setdefault(os.path.realpath(folder), []).append(np.asarray(docs, dtype=np.int64))
+        key, location = dataset_key(folder)
+        names.setdefault(key, location)
+        out.setdefault(key, []).append(np.asarray(docs, dtype=np.int64))
     return {f: sorted_unique(np.concatenate(a)) for f, a in out.items()}
 
 
@@ -211,10 +248,14 @@ def _normalised(exclusions: dict[int, Documents]) -> dict[int, Documents]:
     return out
 
 
-def surgery_of(skip_steps: list[str], documents: dict[str, np.ndarray], from_step: int, where: str) -> Surgery:
-    """A surgery of step ranges and documents (folder → indices; folders resolved here) excluded from ``from_step``."""
+def surgery_of(skip_steps: list[str], documents: dict[str, np.ndarray], from_step: int, where: str,
+               names: dict[str, str] | None = None) -> Surgery:
+    """A surgery of step ranges and documents (folder or dataset key → indices; keyed by content here) excluded
+    from ``from_step``; ``names``: the folders that keys given already were named by."""
     skips = [parse_step_range(s, f"{where}.skip_steps") for s in skip_steps]
-    return Surgery(_merged(skips), _normalised({from_step: _by_folder(documents)} if documents else {}))
+    names = dict(names or {})
+    exclusions = {from_step: _by_folder(documents, names)} if documents else {}
+    return Surgery(_merged(skips), _normalised(exclusions), names)
 
 
 def config_surgery(config) -> Surgery:
@@ -251,9 +292,9 @@ def resumed_surgery(surgery: Surgery, recorded: dict | None, last_step: int, che
         for folder, numbers in sorted(surgery.exclusions[step].items()):
             new = numbers[~np.isin(numbers, earlier.get(folder, np.zeros(0, dtype=np.int64)))]
             if len(new):
-                raise ConfigError(f"{checkpoint}: surgery excludes {folder}:{int(new[0])} from step {step}, but this "
-                                  f"checkpoint trained steps up to {last_step}; an exclusion must start after the step "
-                                  f"resumed: {_earlier(step, last_step)}")
+                raise ConfigError(f"{checkpoint}: surgery excludes {total.shown(folder)}:{int(new[0])} from step "
+                                  f"{step}, but this checkpoint trained steps up to {last_step}; an exclusion must "
+                                  f"start after the step resumed: {_earlier(step, last_step)}")
     return total
 
 
