@@ -352,32 +352,7 @@ class Engine:
         """(Σ token losses, label tokens) of one global batch, forward only: the same inputs, targets and
         loss as ``train_step`` (so the same label rules), with pp > 1 through the schedule's forward-only
         path. ``batches`` are this rank's micro-batches; the result is the same on every rank."""
-        losses: list[torch.Tensor] = []
-        scale, self._loss_scale = self._loss_scale, 1.0  # the loss function returns plain sums
-        tally, self._tally = self._tally, None  # and counts no sources
-        try:
-            with self._loss_context():
-                if self.ctx.pp_size == 1:
-                    chunk = self.chunks[0]
-                    ids, pos = self._inputs(batches)
-                    targets = self._targets(batches)
-                    rows = batches[0]["input_ids"].shape[0]
-                    for i in range(len(batches)):
-                        sl = slice(i * rows, (i + 1) * rows)
-                        losses.append(self._loss(chunk(ids[sl], pos[sl]), targets[sl]))
-                else:
-                    schedule = self._schedule((sequence_length,))
-                    if self.owns_inputs:
-                        forward_only(schedule, *self._inputs(batches))
-                    elif self.owns_loss:
-                        targets = self._targets(batches)
-                        logits = forward_only(schedule, target=targets, losses=losses)
-                        if not losses:  # torch without schedule.eval computed no loss: take it from the logits
-                            losses.append(self._loss(logits, targets))
-                    else:
-                        forward_only(schedule)
-        finally:
-            self._loss_scale, self._tally = scale, tally
+        losses = self._forward_only(batches, sequence_length)
         total = torch.zeros(2, dtype=torch.float64, device=self.device)  # Σ loss, label tokens
         if self.owns_loss:
             total[0] = _summed(losses)  # this cp rank's part of the sequences
@@ -388,6 +363,71 @@ class Engine:
         self._from_last_stage(total)
         loss_sum, tokens = total.tolist()  # the one read back
         return loss_sum, int(tokens)
+
+    @torch.no_grad()
+    def eval_rows(self, batches: list[dict], sequence_length: int) -> SampleLosses:
+        """Each row's Σ token losses and label tokens of one global batch (``global_batch_size`` rows, in the
+        order of ``sample_losses.global_rows``), forward only, the same on every rank: what multiple-choice
+        scoring needs of each (context, choice) row, on every layout."""
+        rows = self.config.tokens.micro_batch_size
+        positions = global_rows(len(batches), rows, self.ctx.dp_rank, self.ctx.dp_size, self.device)
+        extra = torch.stack([torch.zeros_like(positions), positions], dim=1) if self.owns_loss else None
+        self._tally = []
+        try:
+            self._forward_only(batches, sequence_length, extra, keep_tally=True)
+            calls, covered = [], 0  # the last calls, covering this rank's rows (a pipeline's set-up adds one)
+            for call in reversed(self._tally):
+                if covered >= len(positions):
+                    break
+                calls.append(call)
+                covered += len(call[1])
+        finally:
+            self._tally = None
+        g = self.config.global_batch_size
+        total = torch.zeros(2 * g, dtype=torch.float64, device=self.device)
+        if self.owns_loss:
+            if calls:
+                total = scatter(torch.cat([c[1] for c in calls]), torch.cat([c[2] for c in calls]), g)
+            if self.ctx.dp_cp_size > 1:  # dp ranks fill their own rows, cp ranks add their slices
+                dist.all_reduce(total, group=self.ctx.dp_cp_pg)
+        self._from_last_stage(total)
+        return SampleLosses.from_flat(total.cpu().numpy())
+
+    def _forward_only(self, batches: list[dict], sequence_length: int, extra: torch.Tensor | None = None,
+                      keep_tally: bool = False) -> list[torch.Tensor]:
+        """This rank's micro-batch losses (plain sums) of a forward-only pass; ``extra``: the targets' two more
+        columns (each row's source and global position) for a tally the caller set up (``keep_tally``)."""
+        losses: list[torch.Tensor] = []
+        scale, self._loss_scale = self._loss_scale, 1.0  # the loss function returns plain sums
+        tally = self._tally
+        if not keep_tally:
+            self._tally = None  # counts no sources
+        try:
+            with self._loss_context():
+                if self.ctx.pp_size == 1:
+                    chunk = self.chunks[0]
+                    ids, pos = self._inputs(batches)
+                    targets = self._targets(batches, extra)
+                    rows = batches[0]["input_ids"].shape[0]
+                    for i in range(len(batches)):
+                        sl = slice(i * rows, (i + 1) * rows)
+                        losses.append(self._loss(chunk(ids[sl], pos[sl]), targets[sl]))
+                else:
+                    schedule = self._schedule((sequence_length,))
+                    if self.owns_inputs:
+                        forward_only(schedule, *self._inputs(batches))
+                    elif self.owns_loss:
+                        targets = self._targets(batches, extra)
+                        logits = forward_only(schedule, target=targets, losses=losses)
+                        if not losses:  # torch without schedule.eval computed no loss: take it from the logits
+                            losses.append(self._loss(logits, targets))
+                    else:
+                        forward_only(schedule)
+        finally:
+            self._loss_scale = scale
+            if not keep_tally:
+                self._tally = tally
+        return losses
 
     @torch.no_grad()
     def sample_losses(self, batches: list[dict]) -> SampleLosses:
