@@ -49,6 +49,7 @@ from runtime.metrics import (
 )
 from runtime.mixing import CHECKPOINT_KEY as MIXING_KEY
 from runtime.mixing import RunMixing
+from runtime.models.registry import spec_of
 from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.step_reduction import StepReduction
@@ -451,7 +452,8 @@ class Trainer(NanotronCallStyles):
         if self.is_main:
             try:
                 out = export_checkpoint(checkpoint, self.run_dir / "hf", replace=True)
-                self.metrics.info(f"exported {checkpoint.name} to {out} (Hugging Face LlamaForCausalLM)")
+                architecture = spec_of(self.config.model).hf_architectures[0]
+                self.metrics.info(f"exported {checkpoint.name} to {out} (Hugging Face {architecture})")
             except Exception as e:  # noqa: BLE001 - reported below, once every rank is past the barrier
                 failed = e
         torch.distributed.barrier()

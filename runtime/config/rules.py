@@ -22,6 +22,7 @@ from runtime.config.schema import (
     WeightsAtStep,
 )
 from runtime.data.order.surgery import parse_document, parse_step_range
+from runtime.models.registry import model_spec
 
 
 def validate_config(c: Config) -> None:
@@ -30,6 +31,7 @@ def validate_config(c: Config) -> None:
             raise ConfigError(f"model.{name}: required key is missing (give it, or model.init_from_hf: PATH "
                               f"of a Hugging Face model whose config.json has it)")
     _check_ranges(c, "")
+    _validate_family(c)
     _validate_sizes(c)
     _validate_parallelism(c)
     _validate_stages(c)
@@ -37,6 +39,18 @@ def validate_config(c: Config) -> None:
     _validate_evaluation(c)
     _validate_surgery(c)
     _validate_wandb(c)
+
+
+def _validate_family(c: Config) -> None:
+    """A known ``model.family``, and no feature its model does not take (its spec's ``support``)."""
+    spec = model_spec(c.model.family)
+    support = spec.support
+    asked = [("parallelism.cp > 1", c.parallelism.cp > 1, support.context_parallel),
+             ("model.attention: document", c.model.attention == "document", support.document_masks),
+             ("model.tie_word_embeddings: true", c.model.tie_word_embeddings, support.tied_embeddings)]
+    for what, wanted, supported in asked:
+        if wanted and not supported:
+            raise ConfigError(f"{what}: model.family {spec.name}'s model does not support it (docs/models.md)")
 
 
 def _check_ranges(section: Any, path: str) -> None:

@@ -15,12 +15,9 @@ from tests.support.harness import metrics, torchrun
 
 
 @pytest.fixture(scope="module")
-def reference(shards, tmp_path_factory):
+def reference(two_stage_run):
     """An uninterrupted two-stage run: dp=2, 12 steps, anneal from step 8."""
-    run = tmp_path_factory.mktemp("ref") / "run"
-    cfg = small_config(run.parent, run)
-    proc = torchrun(cfg, 2, cwd=shards)
-    return cfg, run, metrics(run), proc.stdout
+    return two_stage_run.config, two_stage_run.run_dir, two_stage_run.rows, two_stage_run.stdout
 
 
 def plan_of(cfg, shards, monkeypatch):

@@ -107,17 +107,14 @@ def test_batches_follow_the_contract_and_pad_with_masked_labels(shards, tmp_path
     assert {type(v).__name__ for b in step for v in b.values()} == {"TensorPointer"}
 
 
-def test_loss_masks_of_chat_folders_count_as_in_training(shards, tmp_path, monkeypatch):
+def test_loss_masks_of_chat_folders_count_as_in_training(shards, chat_shards, tmp_path, monkeypatch):
     """A set of a chat folder (``.ds.loss``) and a plain one: a label counts when its target token is
     trained on (``loss[1:]``) and, with position ids, does not start a document."""
-    from tests.support import FIXTURES
-
-    run_cli("tokenize", FIXTURES / "chat", "-o", tmp_path / "chat", "--tokenizer", TOKENIZER, "--chat", "--quiet")
     monkeypatch.chdir(shards)
     cfg = with_validation(small_config(tmp_path, tmp_path / "run"), samples=6,
-                          datasets={"mixed": [str(tmp_path / "chat"), "shards/sft"]})
+                          datasets={"mixed": [str(chat_shards), "shards/sft"]})
     (held,) = open_validation_sets(load_config(cfg))
-    chat, sft = open_dataset(tmp_path / "chat"), open_dataset("shards/sft")
+    chat, sft = open_dataset(chat_shards), open_dataset("shards/sft")
     n_chat = (chat.num_tokens - 1) // 16
     ids = held.sample_ids(16)
     assert 0 < (ids < n_chat).sum() < 6  # windows of both folders
