@@ -47,7 +47,7 @@ from runtime.parallel.context import ParallelContext
 from runtime.parallel.step_reduction import StepReduction
 from runtime.stage_optimizer import RECORD_KEY as STAGE_OPTIMIZERS_KEY
 from runtime.stage_optimizer import StageOptimizers
-from runtime.startup import Startup, start_up, startup_notes
+from runtime.startup import Startup, start_up, startup_notes, startup_warnings
 from runtime.validation import DueValidation, Validator
 
 WRITE_FAILED = "write_failed"  # the step reduction's count of ranks whose metrics write failed
@@ -103,6 +103,8 @@ class Trainer(NanotronCallStyles):
         self._write_failure: WriteFailed | None = None  # this rank's failed metrics write, not yet raised
         if moved:
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
+        for warning in startup_warnings(startup):
+            self.metrics.info(f"warning: {warning}")
         for note in startup_notes(startup):
             self.metrics.info(f"note: {note}")
         for warning in overlap_warnings(config, self.plan) if self.is_main else []:
@@ -199,14 +201,14 @@ class Trainer(NanotronCallStyles):
         adaptive mixing, the metrics row, validation, evaluation, and last the divergence guard (which may stop the
         run)."""
         c = self.config
-        self.spikes = SpikeWatch(c.surgery.spike, self.plan, SpikeLog(self.run_dir, self.is_main), from_config,
-                                 self.metrics.info)
+        self.spikes = SpikeWatch(c, self.plan, SpikeLog(self.run_dir, self.is_main), from_config)
+        self.mixing = RunMixing(self.plan, self.run_dir, self.is_main, self.metrics.info)
         self.divergence = DivergenceGuard(lambda step: self.optimizers.at(step).optimizer.max_skipped_steps,
                                           self.plan.surgery, self.checkpoints.newest_of_a_finite_step,
                                           self.spikes.skips, lambda: self._writing_metrics(self.metrics.release))
         self.rows = MetricsRows(c, self.plan, self.metrics, self.parameters, from_config,
                                 peak_flops(self.parallel_context.device))
-        self.observers = [self.spikes, RunMixing(self.plan, self.run_dir, self.is_main), self.rows,
+        self.observers = [self.spikes, self.mixing, self.rows,
                           DueValidation(self.validator, self.engine, self.metrics),
                           DueEvaluation(self.evaluator, self.engine, self.metrics), self.divergence]
 
@@ -218,6 +220,7 @@ class Trainer(NanotronCallStyles):
         reduction = StepReduction(self.parallel_context.device)
         stop.add_to(reduction)
         reduction.add(WRITE_FAILED, 1.0 if self._write_failure is not None else 0.0)
+        self.mixing.add_to(reduction)  # the previous step's decision, compared in this step's reduction
         result = None
         if self.plan.surgery.skips(step):
             reduction.read()
@@ -226,6 +229,7 @@ class Trainer(NanotronCallStyles):
                                             reduction=reduction, skip_above=self.spikes.skip_above(stage.name))
         if reduction.value(WRITE_FAILED):  # a rank could not write the previous step's metrics
             self._raise_write_failure()
+        self.mixing.agree_from(reduction)  # the previous step's decision, the same on every rank
         self.last_step = step
         agreed = stop.agree_from(reduction)
         self.metrics.hold_rows = self._saves_after(step, agreed)  # its row carries the checkpoint's blocking time

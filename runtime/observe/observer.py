@@ -27,6 +27,7 @@ class TrainedStep:
     seconds: float  # the step's own time (data, forward, backward, update; validation and saves left out)
     data_wait: float  # of which waiting for the data
     row: dict = field(default_factory=dict)  # fields the observers add to the step's metrics row
+    lines: list[str] = field(default_factory=list)  # console lines the observers print after the step's own line
 
 
 class StepObserver:

@@ -60,9 +60,12 @@ class MetricsRows(StepObserver):
     def after_step(self, step: TrainedStep) -> None:
         result, stage = step.result, step.stage
         data_hash = self.plan.data_hash(step.step) if self.from_config and self.metrics.enabled else None
+        names = [self.names[self.plan.datasets[d].folder] for d in stage.dataset_ids]  # as the rows key them
+        # the weights the step was drawn with (adaptive: as decided), trained or skipped
+        weights = {"weights": dict(zip(names, stage.weights_at(step.step)))} if self.from_config else {}
         if result is None:
             self.metrics.log({"step": step.step, "stage": stage.name, "loss": None, "lr": step.lr, "grad_norm": None,
-                              "skipped": SURGERY_SKIP, "data_hash": data_hash, "time": time.time()})
+                              "skipped": SURGERY_SKIP, "data_hash": data_hash, "time": time.time(), **weights})
             return
         tokens_per_s = tokens_per_second(self.config, stage.sequence_length, step.seconds)
         row = {
@@ -73,10 +76,10 @@ class MetricsRows(StepObserver):
             "mfu": model_flops_utilization(tokens_per_s, self.config, stage.sequence_length, self.peak),
             "time": time.time(),
         }
-        names = [self.names[self.plan.datasets[d].folder] for d in stage.dataset_ids]  # as the rows key them
         if result.sources is not None:  # per dataset of the stage; none from a loader without source ids
             row["sources"] = source_metrics(names, result.sources)
-        if self.from_config:  # the weights the step was drawn with (adaptive: as decided)
-            row["weights"] = dict(zip(names, stage.weights_at(step.step)))
+        row.update(weights)
         row.update(step.row)
         self.metrics.log(row, self.progress.step_done(step.step, step.seconds) if self.metrics.enabled else "")
+        for line in step.lines:
+            self.metrics.info(line)

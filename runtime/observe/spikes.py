@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from runtime.config.schema import SpikeArgs
+from runtime.config.overrides import suggested_command
+from runtime.config.schema import Config, SpikeArgs
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import explain_step
 from runtime.observe.observer import StepObserver, TrainedStep
@@ -35,8 +35,9 @@ SPIKE_WINDOW = "spike_window"  # the checkpoint's key of the detector's window o
 class SpikeDetector:
     """The window of recent losses of the current stage and the verdict on the step just judged (``last``)."""
 
-    def __init__(self, args: SpikeArgs) -> None:
+    def __init__(self, args: SpikeArgs, config: Config | None = None) -> None:
         self.args = args
+        self.arguments = (config or Config).arguments  # the run's config: the spike's line suggests a command on it
         self.stage: str | None = None
         self.losses: deque[float] = deque(maxlen=args.window)
         self.last: tuple[float, float, float] | None = None  # (z, mean, std) of the step just judged, if a spike
@@ -88,7 +89,7 @@ class SpikeDetector:
         what = "update skipped (surgery.spike.action: skip)" if self.skips else "logged"
         return (f"spike at step {step} ({stage!r}): loss {loss:.4f} is {z:.1f} standard deviations above the mean "
                 f"{mean:.4f} of the last {self.args.window} steps; {what}; its samples: {SPIKES_FILE}, or "
-                f"nanoset explain --config CONFIG --suspects {step}")
+                f"{suggested_command(self.arguments, 'explain', '--suspects', step)}")
 
 
 def ranked_samples(samples: SampleLosses, identities: list[dict] | None) -> list[dict]:
@@ -129,10 +130,10 @@ class SpikeWatch(StepObserver):
 
     checkpoint_key = SPIKE_WINDOW
 
-    def __init__(self, args: SpikeArgs | None, plan: DataPlan, log: SpikeLog, from_config: bool,
-                 info: Callable[[str], None]) -> None:
-        self.detector = SpikeDetector(args) if args is not None else None
-        self.plan, self.log, self.from_config, self.info = plan, log, from_config, info
+    def __init__(self, config: Config, plan: DataPlan, log: SpikeLog, from_config: bool) -> None:
+        args = config.surgery.spike
+        self.detector = SpikeDetector(args, config) if args is not None else None
+        self.plan, self.log, self.from_config = plan, log, from_config
 
     @property
     def skips(self) -> bool:
@@ -164,7 +165,7 @@ class SpikeWatch(StepObserver):
             identities = explain_step(self.plan, step.step) if self.from_config else None
             samples = ranked_samples(result.samples, identities) if result.samples is not None else []
             self.log.append(step.step, step.stage.name, result.loss, z, samples)
-            self.info(detector.describe(step.step, step.stage.name, result.loss))
+            step.lines.append(detector.describe(step.step, step.stage.name, result.loss))  # after the step's line
 
     def state_dict(self) -> dict | None:
         return self.detector.state_dict() if self.detector is not None else None
