@@ -40,12 +40,12 @@ from runtime.checkpoint.surgery_log import RewindEntry, run_surgery, surgery_at_
 from runtime.config import Config
 from runtime.config.load import load_config
 from runtime.data.hf_datasets import resolve_stage_folders
-from runtime.data.order.holdout import holdout_documents, holdout_sets, holdout_surgery, training_folders
+from runtime.data.order.holdout import holdout_documents, holdout_surgery, training_folders
 from runtime.data.order.packing import shorter_sequence_length
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.source_names import source_names
 from runtime.data.order.surgery import Surgery
-from runtime.data.order.validation_sets import ValidationSet, open_validation_sets, training_readers
+from runtime.data.order.validation_sets import ValidationSet, holdout_sets, open_validation_sets, training_readers
 from runtime.evaluation.evaluator import Evaluator, data_tokenizer, open_tasks
 from runtime.hf.preflight import check_init_from_hf
 from runtime.stage_optimizer import RECORD_KEY as STAGE_OPTIMIZERS_KEY

@@ -15,15 +15,12 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from nanoset.atomic import atomic_write_text, fsync_dir, write_beside
 from nanoset.errors import ConfigError, MissingPath
 from runtime.config import Config
 from runtime.config.schema import SHAPE_KEYS, ModelArgs
-
-if TYPE_CHECKING:
-    from runtime.checkpoint.record import CheckpointRecord
 
 LATEST = "latest"
 METADATA = "metadata.json"
@@ -181,7 +178,14 @@ def resolve_resume(folder: Path, resume: str | None) -> Path | None:
     return find_checkpoint(resume, RESUME, "latest | PATH of a step-N folder | null")
 
 
-def check_same_model(config: Config, record: CheckpointRecord, path: Path, named: NamedBy = RESUME) -> None:
+class SavedModel(Protocol):
+    """What ``check_same_model`` reads of a checkpoint's record (``runtime.checkpoint.record``, which builds on
+    this module): its model section."""
+
+    model: dict
+
+
+def check_same_model(config: Config, record: SavedModel, path: Path, named: NamedBy = RESUME) -> None:
     """Refuse a checkpoint saved with another model shape (it would load partly, or crash on every rank)."""
     saved = dict(record.model)
     now = config.to_dict()["model"]
