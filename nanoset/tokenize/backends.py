@@ -273,7 +273,6 @@ register_backend(FastBackend(
     "fastokens", _fastokens_installed,
     "fastokens is not installed (`pip install fastokens`: wheels for Linux x86-64/aarch64, macOS and Windows)",
     _load_fastokens_encoder, _fastokens_chat_refusal))
-BACKENDS = backend_names()  # as the command line offers them
 
 
 def backend_refused(backend: str, reason: str) -> NanosetError:
