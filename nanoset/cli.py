@@ -14,7 +14,7 @@ import click
 
 from nanoset.env import env_number
 from nanoset.errors import NEEDS_TORCH, print_error, report_user_errors
-from nanoset.tokenize.backends import BACKENDS
+from nanoset.tokenize.backends import backend_names
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -50,7 +50,7 @@ def cli() -> None:
               help="With --chat: rows without a messages column are a prompt (user turn) ...")
 @click.option("--completion-column", default="completion", show_default=True,
               help="... and a completion (assistant turn).")
-@click.option("--backend", default="auto", show_default=True, type=click.Choice(BACKENDS),
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(backend_names()),
               help="The encoder; the output is the same with each. auto: fastokens where it is installed, loads the "
                    "tokenizer and agrees with tokenizers on a probe set, else tokenizers (with a note).")
 def tokenize(inputs: tuple[str, ...], output: str, tokenizer: str, eos_token: str | None, text_column: str,
