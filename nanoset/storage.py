@@ -166,6 +166,17 @@ def list_names(where: Where, pattern: str = "*") -> list[str]:
     return sorted(n for n in names if fnmatch.fnmatchcase(n, pattern))
 
 
+def files_under(where: Where) -> list[str]:
+    """The paths of every file below folder ``where``, relative to it (``/``-separated), sorted; empty for a
+    missing folder."""
+    loc = location(where)
+    if loc.remote:
+        return _remote(loc, lambda fs: fs.walk(loc))
+    root = loc.path
+    return sorted(str(Path(top, name).relative_to(root)).replace(os.sep, "/")
+                  for top, _, names in os.walk(root) for name in names)
+
+
 def read_bytes(where: Where) -> bytes:
     loc = location(where)
     if loc.remote:
@@ -400,6 +411,12 @@ class ObjectStore:
         found = self.obstore.list_with_delimiter(store, key + "/" if key else None)
         folders = [p.rstrip("/").rpartition("/")[2] for p in found["common_prefixes"]]
         return folders, {o["path"].rpartition("/")[2]: int(o["size"]) for o in found["objects"]}
+
+    def walk(self, loc: Location) -> list[str]:
+        """Every object below the folder ``loc``, relative to it."""
+        store, key = self.store(loc)
+        prefix = key + "/" if key else ""
+        return sorted(o["path"][len(prefix):] for batch in self.obstore.list(store, prefix or None) for o in batch)
 
     def read(self, loc: Location, start: int | None = None, stop: int | None = None) -> bytes:
         store, key = self.store(loc)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import yaml
 from nanoset import open_dataset, storage
 from nanoset.errors import NanosetError
 from nanoset.remote_cache import ShardCache, shard_cache
+from runtime.checkpoint.layout import find_checkpoint
 from tests.support import CORPUS, TOKENIZER, one_line_error, run_cli
 from tests.support.configs import small_config
 from tests.support.harness import error_lines, metrics, train_one
@@ -216,3 +218,38 @@ def test_the_cache_evicts_the_least_recently_used_refuses_a_file_over_its_limit_
         assert sorted(p.name for p in folder.glob("0*") if not p.name.endswith(".lock")) == sorted(wanted)
     finally:
         os.environ["NANOSET_STORAGE_CACHE_DIR"] = s3["NANOSET_STORAGE_CACHE_DIR"]
+
+
+def test_checkpoints_on_s3_resume_a_killed_run_on_another_machine_and_count_only_once_complete(s3, shards, tmp_path):
+    """Checkpoints to ``s3://``: a run killed while saving step 4 resumes on a machine with no local copy from the
+    bucket's latest (step 2, downloaded) and trains steps 3-4 as an uninterrupted run does (the resumed run saves
+    in the background); a folder whose upload was cut short (no metadata.json) is no checkpoint; ``keep_last``
+    prunes in the bucket; ``export`` reads a checkpoint URL."""
+    reference = small_config(tmp_path, tmp_path / "reference", dp=1, steps=4, interval=2, single_stage=True,
+                             name="reference.yaml")
+    train_one(reference, cwd=shards)
+    url = f"s3://{BUCKET}/checkpoints/run"
+    cfg = small_config(tmp_path, tmp_path / "run", dp=1, steps=4, interval=2, single_stage=True, name="s3.yaml",
+                       checkpoints={"checkpoints_path": url, "keep_last": 1})
+    killed = train_one(cfg, cwd=shards, env={"NANOSET_FAULT_KILL_IN_CHECKPOINT": "4"}, check=False)
+    assert killed.returncode != 0
+    assert storage.read_text(f"{url}/latest") == "step-000002\n"
+    assert storage.files_under(f"{url}/step-000002") == storage.files_under(tmp_path / "run/checkpoints/step-000002")
+    # an upload cut short: some files of step 3, no metadata.json, named by no latest
+    storage.upload(tmp_path / "run/checkpoints/step-000002/.metadata", f"{url}/step-000003/.metadata")
+    with pytest.raises(NanosetError, match=r"step-000003: no metadata.json; it is not a complete checkpoint"):
+        find_checkpoint(f"{url}/step-000003")
+    shutil.rmtree(tmp_path / "run")  # another machine: nothing of the run here
+
+    resumed = small_config(tmp_path, tmp_path / "run", dp=1, steps=4, interval=2, single_stage=True, name="s3.yaml",
+                           checkpoints={"checkpoints_path": url, "keep_last": 1, "async_save": True})
+    out = train_one(resumed, cwd=shards)
+    assert "step-000002 at step 2" in out.stdout + out.stderr
+    rows = [(r["step"], r["loss"], r["data_hash"]) for r in metrics(tmp_path / "reference") if "val" not in r]
+    assert [(r["step"], r["loss"], r["data_hash"]) for r in metrics(tmp_path / "run") if "val" not in r] == rows[2:]
+    assert storage.list_names(url) == ["latest", "step-000004"]  # step 2 pruned, and the cut-short step 3
+    assert storage.read_text(f"{url}/latest") == "step-000004\n"
+
+    run_cli("export", f"{url}/step-000004", tmp_path / "hf-s3", cwd=shards)
+    run_cli("export", tmp_path / "reference/checkpoints/step-000004", tmp_path / "hf-local", cwd=shards)
+    assert (tmp_path / "hf-s3/model.safetensors").read_bytes() == (tmp_path / "hf-local/model.safetensors").read_bytes()
