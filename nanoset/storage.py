@@ -128,6 +128,15 @@ def size(where: Where) -> int:
     return int(_remote(loc, lambda fs: fs.head(loc))["size"]) if loc.remote else loc.path.stat().st_size
 
 
+def modified_ns(where: Where) -> int:
+    """When the file was last written, in nanoseconds since the epoch (an object's upload time)."""
+    loc = location(where)
+    if not loc.remote:
+        return loc.path.stat().st_mtime_ns
+    when = _remote(loc, lambda fs: fs.head(loc))["last_modified"]
+    return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000
+
+
 def sizes(folder: Where, names: list[str]) -> list[int | None]:
     """The sizes of the files ``names`` in ``folder`` (None where one is missing): locally one ``stat`` per file
     made relative to the open folder, no path walked per file (0.3 s for 300,000 files); remotely one listing."""

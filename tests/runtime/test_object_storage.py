@@ -253,3 +253,39 @@ def test_checkpoints_on_s3_resume_a_killed_run_on_another_machine_and_count_only
     run_cli("export", f"{url}/step-000004", tmp_path / "hf-s3", cwd=shards)
     run_cli("export", tmp_path / "reference/checkpoints/step-000004", tmp_path / "hf-local", cwd=shards)
     assert (tmp_path / "hf-s3/model.safetensors").read_bytes() == (tmp_path / "hf-local/model.safetensors").read_bytes()
+
+
+def test_tokenize_from_s3_inputs_writes_what_a_local_tokenize_of_them_writes(s3, shards, tmp_path):
+    """A folder, and a glob, of inputs under ``s3://``: copied into the cache, tokenized to the bytes of a local
+    tokenize of the same files (the folder walked, the glob's matches sorted, as locally)."""
+    url = f"s3://{BUCKET}/inputs/web"
+    upload_folder(CORPUS / "web", url)
+    env = {"NANOSET_STORAGE_CACHE_DIR": str(tmp_path / "cache")}
+    run_cli("tokenize", url, "-o", tmp_path / "from-folder", "--tokenizer", TOKENIZER, "--task-bytes", 100_000,
+            "--quiet", env=env)
+    same_output(tmp_path / "from-folder", shards / "shards" / "web", {str(CORPUS / "web"): url})
+
+    run_cli("tokenize", f"{url}/web-00[02].*", "-o", tmp_path / "from-glob", "--tokenizer", TOKENIZER,
+            "--task-bytes", 100_000, "--quiet", env=env)
+    run_cli("tokenize", CORPUS / "web" / "web-000.jsonl", CORPUS / "web" / "web-002.parquet", "-o",
+            tmp_path / "local-glob", "--tokenizer", TOKENIZER, "--task-bytes", 100_000, "--quiet")
+    same_output(tmp_path / "from-glob", tmp_path / "local-glob", {str(CORPUS / "web"): url})
+    proc = run_cli("tokenize", f"{url}/nothing-*.jsonl", "-o", tmp_path / "none", "--tokenizer", TOKENIZER,
+                   check=False, env=env)
+    one_line_error(proc, f"error: {url}/nothing-*.jsonl: no object matches it")
+
+
+def same_output(got: Path, local: Path, urls: dict[str, str]) -> None:
+    """``got`` holds the files of ``local``, byte for byte; its manifest names the inputs' URLs where the local one
+    names their paths, and is otherwise the same (the shard table is the manifest's shards as columns)."""
+    names = sorted(p.name for p in local.iterdir() if p.is_file())
+    assert len(names) > 3 and sorted(p.name for p in got.iterdir() if p.is_file()) == names
+    assert [n for n in names if (got / n).read_bytes() != (local / n).read_bytes()] == [
+        "nanoset-shards.bin", "nanoset.json"]
+    expected = (local / "nanoset.json").read_text()
+    for path, url in urls.items():
+        expected = expected.replace(f'"{path}/', f'"{url}/')
+    assert json.loads((got / "nanoset.json").read_text()) == json.loads(expected)
+    ours, theirs = open_dataset(got), open_dataset(local)  # the shard table read back: the same documents
+    assert ours.fingerprint == theirs.fingerprint and ours.num_tokens == theirs.num_tokens
+    assert ours.document_ends.tolist() == theirs.document_ends.tolist()
