@@ -253,6 +253,11 @@ def test_checkpoints_on_s3_resume_a_killed_run_on_another_machine_and_count_only
     run_cli("export", f"{url}/step-000004", tmp_path / "hf-s3", cwd=shards)
     run_cli("export", tmp_path / "reference/checkpoints/step-000004", tmp_path / "hf-local", cwd=shards)
     assert (tmp_path / "hf-s3/model.safetensors").read_bytes() == (tmp_path / "hf-local/model.safetensors").read_bytes()
+    for command in (["evaluate", "--config", reference, "--dataset", shards / "shards" / "web", "--json"],
+                    ["explain", "--config", reference, "--step", 4, "--json"]):
+        ours = run_cli(*command, "--checkpoint", f"{url}/step-000004", cwd=shards)
+        theirs = run_cli(*command, "--checkpoint", tmp_path / "reference/checkpoints/step-000004", cwd=shards)
+        assert json.loads(ours.stdout) == json.loads(theirs.stdout)
 
 
 def test_tokenize_from_s3_inputs_writes_what_a_local_tokenize_of_them_writes(s3, shards, tmp_path):
