@@ -65,8 +65,12 @@ def fetch_latest(url: Location, folder: Path) -> None:
     name = remote_latest(url)
     if name is None:
         return
+    step = checkpoint_step(name)
+    if step is None:
+        raise MissingPath(f"{url / LATEST}: names {name!r}, which is no step-N checkpoint; write the name of the "
+                          f"newest complete step-N folder there, or set checkpoints.resume to one")
     local = latest_name(folder) if folder.is_dir() else None
-    if local is not None and is_complete(folder / local) and checkpoint_step(local) >= checkpoint_step(name):
+    if local is not None and is_complete(folder / local) and (checkpoint_step(local) or -1) >= step:
         return
     download_checkpoint(url / name, folder / name, NamedBy("checkpoints.checkpoints_path:", "{}"))
     write_latest(folder, folder / name)
