@@ -34,10 +34,15 @@ CHECKPOINTS = "checkpoints"  # the cache's folder of checkpoints named by a URL
 
 def upload_checkpoint(checkpoint: Path, url: Location) -> None:
     """Copy the local, complete ``checkpoint`` to ``url/<its name>``, its ``metadata.json`` last, then name it in
-    ``url/latest``."""
+    ``url/latest``. A folder of that name there already (a step saved again after a rewind) is made incomplete
+    first and loses the files this one lacks: an upload cut short never mixes two checkpoints under one that
+    counts."""
     files = [f for f in storage.files_under(checkpoint) if f != METADATA]
+    there = url / checkpoint.name
+    for name in [METADATA, *sorted(set(storage.files_under(there)) - set(files) - {METADATA})]:
+        storage.remove(there / name)
     for name in [*files, METADATA]:
-        storage.upload(checkpoint / name, url / checkpoint.name / name)
+        storage.upload(checkpoint / name, there / name)
     storage.upload(checkpoint.parent / LATEST, url / LATEST)
 
 
