@@ -1,5 +1,5 @@
-"""The distributed engine: a Llama model cut into pipeline chunks, tensor- and data-parallel,
-with AdamW, ``train_step(batches) -> StepResult`` for training and ``eval_step(batches)`` for
+"""The distributed engine: a model of the config's family (its ``ModelSpec``) cut into pipeline chunks, tensor-
+and data-parallel, with AdamW, ``train_step(batches) -> StepResult`` for training and ``eval_step(batches)`` for
 validation: the same inputs, targets and loss, forward only.
 
 The loss is the mean cross-entropy over the unmasked label tokens of the whole global batch:
@@ -31,7 +31,7 @@ from torch import nn
 
 from runtime.config import Config
 from runtime.data.loading.contract import SOURCE_KEY
-from runtime.models.llama import LlamaChunk, init_weights
+from runtime.models.registry import spec_of
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.context_parallel import ContextParallel
 from runtime.parallel.parallelize import compile_variants, parallelize, set_recompile_limit
@@ -82,15 +82,16 @@ class Engine:
         if args.compile:
             lengths = {config.stage_sequence_length(s) for s in config.data_stages} | {config.tokens.sequence_length}
             set_recompile_limit(compile_variants(lengths, args.activation_checkpointing != "none"))
-        self.chunks: list[LlamaChunk] = []
+        modules = spec_of(args).modules()  # the family's torch side
+        self.chunks: list[nn.Module] = []
         for c in self.stage_ids:
             with torch.device("meta"):  # no memory until sharded: only this rank's shards are ever allocated
-                chunk = LlamaChunk(args, *ranges[c])
-            parallelize(chunk, args, ctx.mesh["tp"], ctx.dp_cp_mesh if self.use_fsdp else None, self.dtype,
-                        self.context_parallel)
+                chunk = modules.chunk(args, *ranges[c])
+            parallelize(chunk, args, modules.tensor_parallel_plan, ctx.mesh["tp"],
+                        ctx.dp_cp_mesh if self.use_fsdp else None, self.dtype, self.context_parallel)
             chunk.materialize(self.device)
             if initialize:
-                init_weights(chunk, args, config.general.seed)
+                modules.init_weights(chunk, args, config.general.seed)
             self.chunks.append(chunk)
         self.tied_sync = TiedEmbeddingSync(self.chunks, ctx) if args.tie_word_embeddings and ctx.pp_size > 1 else None
         self.owns_inputs = self.chunks[0].has_embedding
@@ -121,6 +122,12 @@ class Engine:
         no_decay = [p for p in self.parameters() if p.ndim < 2]
         groups = [{"params": decay, "weight_decay": o.weight_decay, "decayed": True},
                   {"params": no_decay, "weight_decay": 0.0, "decayed": False}]
+        # the fused kernel takes one kind of tensor per group: under tp without FSDP, 1-D weights the plan
+        # distributes (biases split with their heads, replicated per-head norms) get a group beside the plain norms
+        distributed = [p for p in no_decay if hasattr(p, "device_mesh")]
+        if distributed and len(distributed) < len(no_decay):
+            groups[1]["params"] = [p for p in no_decay if not hasattr(p, "device_mesh")]
+            groups.append({"params": distributed, "weight_decay": 0.0, "decayed": False})
         # fused (CUDA and CPU): one kernel for all parameters, no host read of its step counts (the foreach
         # path reads each one), and a non-finite step skipped on the device (found_inf)
         return torch.optim.AdamW(groups, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,
@@ -352,32 +359,7 @@ class Engine:
         """(Σ token losses, label tokens) of one global batch, forward only: the same inputs, targets and
         loss as ``train_step`` (so the same label rules), with pp > 1 through the schedule's forward-only
         path. ``batches`` are this rank's micro-batches; the result is the same on every rank."""
-        losses: list[torch.Tensor] = []
-        scale, self._loss_scale = self._loss_scale, 1.0  # the loss function returns plain sums
-        tally, self._tally = self._tally, None  # and counts no sources
-        try:
-            with self._loss_context():
-                if self.ctx.pp_size == 1:
-                    chunk = self.chunks[0]
-                    ids, pos = self._inputs(batches)
-                    targets = self._targets(batches)
-                    rows = batches[0]["input_ids"].shape[0]
-                    for i in range(len(batches)):
-                        sl = slice(i * rows, (i + 1) * rows)
-                        losses.append(self._loss(chunk(ids[sl], pos[sl]), targets[sl]))
-                else:
-                    schedule = self._schedule((sequence_length,))
-                    if self.owns_inputs:
-                        forward_only(schedule, *self._inputs(batches))
-                    elif self.owns_loss:
-                        targets = self._targets(batches)
-                        logits = forward_only(schedule, target=targets, losses=losses)
-                        if not losses:  # torch without schedule.eval computed no loss: take it from the logits
-                            losses.append(self._loss(logits, targets))
-                    else:
-                        forward_only(schedule)
-        finally:
-            self._loss_scale, self._tally = scale, tally
+        losses = self._forward_only(batches, sequence_length)
         total = torch.zeros(2, dtype=torch.float64, device=self.device)  # Σ loss, label tokens
         if self.owns_loss:
             total[0] = _summed(losses)  # this cp rank's part of the sequences
@@ -388,6 +370,71 @@ class Engine:
         self._from_last_stage(total)
         loss_sum, tokens = total.tolist()  # the one read back
         return loss_sum, int(tokens)
+
+    @torch.no_grad()
+    def eval_rows(self, batches: list[dict], sequence_length: int) -> SampleLosses:
+        """Each row's Σ token losses and label tokens of one global batch (``global_batch_size`` rows, in the
+        order of ``sample_losses.global_rows``), forward only, the same on every rank: what multiple-choice
+        scoring needs of each (context, choice) row, on every layout."""
+        rows = self.config.tokens.micro_batch_size
+        positions = global_rows(len(batches), rows, self.ctx.dp_rank, self.ctx.dp_size, self.device)
+        extra = torch.stack([torch.zeros_like(positions), positions], dim=1) if self.owns_loss else None
+        self._tally = []
+        try:
+            self._forward_only(batches, sequence_length, extra, keep_tally=True)
+            calls, covered = [], 0  # the last calls, covering this rank's rows (a pipeline's set-up adds one)
+            for call in reversed(self._tally):
+                if covered >= len(positions):
+                    break
+                calls.append(call)
+                covered += len(call[1])
+        finally:
+            self._tally = None
+        g = self.config.global_batch_size
+        total = torch.zeros(2 * g, dtype=torch.float64, device=self.device)
+        if self.owns_loss:
+            if calls:
+                total = scatter(torch.cat([c[1] for c in calls]), torch.cat([c[2] for c in calls]), g)
+            if self.ctx.dp_cp_size > 1:  # dp ranks fill their own rows, cp ranks add their slices
+                dist.all_reduce(total, group=self.ctx.dp_cp_pg)
+        self._from_last_stage(total)
+        return SampleLosses.from_flat(total.cpu().numpy())
+
+    def _forward_only(self, batches: list[dict], sequence_length: int, extra: torch.Tensor | None = None,
+                      keep_tally: bool = False) -> list[torch.Tensor]:
+        """This rank's micro-batch losses (plain sums) of a forward-only pass; ``extra``: the targets' two more
+        columns (each row's source and global position) for a tally the caller set up (``keep_tally``)."""
+        losses: list[torch.Tensor] = []
+        scale, self._loss_scale = self._loss_scale, 1.0  # the loss function returns plain sums
+        tally = self._tally
+        if not keep_tally:
+            self._tally = None  # counts no sources
+        try:
+            with self._loss_context():
+                if self.ctx.pp_size == 1:
+                    chunk = self.chunks[0]
+                    ids, pos = self._inputs(batches)
+                    targets = self._targets(batches, extra)
+                    rows = batches[0]["input_ids"].shape[0]
+                    for i in range(len(batches)):
+                        sl = slice(i * rows, (i + 1) * rows)
+                        losses.append(self._loss(chunk(ids[sl], pos[sl]), targets[sl]))
+                else:
+                    schedule = self._schedule((sequence_length,))
+                    if self.owns_inputs:
+                        forward_only(schedule, *self._inputs(batches))
+                    elif self.owns_loss:
+                        targets = self._targets(batches, extra)
+                        logits = forward_only(schedule, target=targets, losses=losses)
+                        if not losses:  # torch without schedule.eval computed no loss: take it from the logits
+                            losses.append(self._loss(logits, targets))
+                    else:
+                        forward_only(schedule)
+        finally:
+            self._loss_scale = scale
+            if not keep_tally:
+                self._tally = tally
+        return losses
 
     @torch.no_grad()
     def sample_losses(self, batches: list[dict]) -> SampleLosses:

@@ -19,6 +19,7 @@ import torch
 
 from nanoset.atomic import atomic_write_text
 from nanoset.errors import WRITE_ERRNOS, WriteFailed
+from runtime.models.registry import spec_of
 from runtime.preemption import leave_a_closed_terminal
 from runtime.progress import duration
 
@@ -46,8 +47,7 @@ def flops_per_token(model_args, sequence_length: int) -> float:
     convention: the work a causal or document mask skips is counted too)."""
     h, n, v = model_args.hidden_size, model_args.num_hidden_layers, model_args.vocab_size
     q = model_args.num_attention_heads * model_args.head_size
-    kv = model_args.kv_heads * model_args.head_size
-    params = n * (2 * h * q + 2 * h * kv + 3 * h * model_args.intermediate_size) + h * v
+    params = n * spec_of(model_args).layer_matmul_parameters(model_args) + h * v
     return 6 * params + 12 * n * q * sequence_length
 
 
@@ -79,11 +79,9 @@ def _millions(n: int) -> str:
 
 
 def parameter_count(model_args) -> ParameterCount:
-    """The parameters of the Llama decoder ``runtime/models/llama.py`` builds from ``model_args``."""
+    """The parameters of the decoder that ``model_args``' family builds (its spec counts a layer's)."""
     h, n, v = model_args.hidden_size, model_args.num_hidden_layers, model_args.vocab_size
-    q = model_args.num_attention_heads * model_args.head_size
-    kv = model_args.kv_heads * model_args.head_size
-    layer = 2 * h * q + 2 * h * kv + 3 * h * model_args.intermediate_size + 2 * h  # q, o, k, v, MLP, two norms
+    layer = spec_of(model_args).layer_parameters(model_args)
     tied = model_args.tie_word_embeddings
     return ParameterCount(embedding=v * h * (1 if tied else 2), rest=n * layer + h, tied=tied)
 
@@ -141,7 +139,7 @@ def scalars(record: dict, source_names: dict[str, str]) -> dict[str, float]:
                 out.update({f"{field}/{name}": v for field, v in s.items() if field != "loss" and _number(v)})
         elif key == "weights":  # the weights the step was drawn with
             out.update({f"mix/weight/{source_names.get(k, k)}": v for k, v in value.items() if _number(v)})
-        elif key == "val":
+        elif key in ("val", "eval"):
             for name, r in value.items():
                 out.update({f"val/{name}/{field}": v for field, v in r.items() if _number(v)})
         elif isinstance(value, dict):
@@ -189,7 +187,7 @@ class MetricsLogger:
         self.wandb = None  # a runtime.wandb_logger.WandbLogger once the trainer started one
         # a checkpointing step's row is held from its line until its checkpoint's blocking part is over (``release``)
         self.hold_rows = False
-        self._held: dict | None = None
+        self._held: list[dict] = []  # the held training row first, then the step's validation and evaluation rows
         self.tb = None
         if enabled and tensorboard:
             try:
@@ -216,13 +214,14 @@ class MetricsLogger:
 
     def truncate_after(self, step: int) -> None:
         """On every start (``step`` = the resumed step, 0 when fresh): keep one training line and at
-        most one validation line (``"val"``) per step ≤ ``step``, the training line first.
+        most one validation line (``"val"``) and one evaluation line (``"eval"``) per step ≤ ``step``, the training
+        line first.
 
         A killed run may have logged steps after its checkpoint, or half a line (a torn tail); the
         steps about to be trained again must not appear twice. Rewritten atomically."""
         if not self.enabled or not self.path.is_file():
             return
-        rows: dict[tuple[int, bool], str] = {}
+        rows: dict[tuple[int, bool, bool], str] = {}
         for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 record = json.loads(line)
@@ -230,7 +229,7 @@ class MetricsLogger:
             except (ValueError, KeyError, TypeError):  # a torn (half-written) line
                 continue
             if isinstance(s, int) and s <= step:
-                rows[s, "val" in record] = line  # the last line of a step is the one its checkpoint followed
+                rows[s, "eval" in record, "val" in record] = line  # a step's last line: its checkpoint's
         atomic_write_text(self.path, "".join(rows[k] + "\n" for k in sorted(rows)))
 
     def log(self, record: dict, progress: str = "") -> None:
@@ -241,7 +240,7 @@ class MetricsLogger:
         shown = dict(record)
         record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
         if self.hold_rows:
-            self._held = record
+            self._held = [record]
         else:
             self._append(record)
             self._scalars(record)
@@ -261,28 +260,34 @@ class MetricsLogger:
 
     def release(self, **extra) -> None:
         """The held row of a checkpointing step, written with ``extra`` (``checkpoint_blocking_s``): after its
-        checkpoint is written or staged, before ``latest`` can name it, so a resume never lacks it."""
+        checkpoint is written or staged, before ``latest`` can name it, so a resume never lacks it. The step's
+        validation and evaluation rows, held behind it, follow it: the file keeps a step's training row first."""
         self.hold_rows = False
-        if self._held is None:
+        if not self._held:
             return
-        row, self._held = {**self._held, **extra}, None
-        self._append(row)
-        self._scalars(row)
+        (row, *after), self._held = self._held, []
+        for held in ({**row, **extra}, *after):
+            self._append(held)
+            self._scalars(held)
 
     def log_validation(self, step: int, stage: str, results: dict[str, dict], lines: list[str],
-                       seconds: float | None = None) -> None:
+                       seconds: float | None = None, key: str = "val") -> None:
         """A validation row ``{"step", "stage", "val": {name: {"loss", "ppl", "tokens"}}}``, a log line (ending
         with how long the evaluation took, ``seconds``, when given), and the scalars ``val/NAME/loss`` (and
-        ``ppl``, ``tokens``) per dataset, those of a non-finite loss left out (null, as in a training row)."""
+        ``ppl``, ``tokens``) per dataset, those of a non-finite loss left out (null, as in a training row).
+        ``key="eval"``: an evaluation row, ``{"eval": {task: {"acc", "acc_norm", "n"}}}``, the same way."""
         if not self.enabled:
             return
         results = {name: {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in r.items()}
                    for name, r in results.items()}
-        row = {"step": step, "stage": stage, "val": results}
-        self._append(row)
-        self._scalars(row)
+        row = {"step": step, "stage": stage, key: results}
+        if self._held:
+            self._held.append(row)
+        else:
+            self._append(row)
+            self._scalars(row)
         took = f" | took {duration(seconds)}" if seconds is not None else ""
-        self.info(f"val  {step:>6} | {stage} | " + " | ".join(lines) + took)
+        self.info(f"{key:<4} {step:>6} | {stage} | " + " | ".join(lines) + took)
 
     def resend(self, after_step: int) -> None:
         """metrics.jsonl's rows of steps after ``after_step`` to W&B again (what it lost when a start was killed)."""

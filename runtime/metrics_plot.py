@@ -1,6 +1,7 @@
 """``nanoset metrics RUN_DIR --plot FILE.png``: a run's curves against step, from its ``metrics.jsonl``.
 
-Loss (raw and smoothed) with per-source and validation losses, stage boundaries marked; the learning rate; and
+Loss (raw and smoothed) with per-source and validation losses (a validation series broken where what it measures
+changes), stage boundaries marked; the learning rate; and
 the per-source mixing weights when the rows carry them (``weights: {folder: w}``). ``--compare`` overlays a
 second run (dashed). matplotlib is an extra (``plot``): without it, one line says how to install it.
 """
@@ -72,15 +73,34 @@ def _draw(axes, run: str, train: list[dict], val: list[dict], style: str, label_
         loss_ax.plot(*zip(*pts), style, linewidth=0.9, label=f"{label_prefix}loss {folder}")
     names = list(dict.fromkeys(n for r in val for n in r["val"]))
     for name in names:
-        pts = [(r["step"], r["val"][name]["loss"]) for r in val if (r["val"].get(name) or {}).get("loss") is not None]
-        if pts:
-            loss_ax.plot(*zip(*pts), style, marker="o", markersize=4, label=f"{label_prefix}val {name}")
+        color = None
+        for i, pts in enumerate(validation_segments(val, name)):  # one series, broken where what it measures changes
+            color = loss_ax.plot(*zip(*pts), style, marker="o", markersize=4, color=color,
+                                 label=None if i else f"{label_prefix}val {name}")[0].get_color()
     lr = [(r["step"], r["lr"]) for r in train if isinstance(r.get("lr"), (int, float))]
     if lr:
         lr_ax.plot(*zip(*lr), style, label=f"{label_prefix}lr")
     if len(axes) > 2:
         for name, pts in _weights(train).items():
             axes[2].plot(*zip(*pts), style, label=f"{label_prefix}{name}")
+
+
+def validation_segments(val: list[dict], name: str) -> list[list[tuple[int, float]]]:
+    """The (step, loss) points of validation set ``name``, cut into segments wherever anything about the set other
+    than its loss changes (its ``sequence_length``, its ``tokens``: another quantity, not progress), so the plot
+    never joins points of two different measurements."""
+    segments: list[list[tuple[int, float]]] = []
+    previous = object()
+    for r in val:
+        v = r["val"].get(name) or {}
+        if v.get("loss") is None:
+            continue
+        what = sorted((k, x) for k, x in v.items() if k not in ("loss", "ppl"))
+        if what != previous:
+            segments.append([])
+            previous = what
+        segments[-1].append((r["step"], v["loss"]))
+    return segments
 
 
 def _stage_starts(train: list[dict]) -> list[tuple[int, str]]:

@@ -41,7 +41,8 @@ def read_rows(run: str | Path) -> tuple[list[dict], list[dict]]:
             continue
         if not isinstance(row, dict) or not isinstance(row.get("step"), int):
             continue
-        (val if "val" in row else train)[row["step"]] = row
+        if "eval" not in row:  # evaluation rows: read by their own readers
+            (val if "val" in row else train)[row["step"]] = row
     if not train and not val:
         raise NanosetError(f"{path}: no step logged yet; run it again once the run has trained a step")
     return [train[s] for s in sorted(train)], [val[s] for s in sorted(val)]

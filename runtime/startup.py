@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from nanoset.errors import ConfigError
 from nanoset.remote_cache import configure as configure_storage
 from runtime.checkpoint.layout import (
@@ -40,10 +42,13 @@ from runtime.checkpoint.surgery_log import RewindEntry, run_surgery, surgery_at_
 from runtime.config import Config
 from runtime.config.load import load_config
 from runtime.data.hf_datasets import resolve_stage_folders
+from runtime.data.order.holdout import holdout_documents, holdout_sets, holdout_surgery, training_folders
 from runtime.data.order.packing import shorter_sequence_length
 from runtime.data.order.plan import DataPlan
+from runtime.data.order.source_names import source_names
 from runtime.data.order.surgery import Surgery
 from runtime.data.order.validation_sets import ValidationSet, open_validation_sets, training_readers
+from runtime.evaluation.evaluator import Evaluator, data_tokenizer, open_tasks
 from runtime.hf.preflight import check_init_from_hf
 from runtime.stage_optimizer import RECORD_KEY as STAGE_OPTIMIZERS_KEY
 from runtime.stage_optimizer import StageOptimizers
@@ -67,6 +72,8 @@ class Startup:
     plan: DataPlan  # the data order, the past taken from the checkpoint's record
     start: RunStart
     validation_sets: list[ValidationSet]  # opened and checked
+    evaluator: Evaluator | None = None  # the evaluation's tasks (read and encoded) and hooks (imported)
+    held_out: dict[str, np.ndarray] = field(default_factory=dict)  # validation.holdout: folder → documents
 
 
 def world_size() -> int:
@@ -92,19 +99,22 @@ def start_up(config: Config | str | Path, world: int | None = None, lock: bool =
     record = start.record
     resumed = record.last_step if record is not None else 0
     try:
-        surgery = surgery_at_resume(run_surgery(config, pending), record.extensions if record is not None else None,
-                                    resumed, start.checkpoint)
         plan = DataPlan(config, resolve_stage_folders(config), surgery=Surgery()).resumed_from(
             start.checkpoint, record.training if record is not None else None)
+        held_out = holdout_documents(config, plan)  # never trained: excised from step 1, validated on
+        surgery = surgery_at_resume(run_surgery(config, pending).union(holdout_surgery(held_out)),
+                                    record.extensions if record is not None else None, resumed, start.checkpoint)
         if surgery:
             plan = plan.with_surgery(surgery)
         check_init_from_hf(config, plan, fresh_start=start.checkpoint is None)
-        validation_sets = open_validation_sets(config, training_readers(plan))
+        validation_sets = [*open_validation_sets(config, training_readers(plan)),
+                           *holdout_sets(config, held_out, training_folders(plan), source_names(plan))]
+        evaluator = Evaluator(config, open_tasks(config, data_tokenizer(plan)))
     except BaseException:  # nothing starts: the lock goes, and the run folder it made if nothing else is in it
         if start.lock is not None:
             start.lock.close()
         raise
-    return Startup(config, plan, start, validation_sets)
+    return Startup(config, plan, start, validation_sets, evaluator, held_out)
 
 
 def plan_start(config: Config, lock: bool = True) -> RunStart:

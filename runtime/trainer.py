@@ -27,10 +27,14 @@ from runtime.checkpoint.store import CheckpointManager
 from runtime.compat import NanotronCallStyles
 from runtime.config import Config
 from runtime.data.loading.feed import StepFeed, training_feed
+from runtime.data.order.holdout import overlap_warnings, write_holdout_file
 from runtime.data.order.plan import StagePlan
 from runtime.data.order.provenance import explain_step
+from runtime.data.order.source_names import source_names
 from runtime.data.order.surgery import SURGERY_KEY, surgery_record
 from runtime.engine import Engine, StepResult
+from runtime.evaluation.evaluator import Evaluator
+from runtime.evaluation.evaluator import describe as describe_evaluation
 from runtime.hf.export import export_checkpoint
 from runtime.hf.load import load_hf_weights
 from runtime.metrics import (
@@ -45,11 +49,12 @@ from runtime.metrics import (
 )
 from runtime.mixing import CHECKPOINT_KEY as MIXING_KEY
 from runtime.mixing import RunMixing
+from runtime.models.registry import spec_of
 from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.step_reduction import StepReduction
 from runtime.preemption import installed, stop_on_signal
-from runtime.progress import Progress, clock, describe_tokens, duration
+from runtime.progress import Progress, clock, describe_tokens, duration, stage_spans
 from runtime.spikes import SpikeDetector, SpikeLog, ranked_samples
 from runtime.stage_optimizer import RECORD_KEY as STAGE_OPTIMIZERS_KEY
 from runtime.stage_optimizer import StageOptimizers
@@ -79,8 +84,9 @@ class Trainer(NanotronCallStyles):
         it before the process group (done here when not given)."""
         startup = startup if startup is not None else start_up(config)
         self.config = config = startup.config
-        self.plan, self.start = startup.plan, startup.start
+        self.plan, self.start, self.held_out = startup.plan, startup.start, startup.held_out
         self.validator = Validator(config, startup.validation_sets)
+        self.evaluator = startup.evaluator if startup.evaluator is not None else Evaluator(config, [], [])
         p = config.parallelism
         self.parallel_context = parallel_context or ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp)
         self.is_main = self.parallel_context.world_rank == 0
@@ -100,7 +106,8 @@ class Trainer(NanotronCallStyles):
                                              async_save=background, pinned=cuda, remote=checkpoints_url(config))
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
                                      config.logging.log_interval)
-        self.metrics.source_names = short_names(self.plan.source_names())
+        self.source_names = source_names(self.plan)  # folder → the name the rows give it
+        self.metrics.source_names = short_names(self.plan.source_names())  # older rows keyed by folder
         saved = self.start.record.extensions.get(MIXING_KEY) if self.start.record is not None else None
         self.mixing = RunMixing(self.plan, self.run_dir, self.is_main, saved)
         self.metrics.train_steps = config.tokens.train_steps
@@ -118,6 +125,8 @@ class Trainer(NanotronCallStyles):
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
         for note in startup_notes(startup):
             self.metrics.info(f"note: {note}")
+        for warning in overlap_warnings(config, self.plan) if self.is_main else []:
+            self.metrics.info(f"warning: {warning}")
         if rewound is not None:
             self.metrics.info(f"rewound to step {resumed} ({self.start.checkpoint}): {rewound.describe()}")
         for line in self.plan.surgery.describe():
@@ -136,6 +145,8 @@ class Trainer(NanotronCallStyles):
                 if self.start.checkpoint is not None:
                     rewound = rewind(self.config, self.start.checkpoint, resumed)
                 self.run_dir.mkdir(parents=True, exist_ok=True)
+                if self.held_out:
+                    write_holdout_file(self.run_dir, self.held_out)
             except NanosetError as e:
                 failure = str(e)
             except OSError as e:
@@ -169,7 +180,7 @@ class Trainer(NanotronCallStyles):
         summary = TrainSummary(self.last_step, metrics_file=self.metrics.path)
         c = self.config
         last_save = self.last_step
-        self.progress = Progress(c.tokens.train_steps)
+        self.progress = Progress(c.tokens.train_steps, stages=stage_spans(self.plan))
         self._step_end = time.perf_counter()
         device = self.parallel_context.device
         with stop_on_signal() as stop:
@@ -251,7 +262,8 @@ class Trainer(NanotronCallStyles):
         validate = self.validator.should_validate(step, stage.index)
         self._writing_metrics(lambda: self.mixing.after_step(step, stage, result.sources),
                               lambda: self._log_step(step, stage, result, lr, data_wait, summary),
-                              lambda: self._validate(step, stage) if validate else None)
+                              lambda: self._validate(step, stage) if validate else None,
+                              lambda: self._evaluate(step, stage) if self.evaluator.should_evaluate(step) else None)
 
     def _writing_metrics(self, *parts: Callable[[], None]) -> None:
         """Run every part on every rank. Rank 0 alone writes metrics.jsonl: a write that fails there (a full disk)
@@ -284,10 +296,9 @@ class Trainer(NanotronCallStyles):
             "mfu": self._mfu(tokens_per_s, stage.sequence_length), "time": time.time(),
         }
         if result.sources is not None:  # per dataset of the stage; none from a loader without source ids
-            row["sources"] = source_metrics([self.plan.datasets[d].folder for d in stage.dataset_ids], result.sources)
+            row["sources"] = source_metrics(self._names(stage), result.sources)
         if self._feed.from_config:  # the weights the step was drawn with (adaptive: as decided)
-            folders = [self.plan.datasets[d].folder for d in stage.dataset_ids]
-            row["weights"] = dict(zip(folders, stage.weights_at(step)))
+            row["weights"] = dict(zip(self._names(stage), stage.weights_at(step)))
         spike = self.spikes.last if self.spikes is not None else None
         if spike is not None:
             row["spike_z"] = spike[0]
@@ -295,6 +306,10 @@ class Trainer(NanotronCallStyles):
                 row["skipped"] = "spike"
             self._log_spike(step, stage, result, spike[0])
         self.metrics.log(row, self.progress.step_done(step, seconds) if self.is_main else "")
+
+    def _names(self, stage: StagePlan) -> list[str]:
+        """The names of the stage's sources (``source_names``), as the rows key them."""
+        return [self.source_names[self.plan.datasets[d].folder] for d in stage.dataset_ids]
 
     def _log_spike(self, step: int, stage: StagePlan, result: StepResult, z: float) -> None:
         """A row of spikes.jsonl (its samples named by the data order when they are the config's) and a line."""
@@ -313,12 +328,20 @@ class Trainer(NanotronCallStyles):
                "time": time.time()}
         validate = self.validator.should_validate(step, stage.index)
         self._writing_metrics(lambda: self.mixing.after_step(step, stage, None),  # a block's decision is still due
-                              lambda: self.metrics.log(row), lambda: self._validate(step, stage) if validate else None)
+                              lambda: self.metrics.log(row), lambda: self._validate(step, stage) if validate else None,
+                              lambda: self._evaluate(step, stage) if self.evaluator.should_evaluate(step) else None)
 
     def _validate(self, step: int, stage: StagePlan) -> None:
         began = time.perf_counter()
-        results = self.validator.validate(self.engine, stage.sequence_length, stage.use_position_ids)
+        results = self.validator.validate(self.engine)
         self.metrics.log_validation(step, stage.name, results, describe(results), time.perf_counter() - began)
+        self._step_end = time.perf_counter()  # the next step's tokens/s leaves the evaluation out
+
+    def _evaluate(self, step: int, stage: StagePlan) -> None:
+        began = time.perf_counter()
+        results = self.evaluator.evaluate(self.engine, step)
+        self.metrics.log_validation(step, stage.name, results, describe_evaluation(results),
+                                    time.perf_counter() - began, key="eval")
         self._step_end = time.perf_counter()  # the next step's tokens/s leaves the evaluation out
 
     def _count_skips(self, step: int, result: StepResult) -> None:
@@ -418,7 +441,8 @@ class Trainer(NanotronCallStyles):
         if self.is_main:
             try:
                 out = export_checkpoint(checkpoint, self.run_dir / "hf", replace=True)
-                self.metrics.info(f"exported {checkpoint.name} to {out} (Hugging Face LlamaForCausalLM)")
+                architecture = spec_of(self.config.model).hf_architectures[0]
+                self.metrics.info(f"exported {checkpoint.name} to {out} (Hugging Face {architecture})")
             except Exception as e:  # noqa: BLE001 - reported below, once every rank is past the barrier
                 failed = e
         torch.distributed.barrier()

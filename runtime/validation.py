@@ -3,8 +3,9 @@
 Each named validation set comes through the feed in steps shaped like training steps (this rank's rows;
 with tp or cp > 1 one rank of the replica's cp × tp group reads and broadcasts) and runs forward-only
 through the engine (``Engine.eval_step``). The loss is Σ token losses / label tokens over the whole set, with the
-current stage's sequence length and position-id rule, so it is the same for every dp/cp/tp/pp layout and for
-``python -m runtime.evaluate``.
+run's one validation sequence length (``validation.sequence_length``, default the first stage's) and the first
+stage's position-id rule, whatever stage the step is in, so a set's series is one quantity over the whole run, the
+same for every dp/cp/tp/pp layout and for ``python -m runtime.evaluate``; each result records the length.
 """
 
 from __future__ import annotations
@@ -27,16 +28,17 @@ class Validator:
     def should_validate(self, step: int, stage_index: int) -> bool:
         """After ``step``: every ``interval`` steps, and at the last step of each stage (``at_stage_end``)."""
         v = self.config.validation
-        if not v.datasets:
+        if not self.sets:
             return False
         if v.interval > 0 and step % v.interval == 0:
             return True
         return v.at_stage_end and step == self.config.stage_end_step(self.config.data_stages[stage_index]) - 1
 
-    def validate(self, engine: Engine, sequence_length: int, use_position_ids: bool
-                 ) -> dict[str, dict[str, float | int | None]]:
-        """``{name: {"loss", "ppl", "tokens"}}`` for every set, identical on every rank."""
+    def validate(self, engine: Engine) -> dict[str, dict[str, float | int | None]]:
+        """``{name: {"loss", "ppl", "tokens", "sequence_length"}}`` for every set, identical on every rank."""
         tokens = self.config.tokens
+        sequence_length = self.config.validation_sequence_length
+        use_position_ids = self.config.data_stages[0].data.use_position_ids
         out = {}
         for vset in self.sets:
             loss_sum, count = 0.0, 0
@@ -45,7 +47,7 @@ class Validator:
                 s, n = engine.eval_step(batches, sequence_length)
                 loss_sum += s
                 count += n
-            out[vset.name] = summarize(loss_sum, count)
+            out[vset.name] = {**summarize(loss_sum, count), "sequence_length": sequence_length}
         return out
 
 

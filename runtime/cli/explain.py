@@ -35,6 +35,7 @@ from runtime.config.load import load_config
 from runtime.config.overrides import add_set_option
 from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.adaptive_blend import NotDecided
+from runtime.data.order.holdout import holdout_documents, holdout_surgery
 from runtime.data.order.mixing_log import log_path, read_decisions
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import document_steps, explain_step, parse_document
@@ -95,7 +96,8 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
     first, last = parse_steps(steps, config.tokens.train_steps) if steps is not None else (step, step)
     log = log_path(config.general.run_path)  # an adaptive stage's decisions: the run's log
     plan = DataPlan(config, resolve_stage_folders(config), surgery=Surgery(), decisions=read_decisions(log))
-    surgery = run_surgery(config)  # the config's and what the run folder records: the order the run trains
+    # the config's, what the run folder records and the held-out documents: the order the run trains
+    surgery = run_surgery(config).union(holdout_surgery(holdout_documents(config, plan)))
     path = None
     if checkpoint:
         path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)

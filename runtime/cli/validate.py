@@ -1,12 +1,13 @@
 """Validation loss of a saved checkpoint: ``python -m runtime.evaluate --config CFG --checkpoint CKPT [--json]``.
 
 ``--dataset FOLDER`` (repeatable) evaluates on any dataset folder instead of the config's ``validation.datasets``,
-a config without a validation section included.
+a config without a validation section included. ``--task FILE`` (repeatable) scores multiple-choice task files instead
+(docs/evaluation.md), each named by its file's stem: the row's ``eval``, as training logs it.
 
-The same validation as during training (``validation`` section of the config, the sequence length and
-position-id rule of the stage the checkpoint's step belongs to), so it prints the value the run logged
-at that step. One process validates on its own (the checkpoint is resharded to it); under torchrun the
-config's parallelism is used. ``CKPT`` is a ``step-N`` folder or a checkpoints folder with ``latest``.
+The same validation as during training (``validation`` section of the config, the run's one validation sequence
+length), so it prints the value the run logged at that step. One process validates on its own (the checkpoint is
+resharded to it); under torchrun the config's parallelism is used. ``CKPT`` is a ``step-N`` folder or a checkpoints
+folder with ``latest``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ from runtime.checkpoint.record import CheckpointRecord, read_metadata
 from runtime.config import Config, ParallelismArgs
 from runtime.config.load import load_config
 from runtime.config.overrides import add_set_option
+from runtime.data.hf_datasets import resolve_stage_folders
+from runtime.data.order.holdout import holdout_documents, holdout_sets, training_folders
+from runtime.data.order.plan import DataPlan
+from runtime.data.order.source_names import source_names
+from runtime.data.order.surgery import Surgery
 from runtime.data.order.validation_sets import ValidationSet, open_validation_sets
+from runtime.evaluation.evaluator import Evaluator, open_tasks
+from runtime.evaluation.evaluator import describe as describe_evaluation
+from runtime.evaluation.tasks import Task
 from runtime.startup import world_size
 
 
@@ -49,21 +58,34 @@ def with_datasets(config: Config, folders: list[str]) -> Config:
         config.validation, datasets={folder: folder for folder in dict.fromkeys(folders)}))
 
 
-def prepare(config_path: str, checkpoint: str, overrides: list[str] | None = None, datasets: list[str] | None = None
-            ) -> tuple[Config, Path, CheckpointRecord, list[ValidationSet]]:
-    """Everything that can be a user mistake, checked before any process group."""
+def prepare(config_path: str, checkpoint: str, overrides: list[str] | None = None, datasets: list[str] | None = None,
+            tasks: list[str] | None = None) -> tuple[Config, Path, CheckpointRecord, list[ValidationSet] | list[Task]]:
+    """Everything that can be a user mistake, checked before any process group: the validation sets, or with
+    ``tasks`` the task files read and encoded with the tokenizer the checkpoint records."""
     config = layout_for_world(with_datasets(load_config(config_path, overrides or ()), datasets or []), world_size())
-    if not config.validation.datasets:
+    if not config.validation.datasets and not config.validation.holdout and not tasks:
         raise ConfigError(f"{config_path}: validation.datasets is empty; name the datasets to evaluate on there, or "
-                          f"pass --dataset FOLDER")
+                          f"pass --dataset FOLDER (or --task FILE)")
     path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
     record = read_metadata(path)
     check_same_model(config, record, path, CHECKPOINT_OPTION)
-    return config, path, record, open_validation_sets(config)
+    if tasks:
+        info = record.tokenizer.info if record.tokenizer is not None else None
+        return config, path, record, open_tasks(config, info, [(Path(t).stem, t) for t in dict.fromkeys(tasks)])
+    return config, path, record, open_validation_sets(config) + ([] if datasets else held_out_sets(config))
 
 
-def run(config: Config, path: Path, record: CheckpointRecord, validation_sets: list[ValidationSet]) -> dict:
-    """Build the engine in this layout, load the checkpoint's weights, validate: the metrics row."""
+def held_out_sets(config: Config) -> list[ValidationSet]:
+    """The ``<source>-holdout`` sets of ``validation.holdout``, as the run drew them."""
+    if not config.validation.holdout:
+        return []
+    plan = DataPlan(config, resolve_stage_folders(config), surgery=Surgery())
+    return holdout_sets(config, holdout_documents(config, plan), training_folders(plan), source_names(plan))
+
+
+def run(config: Config, path: Path, record: CheckpointRecord, sets: list[ValidationSet] | list[Task]) -> dict:
+    """Build the engine in this layout, load the checkpoint's weights, validate (or score the tasks): the metrics
+    row."""
     from runtime.checkpoint.store import load_dcp, model_state
     from runtime.engine import Engine
     from runtime.parallel.context import ParallelContext
@@ -75,14 +97,15 @@ def run(config: Config, path: Path, record: CheckpointRecord, validation_sets: l
     load_dcp({"model": model_state(engine)}, path, earlier_checkpoints_hint(path, CHECKPOINT_OPTION))
     step = record.last_step
     stage = config.stage_at(max(step, 1))
-    results = Validator(config, validation_sets).validate(engine, config.stage_sequence_length(stage),
-                                                          stage.data.use_position_ids)
+    if sets and isinstance(sets[0], Task):
+        return {"step": step, "stage": stage.name, "eval": Evaluator(config, sets, []).evaluate(engine, step)}
+    results = Validator(config, sets).validate(engine)
     return {"step": step, "stage": stage.name, "val": results}
 
 
 def validate_checkpoint(config_path: str, checkpoint: str, as_json: bool, overrides: list[str] | None = None,
-                        datasets: list[str] | None = None) -> int:
-    config, path, record, validation_sets = prepare(config_path, checkpoint, overrides, datasets)
+                        datasets: list[str] | None = None, tasks: list[str] | None = None) -> int:
+    config, path, record, validation_sets = prepare(config_path, checkpoint, overrides, datasets, tasks)
     import torch.distributed as dist
 
     from runtime.validation import describe
@@ -93,7 +116,8 @@ def validate_checkpoint(config_path: str, checkpoint: str, as_json: bool, overri
         if dist.is_initialized():
             dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps(row) if as_json else "\n".join(describe(row["val"])))
+        lines = describe(row["val"]) if "val" in row else describe_evaluation(row["eval"])
+        print(json.dumps(row) if as_json else "\n".join(lines))
     return 0
 
 
@@ -106,10 +130,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m runtime.evaluate"
     ap.add_argument("--dataset", action="append", default=[], dest="datasets", metavar="FOLDER",
                     help="evaluate on this dataset folder instead of validation.datasets (repeatable; named by its "
                          "folder; validation.samples windows of it)")
+    ap.add_argument("--task", action="append", default=[], dest="tasks", metavar="FILE",
+                    help="score this multiple-choice task file (JSON lines of context, choices, gold) instead of "
+                         "validating (repeatable; named by its file's stem)")
     add_set_option(ap)
     args = ap.parse_args(argv)
     # every rank finds a mistake (a damaged checkpoint too): the first rank of each node says it
     first_of_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
     return report_user_errors(lambda: validate_checkpoint(args.config, args.checkpoint, args.json, args.overrides,
-                                                          args.datasets),
+                                                          args.datasets, args.tasks),
                               report=lambda message: first_of_node and print_error(message))

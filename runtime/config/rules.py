@@ -22,6 +22,7 @@ from runtime.config.schema import (
     WeightsAtStep,
 )
 from runtime.data.order.surgery import parse_document, parse_step_range
+from runtime.models.registry import model_spec
 
 
 def validate_config(c: Config) -> None:
@@ -30,12 +31,26 @@ def validate_config(c: Config) -> None:
             raise ConfigError(f"model.{name}: required key is missing (give it, or model.init_from_hf: PATH "
                               f"of a Hugging Face model whose config.json has it)")
     _check_ranges(c, "")
+    _validate_family(c)
     _validate_sizes(c)
     _validate_parallelism(c)
     _validate_stages(c)
     _validate_validation(c)
+    _validate_evaluation(c)
     _validate_surgery(c)
     _validate_wandb(c)
+
+
+def _validate_family(c: Config) -> None:
+    """A known ``model.family``, and no feature its model does not take (its spec's ``support``)."""
+    spec = model_spec(c.model.family)
+    support = spec.support
+    asked = [("parallelism.cp > 1", c.parallelism.cp > 1, support.context_parallel),
+             ("model.attention: document", c.model.attention == "document", support.document_masks),
+             ("model.tie_word_embeddings: true", c.model.tie_word_embeddings, support.tied_embeddings)]
+    for what, wanted, supported in asked:
+        if wanted and not supported:
+            raise ConfigError(f"{what}: model.family {spec.name}'s model does not support it (docs/models.md)")
 
 
 def _check_ranges(section: Any, path: str) -> None:
@@ -144,6 +159,18 @@ def _validate_parallelism(c: Config) -> None:
                           f"must be a multiple of parallelism.pp {p.pp} for interleaved-1f1b")
 
 
+def _check_source_names(where: str, ds: NanosetDatasetsArgs, named: dict[str, str]) -> None:
+    """A source's name (``dataset_folder: {name: folder}``) is a metric name: not empty, no ``/``, one folder for
+    the whole run (``named``: the names the earlier stages gave)."""
+    for name, folder in zip(ds.names or [], ds.folders):
+        if not name or "/" in name:
+            raise ConfigError(f"{where}: {name!r} is not a source name; give a name without '/' (e.g. web)")
+        same = named.setdefault(name, os.path.normpath(os.path.abspath(folder)))
+        if same != os.path.normpath(os.path.abspath(folder)):
+            raise ConfigError(f"{where}: {name!r} names {folder!r} here and {same!r} in an earlier stage; a name "
+                              f"means one folder for the whole run")
+
+
 def _validate_stage_schedule(c: Config, stage: DatasetStageArgs, where: str) -> None:
     """A stage's own optimizer and schedule: its minimum below its peak, its warm-up within its steps."""
     if stage.optimizer is None and stage.lr_scheduler is None:
@@ -165,6 +192,7 @@ def _validate_stages(c: Config) -> None:
         raise ConfigError("data_stages: at least one stage is needed")
     names = [s.name for s in stages]
     starts = [s.start_training_step for s in stages]
+    named: dict[str, str] = {}  # a source's name → its folder, over the run's stages
     for i, s in enumerate(stages):
         where = f"data_stages[{i}] ({s.name})"
         if names.count(s.name) > 1:
@@ -211,6 +239,7 @@ def _validate_stages(c: Config) -> None:
                                   f"{ds.weights}")
             else:
                 _check_sum(f"{where}.data.dataset.dataset_weights", ds.weights)
+            _check_source_names(f"{where}.data.dataset.dataset_folder", ds, named)
             first: dict[str, int] = {}
             for k, folder in enumerate(ds.folders):
                 j = first.setdefault(os.path.normpath(os.path.abspath(folder)), k)  # A, ./A and /abs/A are one
@@ -304,9 +333,9 @@ def _check_column_keys(ds: HFDatasetArgs, where: str) -> None:
 def _validate_validation(c: Config) -> None:
     v = c.validation
     if not v.datasets:
-        if v.interval > 0:
+        if v.interval > 0 and not v.holdout:
             raise ConfigError(f"validation.interval is {v.interval} but validation.datasets is empty; name at least "
-                              f"one dataset (name: folder) or set interval: 0")
+                              f"one dataset (name: folder), set validation.holdout, or set interval: 0")
         return
     for name in v.datasets:
         folders = v.folders(name)
@@ -315,6 +344,25 @@ def _validate_validation(c: Config) -> None:
         seen = {os.path.normpath(os.path.abspath(f)) for f in folders}
         if len(seen) != len(folders):
             raise ConfigError(f"validation.datasets.{name}: a folder is listed twice in {folders}; list it once")
+
+
+def _validate_evaluation(c: Config) -> None:
+    """Task names unique and plain (metric names), hooks ``module:function``, an interval with something to run."""
+    e = c.evaluation
+    if e.interval > 0 and not e.tasks and not e.hooks:
+        raise ConfigError(f"evaluation.interval is {e.interval} but evaluation.tasks and evaluation.hooks are empty; "
+                          f"add a task ({{name, path}}) or a hook, or set interval: 0")
+    names = [t.name for t in e.tasks]
+    for i, task in enumerate(e.tasks):
+        if not task.name or "/" in task.name or not task.path:
+            raise ConfigError(f"evaluation.tasks[{i}]: give a name (without '/') and the path of a JSON-lines file")
+        if names.count(task.name) > 1:
+            raise ConfigError(f"evaluation.tasks[{i}].name {task.name!r} is used twice; give each task its own name")
+    for i, hook in enumerate(e.hooks):
+        module, _, function = hook.partition(":")
+        if not module or not function.isidentifier():
+            raise ConfigError(f"evaluation.hooks[{i}] is {hook!r}; write it as module:function (e.g. "
+                              f"my_evals:run_harness)")
 
 
 WANDB_PROJECT_FORBIDS = "/\\#?%:"  # the characters W&B refuses in a project name (wandb_settings.validate_project)

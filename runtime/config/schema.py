@@ -131,11 +131,13 @@ SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "interme
              "max_position_embeddings")
 # the keys that shape the parameters (a checkpoint loads only into the same); rope_theta, rms_norm_eps,
 # max_position_embeddings, init_std and dtype may change on resume (e.g. to extend the context)
-SHAPE_KEYS = SIZE_KEYS[:5] + ("num_key_value_heads", "head_dim", "tie_word_embeddings")
+SHAPE_KEYS = ("family",) + SIZE_KEYS[:5] + ("num_key_value_heads", "head_dim", "tie_word_embeddings")
 
 
 @dataclass
 class ModelArgs:
+    # the model family (runtime/models/registry.py, docs/models.md); model.init_from_hf: its architectures' family
+    family: str = "llama"
     hidden_size: int | None = key(None)  # width of the residual stream
     num_hidden_layers: int | None = key(None)  # decoder layers
     num_attention_heads: int | None = key(None)  # query heads
@@ -145,7 +147,8 @@ class ModelArgs:
     num_key_value_heads: int | None = key(None)  # default: num_attention_heads (no grouping)
     head_dim: int | None = key(None)  # default: hidden_size // num_attention_heads
     rope_scaling: RopeScalingArgs | None = None
-    # a local Hugging Face Llama folder: its config.json gives the sizes, its weights start a fresh run
+    # a local Hugging Face folder of a family's model: its config.json gives the family and sizes, its weights
+    # start a fresh run
     init_from_hf: str | None = None
     tie_word_embeddings: bool = False  # the output head is the embedding
     rope_theta: float = key(10000.0)  # RoPE base
@@ -323,14 +326,21 @@ class AdaptiveWeights:
 
 @dataclass
 class NanosetDatasetsArgs:
-    dataset_folder: str | list[str]  # dataset folders (Nanoset, datatrove or Megatron) blended in the stage
+    # dataset folders (Nanoset, datatrove or Megatron) blended in the stage; a mapping name → folder names them
+    dataset_folder: str | list[str] | dict[str, str]
     # one weight per folder (default: equal), a schedule: [{step, weights}, ...] linear in between, or
     # {adaptive: {rule, every, ...}}: decided during the run
     dataset_weights: list[float] | list[WeightsAtStep] | AdaptiveWeights | None = None
 
     @property
     def folders(self) -> list[str]:
-        return [self.dataset_folder] if isinstance(self.dataset_folder, str) else list(self.dataset_folder)
+        f = self.dataset_folder
+        return [f] if isinstance(f, str) else list(f.values()) if isinstance(f, dict) else list(f)
+
+    @property
+    def names(self) -> list[str] | None:
+        """The sources' names, in the folders' order, when ``dataset_folder`` is a mapping."""
+        return list(self.dataset_folder) if isinstance(self.dataset_folder, dict) else None
 
     @property
     def schedule(self) -> list[WeightsAtStep] | None:
@@ -404,6 +414,9 @@ class ValidationArgs:
     samples: int = key(64)  # windows per dataset: the first `samples` of the dataset's seeded permutation
     at_stage_end: bool = True  # also evaluate at the last step of every stage
     seed: int | None = key(None, SEED)  # default: general.seed
+    sequence_length: int | None = key(None)  # every validation of the run at this length; null: the first stage's
+    holdout: float = key(0.0, Range(0, 1, high_open=True))  # this fraction of each training folder's documents never
+    # trains and is the validation set <source>-holdout
 
     def folders(self, name: str) -> list[str]:
         value = self.datasets[name]
@@ -411,7 +424,24 @@ class ValidationArgs:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.datasets) and (self.interval > 0 or self.at_stage_end)
+        return bool(self.datasets or self.holdout) and (self.interval > 0 or self.at_stage_end)
+
+
+@dataclass
+class EvaluationTaskArgs:
+    """A multiple-choice task: a JSON-lines file of ``{"context", "choices", "gold"}`` rows (docs/evaluation.md)."""
+
+    name: str  # its key in the metrics row's ``eval``
+    path: str  # the JSON-lines file
+
+
+@dataclass
+class EvaluationArgs:
+    """Evaluation during training: multiple-choice tasks scored by log-likelihood, and the user's hooks."""
+
+    interval: int = key(0, NON_NEGATIVE)  # evaluate every N steps; 0: never during training
+    tasks: list[EvaluationTaskArgs] = field(default_factory=list)
+    hooks: list[str] = field(default_factory=list)  # "module:function", called with the model and step
 
 
 @dataclass
@@ -460,6 +490,7 @@ class Config:
     logging: LoggingArgs = field(default_factory=LoggingArgs)
     tokenizer: TokenizerArgs | None = None
     validation: ValidationArgs = field(default_factory=ValidationArgs)
+    evaluation: EvaluationArgs = field(default_factory=EvaluationArgs)
     surgery: SurgeryArgs = field(default_factory=SurgeryArgs)
     storage: StorageArgs = field(default_factory=StorageArgs)
 
@@ -485,6 +516,13 @@ class Config:
 
     def stage_sequence_length(self, stage: DatasetStageArgs) -> int:
         return stage.sequence_length if stage.sequence_length is not None else self.tokens.sequence_length
+
+    @property
+    def validation_sequence_length(self) -> int:
+        """The one sequence length of every validation and evaluation of the run (a series stays comparable across
+        stages of other lengths): ``validation.sequence_length``, default the first stage's."""
+        v = self.validation.sequence_length
+        return v if v is not None else self.stage_sequence_length(self.data_stages[0])
 
     def stage_end_step(self, stage: DatasetStageArgs) -> int:
         """First global step after ``stage`` (exclusive end): the next stage's start, or train_steps + 1."""

@@ -32,11 +32,9 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
-def reference(shards, tmp_path_factory):
+def reference(two_stage_run):
     """One agent, two processes (dp=2), two stages, 12 steps, checkpoints every 3."""
-    run = tmp_path_factory.mktemp("ref") / "run"
-    torchrun(small_config(run.parent, run), 2, cwd=shards)
-    return run, metrics(run)
+    return two_stage_run.run_dir, two_stage_run.rows
 
 
 def losses(rows):

@@ -12,7 +12,7 @@ import pytest
 from runtime.config.schema import ModelArgs
 from runtime.metrics import MetricsLogger, parameter_count
 from runtime.models.llama import LlamaChunk
-from runtime.progress import Progress, clock, describe_tokens, duration, tokens_to_train
+from runtime.progress import Progress, StageSpan, clock, describe_tokens, duration, tokens_to_train
 from tests.support.configs import small_config
 from tests.support.harness import train_one
 
@@ -31,6 +31,17 @@ def test_the_eta_is_a_moving_average_of_step_times_times_the_steps_left():
     assert progress.step_done(2, 4.0) == "elapsed 0:30 | eta 1:54"  # (2 + 4) / 2 × 38
     assert progress.step_done(3, 6.0) == "elapsed 0:36 | eta 3:05"  # the window holds two: (4 + 6) / 2 × 37
     assert progress.step_done(40, 6.0) == "elapsed 0:50 | eta 0:00"
+
+
+def test_the_eta_is_per_stage_from_the_rate_scaled_by_each_stage_tokens_per_step():
+    """Pretrain steps 1-10 at 1,000 tokens a step, then SFT steps 11-20 at 4× the tokens per step: at 2 s a pretrain
+    step (2 ms a token), an SFT step will take 8 s."""
+    times = iter([0.0, 2.0, 20.0, 30.0])
+    stages = [StageSpan("pretrain", 1, 11, 1000), StageSpan("sft", 11, 21, 4000)]
+    progress = Progress(20, window=2, now=lambda: next(times), stages=stages)
+    assert progress.step_done(1, 2.0) == "elapsed 0:02 | eta 1:38 (pretrain 0:18, sft 1:20)"  # 9 × 2 s + 10 × 8 s
+    # in the SFT stage the rate is measured again: 16 s for 4,000 tokens is 4 ms a token, averaged with 2 ms
+    assert progress.step_done(11, 16.0) == "elapsed 0:20 | eta 1:48"  # 9 steps × 4,000 × 3 ms, one stage left
 
 
 def test_the_step_line_and_the_validation_line(tmp_path, capsys):
@@ -94,12 +105,16 @@ def test_a_run_says_its_size_progress_and_durations(shards, tmp_path):
     cfg = small_config(tmp_path, run, dp=1, steps=6, boundary=5, interval=3,
                        validation={"datasets": {"sft": "shards/sft"}, "interval": 2, "samples": 4})
     lines = train_one(cfg, shards).stdout.splitlines()
+    assert lines.pop(0).startswith("warning: validation.datasets.sft: shards/sft is also training data")  # anneal's
     assert lines[:2] == [
         "model: 118,944 parameters (0.12M): embedding 98,304 (input embedding and output head) + the rest 20,640",
         "tokens: 320 to train in steps 1-6 (pretrain 256, anneal 64)"]  # 4 × 2 × 32 + 2 × 2 × 16
     steps = [line for line in lines if line.startswith("step ")]
     assert [line.split(" |")[0] for line in steps] == [f"step {i:6d}/6" for i in range(1, 7)]
-    assert all(re.search(r" \| elapsed \d+:\d\d \| eta \d+:\d\d$", line) for line in steps)
+    both = r" \(pretrain \d+:\d\d, anneal \d+:\d\d\)"  # an ETA per stage while both are left (steps 1-3)
+    assert [bool(re.search(rf" \| elapsed \d+:\d\d \| eta \d+:\d\d{both}$", line)) for line in steps] == [True] * 3 + [
+        False] * 3
+    assert all(re.search(r" \| elapsed \d+:\d\d \| eta \d+:\d\d$", line) for line in steps[3:])
     assert steps[-1].endswith("| eta 0:00")
     val = [line for line in lines if line.startswith("val ")]
     assert len(val) == 3 and all(re.fullmatch(r"val +\d \| \w+ \| sft: loss .* \| took \d+\.\d\d s", v) for v in val)

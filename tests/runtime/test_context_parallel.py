@@ -183,8 +183,8 @@ def cp2_run(shards, tmp_path_factory):
 def test_cp2_run_equals_one_process(reference, cp2_run):
     run, rows, stdout = cp2_run
     assert_same_run(rows, reference[1])
-    assert "stage 'long-context' at step 4 (steps 4-6): datasets shards/web (0.7), shards/code (0.3), sequence " \
-           "length 128" in stdout
+    assert "stage 'long-context' at step 4 (steps 4-6): datasets web: shards/web (0.7), code: shards/code (0.3), " \
+           "sequence length 128" in stdout
     assert train_rows(rows)[2]["loss"] < train_rows(rows)[0]["loss"]
 
 

@@ -111,7 +111,8 @@ def test_the_document_cli_and_its_errors(tmp_path):
     rows = json.loads(cli("--config", cfg, "--document", f"{web.folder}:{doc}", "--json").stdout)
     assert {"step": 3, "position": 0, "dataset": web.folder, "sample": sample} in [
         {k: r[k] for k in ("step", "position", "dataset", "sample")} for r in rows]
-    keys = {"document", "step", "stage", "position", "dataset", "sample", "epoch", "tokens", "skipped"}
+    keys = {"document", "step", "stage", "position", "dataset", "source", "sample", "epoch", "tokens",
+            "skipped"}
     assert all(set(r) == keys for r in rows)
     listing = tmp_path / "docs.txt"
     listing.write_text(f"{web.folder}:{doc}\n\nshards/code:0\n")

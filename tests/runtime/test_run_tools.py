@@ -60,7 +60,7 @@ def test_metrics_numbers_equal_metrics_jsonl(run, shards):
         assert stage["validation"] == {"step": last_val["step"], "loss": {"web": last_val["val"]["web"]["loss"]}}
     # pretrain: 3 steps of seq 32, anneal: 3 steps of seq 16, 2 samples a step
     assert [s["tokens"] for s in summary["stages"]] == [3 * 2 * 32, 3 * 2 * 16]
-    assert set(summary["stages"][0]["sources"]) == {"shards/web", "shards/code"}
+    assert set(summary["stages"][0]["sources"]) == {"web", "code"}  # named by the folders' last component
     text = run_cli("metrics", run_dir, cwd=shards).stdout
     first = summary["stages"][0]["loss"]
     assert (f"  loss first {first['first']:.4f}, last {first['last']:.4f}, min {first['min']:.4f} "
@@ -198,7 +198,7 @@ def test_evaluate_subcommand_and_dataset_without_a_validation_section(run, shard
     bare.write_text(yaml.safe_dump(data))
     proc = run_cli("evaluate", "--config", bare, "--checkpoint", checkpoint, check=False, cwd=shards)
     assert (proc.returncode, proc.stderr) == (1, f"error: {bare}: validation.datasets is empty; name the datasets to "
-                                                 f"evaluate on there, or pass --dataset FOLDER\n")
+                                                 f"evaluate on there, or pass --dataset FOLDER (or --task FILE)\n")
     # the same windows as the run's validation of web (seed, folder, samples): the value it logged at the end
     row = json.loads(run_cli("evaluate", "--config", bare, "--checkpoint", checkpoint, "--dataset", "shards/web",
                              "--set", "validation.samples=4", "--json", cwd=shards).stdout)

@@ -116,17 +116,16 @@ def test_a_bad_row_of_an_sft_stage_does_not_name_a_flag_the_config_lacks(tmp_pat
                             f"as dataset_folder instead")
 
 
-def test_demo_config_ends_with_a_packed_document_masked_sft_stage(shards, tmp_path):
+def test_demo_config_ends_with_a_packed_document_masked_sft_stage(shards, chat_shards, tmp_path):
     from tests.support import CONFIGS
 
 
     config = load_config(CONFIGS / "three-stage.yaml")
     assert config.model.attention == "document" and [s.name for s in config.data_stages] == ["pretrain", "anneal",
                                                                                                 "sft"]
-    run_cli("tokenize", FIXTURES / "chat", "-o", tmp_path / "chat", "--tokenizer", TOKENIZER, "--chat", "--quiet")
     config.general.cache_dir = str(tmp_path / "cache")
     folders = [[str(shards / "shards" / n) for n in ("web", "code")], [str(shards / "shards" / "sft")],
-               [str(tmp_path / "chat")]]
+               [str(chat_shards)]]
     plan = DataPlan(config, folders)
     sft = plan.datasets[plan.stages[2].dataset_ids[0]]
     assert sft.packing == "documents" and sft.reader.has_loss_masks and sft.num_long_documents == 0

@@ -278,3 +278,36 @@ def test_the_reverse_lookup_is_the_truth_with_two_exclusions_across_stages_shari
         assert [(h["step"], h["position"]) for h in hits] == truth and truth, doc
         assert all(step < first for step, _ in truth), doc
         assert [h["skipped"] for h in hits] == ["surgery" if 25 <= s <= 27 else None for s, _ in truth]
+
+
+def test_a_recorded_exclusion_follows_its_folder_when_that_folder_now_holds_other_content():
+    """A surgery recorded by content (``fingerprint:F``) of a folder rewritten in place since (a resume allowed to
+    change data): the exclusion applies to that folder, as the resumed parts follow it, not a contradictory refusal."""
+    base = DataPlan(web_and_code())
+    docs = excluded_docs(base, 3)
+    by_folder = DataPlan(web_and_code(exclude_documents=[f"shards/web:{d}" for d in docs], exclude_from_step=13))
+    recorded = Surgery.from_json({"exclusions": [{"from_step": 13, "documents": {"fingerprint:0ld": docs}}],
+                                  "datasets": {"fingerprint:0ld": os.path.abspath("shards/web")}})
+    cut = base.with_surgery(recorded)
+    assert [cut.data_hash(s) for s in range(1, 31)] == [by_folder.data_hash(s) for s in range(1, 31)]
+    assert any(cut.data_hash(s) != base.data_hash(s) for s in range(13, 31))
+    gone = Surgery.from_json({"exclusions": [{"from_step": 13, "documents": {"fingerprint:0ld": docs}}],
+                              "datasets": {"fingerprint:0ld": "/gone/web"}})
+    with pytest.raises(ConfigError, match=r"^surgery: /gone/web \(fingerprint:0ld\): not a dataset of this run; "
+                                          r"its datasets are: shards/code, shards/web$"):
+        base.with_surgery(gone)
+
+
+def test_a_surgery_recorded_by_folder_before_content_keys_follows_the_data_its_checkpoint_trained(tmp_path):
+    """A checkpoint made before datasets were keyed by content names its excised dataset by folder; that folder
+    moved since: the checkpoint's own record (folder → fingerprint) says which dataset of the run it was."""
+    base = DataPlan(web_and_code())
+    docs = excluded_docs(base, 3)
+    history = TrainingMetadata.from_json(json.loads(json.dumps(training_metadata(base, 4).to_json())))
+    for part in (p for s in history.data_stages for p in s.parts):
+        part.datasets = [str(tmp_path / "gone" / os.path.basename(f)) for f in part.datasets]
+    old = Surgery.from_json({"exclusions": [{"from_step": 13, "documents": {str(tmp_path / "gone" / "web"): docs}}]})
+    resumed = base.resumed_from("ckpt", history).with_surgery(old)
+    by_folder = DataPlan(web_and_code(exclude_documents=[f"shards/web:{d}" for d in docs], exclude_from_step=13))
+    assert [resumed.data_hash(s) for s in range(1, 31)] == [by_folder.data_hash(s) for s in range(1, 31)]
+    assert any(resumed.data_hash(s) != base.data_hash(s) for s in range(13, 31))

@@ -15,12 +15,9 @@ from tests.support.harness import metrics, torchrun
 
 
 @pytest.fixture(scope="module")
-def reference(shards, tmp_path_factory):
+def reference(two_stage_run):
     """An uninterrupted two-stage run: dp=2, 12 steps, anneal from step 8."""
-    run = tmp_path_factory.mktemp("ref") / "run"
-    cfg = small_config(run.parent, run)
-    proc = torchrun(cfg, 2, cwd=shards)
-    return cfg, run, metrics(run), proc.stdout
+    return two_stage_run.config, two_stage_run.run_dir, two_stage_run.rows, two_stage_run.stdout
 
 
 def plan_of(cfg, shards, monkeypatch):
@@ -37,7 +34,7 @@ def test_two_stage_run_switches_and_learns(reference, shards, monkeypatch):
     assert [r["step"] for r in rows] == list(range(1, 13))
     assert [r["stage"] for r in rows] == ["pretrain"] * 7 + ["anneal"] * 5
     assert "stage 'pretrain' at step 1 (steps 1-7)" in stdout
-    assert "stage 'anneal' at step 8 (steps 8-12): datasets shards/sft (1), sequence length 16" in stdout
+    assert "stage 'anneal' at step 8 (steps 8-12): datasets sft: shards/sft (1), sequence length 16" in stdout
     plan = plan_of(cfg, shards, monkeypatch)
     assert [r["data_hash"] for r in rows] == [plan.data_hash(s) for s in range(1, 13)]  # = runtime.explain
     for step in range(8, 13):  # stage-2 batches come only from stage-2 datasets

@@ -107,17 +107,14 @@ def test_batches_follow_the_contract_and_pad_with_masked_labels(shards, tmp_path
     assert {type(v).__name__ for b in step for v in b.values()} == {"TensorPointer"}
 
 
-def test_loss_masks_of_chat_folders_count_as_in_training(shards, tmp_path, monkeypatch):
+def test_loss_masks_of_chat_folders_count_as_in_training(shards, chat_shards, tmp_path, monkeypatch):
     """A set of a chat folder (``.ds.loss``) and a plain one: a label counts when its target token is
     trained on (``loss[1:]``) and, with position ids, does not start a document."""
-    from tests.support import FIXTURES
-
-    run_cli("tokenize", FIXTURES / "chat", "-o", tmp_path / "chat", "--tokenizer", TOKENIZER, "--chat", "--quiet")
     monkeypatch.chdir(shards)
     cfg = with_validation(small_config(tmp_path, tmp_path / "run"), samples=6,
-                          datasets={"mixed": [str(tmp_path / "chat"), "shards/sft"]})
+                          datasets={"mixed": [str(chat_shards), "shards/sft"]})
     (held,) = open_validation_sets(load_config(cfg))
-    chat, sft = open_dataset(tmp_path / "chat"), open_dataset("shards/sft")
+    chat, sft = open_dataset(chat_shards), open_dataset("shards/sft")
     n_chat = (chat.num_tokens - 1) // 16
     ids = held.sample_ids(16)
     assert 0 < (ids < n_chat).sum() < 6  # windows of both folders
@@ -208,10 +205,10 @@ def test_metrics_rows_and_log_lines(trained):
     for r in val:
         assert set(r) == {"step", "stage", "val"} and list(r["val"]) == ["sft", "web"]
         for v in r["val"].values():
-            assert set(v) == {"loss", "ppl", "tokens"} and v["ppl"] == pytest.approx(math.exp(v["loss"]))
-    # one sample set: the same windows at every evaluation of a stage (5 windows of 32, then of 16 tokens)
-    assert val[0]["val"]["sft"]["tokens"] == val[1]["val"]["sft"]["tokens"] <= 5 * 32
-    assert val[2]["val"]["sft"]["tokens"] == val[3]["val"]["sft"]["tokens"] <= 5 * 16
+            assert set(v) == {"loss", "ppl", "tokens", "sequence_length"}
+            assert v["ppl"] == pytest.approx(math.exp(v["loss"])) and v["sequence_length"] == 32
+    # one sample set at one length for the whole run: the anneal stage's 16 does not change it (5 windows of 32)
+    assert len({r["val"]["sft"]["tokens"] for r in val}) == 1 and val[0]["val"]["sft"]["tokens"] <= 5 * 32
     assert val[3]["val"]["sft"]["loss"] < val[2]["val"]["sft"]["loss"]  # it trains on sft in the anneal stage
     lines = [line for line in proc.stdout.splitlines() if line.startswith("val ")]
     assert len(lines) == 4 and lines[0].startswith("val       2 | pretrain | sft: loss ")
@@ -385,8 +382,8 @@ def test_data_mistakes_are_one_line_before_start_up(shards, tmp_path):
                             datasets={"t": str(tmp_path / "tiny-ds")})
     proc = train_one(short, shards, check=False)
     assert proc.returncode == 1 and error_lines(proc.stderr) == [
-        f"error: validation.datasets.t: {tokens} tokens, too few for one window of 33 (the longest stage sequence "
-        f"length + 1); add data or shorten the stages' sequence_length"]
+        f"error: validation.datasets.t: {tokens} tokens, too few for one window of 33 (the validation sequence "
+        f"length + 1); add data or lower validation.sequence_length"]
     other = tmp_path / "other-tokenizer"
     shutil.copytree(shards / "shards" / "sft", other)
     manifest = json.loads((other / "nanoset.json").read_text())
@@ -404,7 +401,7 @@ def test_data_mistakes_are_one_line_before_start_up(shards, tmp_path):
     empty = evaluate_cli(small_config(tmp_path, tmp_path / "run", dp=1, name="none.yaml"), tmp_path, shards)
     assert empty.returncode == 1 and empty.stderr == (f"error: {tmp_path}/none.yaml: validation.datasets is empty; "
                                                       f"name the datasets to evaluate on there, or pass --dataset "
-                                                      f"FOLDER\n")
+                                                      f"FOLDER (or --task FILE)\n")
 
 
 def test_tied_pipeline_run_evaluates_the_same_in_one_process(shards, tmp_path):
@@ -426,3 +423,24 @@ def test_tied_pipeline_run_evaluates_the_same_in_one_process(shards, tmp_path):
     assert (row["step"], row["stage"]) == (4, "anneal")
     assert row["val"]["sft"]["tokens"] == logged["val"]["sft"]["tokens"] > 0
     assert abs(row["val"]["sft"]["loss"] - logged["val"]["sft"]["loss"]) < 1e-5
+
+
+def test_the_plot_breaks_a_validation_series_where_what_it_measures_changes():
+    from runtime.metrics_plot import validation_segments
+
+    def row(step, loss, length, tokens=100):
+        return {"step": step, "stage": "s", "val": {"web": {"loss": loss, "ppl": 1.0, "tokens": tokens,
+                                                            "sequence_length": length}}}
+
+    val = [row(2, 3.0, 32), row(4, 2.9, 32), row(6, 2.5, 64), row(8, 2.4, 64), row(10, None, 64),
+           row(12, 2.3, 64, tokens=90), row(14, 2.2, 64, tokens=90)]
+    assert validation_segments(val, "web") == [[(2, 3.0), (4, 2.9)], [(6, 2.5), (8, 2.4)], [(12, 2.3), (14, 2.2)]]
+    assert validation_segments(val, "other") == []
+
+
+def test_one_validation_sequence_length_for_the_run(tmp_path):
+    """The first stage's by default, whatever the later stages' lengths; validation.sequence_length sets it."""
+    assert load_config(small_config(tmp_path, tmp_path / "run")).validation_sequence_length == 32  # then 16
+    cfg = with_validation(small_config(tmp_path, tmp_path / "run", name="set.yaml"), sequence_length=16,
+                          datasets={"sft": "shards/sft"})
+    assert load_config(cfg).validation_sequence_length == 16

@@ -4,6 +4,7 @@ would start them; ``torchrun`` and ``python -m runtime.train`` as subprocesses; 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import socket
 import subprocess
@@ -22,8 +23,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world: int, port: int, fn, args, errors, finished) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+# torch's modules every rank of a test imports: loaded once, by the fork server, instead of by each rank
+# (torch._dynamo: the first call of a function torch keeps out of compilation imports it, e.g. building a model)
+PRELOAD = ["torch", "torch.distributed", "torch.distributed.checkpoint", "torch.distributed.tensor",
+           "torch.distributed.fsdp", "torch.distributed.pipelining", "torch._dynamo"]
+
+
+def _entry(rank: int, world: int, port: int, env: dict, fn, args, errors, finished) -> None:
+    os.environ.clear()  # the test's environment now, not the fork server's when it started
+    os.environ.update(env, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     import torch
 
@@ -46,12 +54,19 @@ def _entry(rank: int, world: int, port: int, fn, args, errors, finished) -> None
 
 
 def run_distributed(world: int, fn, *args) -> None:
-    """Spawn ``world`` processes running ``fn(rank, world, *args)``; re-raise the first failure."""
-    ctx = mp.get_context("spawn")
+    """Start ``world`` processes running ``fn(rank, world, *args)``; re-raise the first failure.
+
+    Each rank is forked from a fork server that imported torch once for this test process (``PRELOAD``) and
+    imports nothing of the project: a spawned rank would import torch again, seconds of every rank of every test.
+    A rank starts clean all the same: a fresh interpreter state for the project, the test's working folder,
+    ``sys.path`` and environment of the moment. Its stdout and stderr are the test process's from when the
+    server started, so a failure is reported through ``errors``, not the captured output."""
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    ctx = mp.get_context("forkserver")
     errors, finished = ctx.SimpleQueue(), ctx.SimpleQueue()
     try:
-        mp.start_processes(_entry, args=(world, free_port(), fn, args, errors, finished), nprocs=world,
-                           start_method="spawn")
+        mp.start_processes(_entry, args=(world, free_port(), dict(os.environ), fn, args, errors, finished),
+                           nprocs=world, start_method="forkserver")
     except Exception as e:
         done = set()
         while not finished.empty():

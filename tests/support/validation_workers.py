@@ -31,9 +31,7 @@ def evaluate_in_layout(rank: int, world: int, config_path: str, layout: dict, ou
     validate_config(config)
     p = config.parallelism
     engine = Engine(config, ParallelContext(tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp))
-    stage = config.data_stages[0]
-    results = Validator(config, open_validation_sets(config)).validate(engine, config.stage_sequence_length(stage),
-                                                               stage.data.use_position_ids)
+    results = Validator(config, open_validation_sets(config)).validate(engine)
     with open(f"{out_path}.rank{rank}", "w") as f:
         json.dump(results, f)
 

@@ -32,6 +32,7 @@ from runtime.data.loading.collator import collator_class
 from runtime.data.loading.dataloader import build_loader
 from runtime.data.loading.dataset import StageDataset
 from runtime.data.order.plan import DataPlan, StagePlan
+from runtime.data.order.source_names import source_names
 from runtime.data.order.validation_sets import ValidationSet
 
 CONSUMED = "consumed_train_samples"
@@ -121,8 +122,8 @@ class PlanStages(DataSource):
             weights = ", ".join(f"{w:.4f}" for w in stage.weights_at(step))
             return [f"stage {stage.name!r} block {stage.blend.block_of(step)} at step {step}: weights [{weights}] "
                     f"(adaptive, {stage.adaptive['rule']})"]
-        named = plan.shown_names()
-        folders = ", ".join(f"{named[plan.datasets[d].folder]} ({w})"
+        named, names = plan.shown_names(), source_names(plan)
+        folders = ", ".join(f"{names[plan.datasets[d].folder]}: {named[plan.datasets[d].folder]} ({w})"
                             for d, w in zip(stage.dataset_ids, stage.weights_shown()))
         lines = [f"stage {stage.name!r} at step {step} (steps {stage.start_step}-{stage.end_step - 1}): "
                  f"datasets {folders}, sequence length {stage.sequence_length}, "

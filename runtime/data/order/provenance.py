@@ -21,6 +21,7 @@ from runtime.config import ConfigError
 from runtime.data.order import surgery
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.sample_space import SampleSpace
+from runtime.data.order.source_names import source_names
 from runtime.data.order.windows import label_mask
 
 
@@ -66,6 +67,7 @@ def document_steps(plan: DataPlan, queries: list[tuple[str, int]]) -> list[dict]
                                   f"[0, {reader.num_documents})")
             by_dataset.setdefault(d, []).append((q, samples_touching(plan.datasets[d], *reader.document_bounds(doc))))
     hits = []
+    names = source_names(plan)
     for d, wanted in by_dataset.items():
         samples = np.concatenate([s for _, s in wanted])
         query = np.concatenate([np.full(len(s), q, dtype=np.int64) for q, s in wanted])
@@ -73,7 +75,8 @@ def document_steps(plan: DataPlan, queries: list[tuple[str, int]]) -> list[dict]
             start, stop = plan.datasets[d].token_range(sample)
             hits.append({"document": f"{queries[q][0]}:{queries[q][1]}", "step": step,
                          "stage": plan.stage_for_step(step).name, "position": position,
-                         "dataset": plan.datasets[d].folder, "sample": sample, "epoch": epoch,
+                         "dataset": plan.datasets[d].folder, "source": names[plan.datasets[d].folder],
+                         "sample": sample, "epoch": epoch,
                          "tokens": [int(start), int(stop)], "query": q,
                          "skipped": "surgery" if plan.surgery.skips(step) else None})
     hits.sort(key=lambda h: (h["query"], h["step"], h["position"]))
@@ -114,6 +117,7 @@ def explain_step(plan: DataPlan, step: int, decoders: dict[int, Any] | None = No
     data_hash = plan.data_hash(step, loc)
     skipped = "surgery" if plan.surgery.skips(step) else None  # read, not trained
     rows = []
+    names = source_names(plan)
     loss_tokens = np.empty(len(loc.sample), dtype=np.int64)
     for d in np.unique(loc.dataset).tolist():
         m = loc.dataset == d
@@ -125,7 +129,7 @@ def explain_step(plan: DataPlan, step: int, decoders: dict[int, Any] | None = No
         first, last = reader.shard_of_token(start), reader.shard_of_token(stop - 1)
         rows.append({
             "step": step, "stage": stage.name, "data_hash": data_hash, "position": pos, "dataset": w.folder,
-            "sample": s, "epoch": e,
+            "source": names[w.folder], "sample": s, "epoch": e,
             "shards": [sh.name for sh in reader.shards[first : last + 1]], "tokens": [start, stop],
             "documents": reader.document_ids(start, stop).tolist(), "packing": w.packing,
             "loss_tokens": int(loss_tokens[pos]), "skipped": skipped,

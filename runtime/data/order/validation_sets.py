@@ -30,12 +30,19 @@ class ValidationSet:
     readers: list[NanosetReader]
     samples: int  # the configured number; fewer when the set has fewer windows
     seed: int
+    documents: np.ndarray | None = None  # a holdout set: only these documents of its one folder (``holdout``)
     _windows: dict[int, list[TokenWindows]] = field(default_factory=dict, repr=False)
 
     def windows(self, sequence_length: int) -> list[TokenWindows]:
         if sequence_length not in self._windows:
-            self._windows[sequence_length] = [TokenWindows(f, sequence_length, r)
-                                              for f, r in zip(self.folders, self.readers)]
+            if self.documents is not None:
+                from runtime.data.order.holdout import HeldOutWindows
+
+                self._windows[sequence_length] = [HeldOutWindows(self.folders[0], sequence_length, self.readers[0],
+                                                                 self.documents)]
+            else:
+                self._windows[sequence_length] = [TokenWindows(f, sequence_length, r)
+                                                  for f, r in zip(self.folders, self.readers)]
         return self._windows[sequence_length]
 
     def num_windows(self, sequence_length: int) -> int:
@@ -76,12 +83,12 @@ def open_validation_sets(config: Config, training: list[tuple[NanosetReader, str
                          ) -> list[ValidationSet]:
     """Open and check ``validation.datasets`` (before any process group): folders exist, one tokenizer -
     the training data's when its ``training`` (reader, folder) pairs are given - ids within
-    ``model.vocab_size``, and at least one window at every stage's sequence length."""
+    ``model.vocab_size``, and at least one window at the validation sequence length."""
     v = config.validation
     if not v.datasets:
         return []
     seed = v.seed if v.seed is not None else config.general.seed
-    longest = max(config.stage_sequence_length(s) for s in config.data_stages)
+    length = config.validation_sequence_length
     seen: list[SeenTokenizer] = []
     training = list(training or [])
     for reader, folder in training:
@@ -99,10 +106,10 @@ def open_validation_sets(config: Config, training: list[tuple[NanosetReader, str
             check_vocab(readers[-1], folder, config.model.vocab_size, validation=where)
         check_unknown_beside_known(list(zip(readers, v.folders(name))) + training, seen, where)
         vset = ValidationSet(name, v.folders(name), readers, v.samples, seed)
-        if vset.num_windows(longest) == 0:
+        if vset.num_windows(length) == 0:
             tokens = sum(r.num_tokens for r in readers)
-            raise ConfigError(f"{where}: {tokens} tokens, too few for one window of {longest + 1} (the longest stage "
-                              f"sequence length + 1); add data or shorten the stages' sequence_length")
+            raise ConfigError(f"{where}: {tokens} tokens, too few for one window of {length + 1} (the validation "
+                              f"sequence length + 1); add data or lower validation.sequence_length")
         sets.append(vset)
     return sets
 
