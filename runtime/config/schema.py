@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from nanoset.cache import cache_root
 from nanoset.errors import ConfigError
@@ -493,6 +493,9 @@ class Config:
     evaluation: EvaluationArgs = field(default_factory=EvaluationArgs)
     surgery: SurgeryArgs = field(default_factory=SurgeryArgs)
     storage: StorageArgs = field(default_factory=StorageArgs)
+    # not a key: ``--config PATH --set K=V …`` as ``read_config`` loaded it, which the commands the runtime
+    # suggests repeat (``suggested_command``); a config built in a program has no file to name
+    arguments: ClassVar[tuple[str, ...]] = ("--config", "CONFIG")
 
     def to_dict(self) -> dict:
         return to_dict(self)

@@ -126,7 +126,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
         generation = {"bos_token_id": bos, "eos_token_id": eos}
         atomic_write_text(tmp / "generation_config.json", json.dumps(generation, indent=2) + "\n")
         note = copy_tokenizer_folder(Path(tokenizer), tmp) if tokenizer is not None else \
-            write_data_tokenizer(record.tokenizer, tmp)
+            write_data_tokenizer(record.tokenizer, tmp, args.max_position_embeddings)
         atomic_write_text(tmp / "nanoset_export.json", json.dumps(
             {"checkpoint": str(checkpoint.resolve()), "step": record.last_step, "tokenizer": note}, indent=1) + "\n")
         old = out.with_name(f".old-{out.name}-{os.getpid()}") if out.exists() else None
