@@ -22,9 +22,11 @@ from runtime.checkpoint.layout import (
     RESUME,
     check_same_model,
     checkpoints_folder,
+    checkpoints_url,
     resolve_resume,
 )
 from runtime.checkpoint.record import CheckpointRecord, read_metadata
+from runtime.checkpoint.remote import fetch_latest
 from runtime.checkpoint.run_folder import (
     REWOUND,
     RunLock,
@@ -131,6 +133,9 @@ def plan_start(config: Config, lock: bool = True) -> RunStart:
 
 def _start(config: Config, held: RunLock | None) -> RunStart:
     folder = checkpoints_folder(config)
+    url = checkpoints_url(config)
+    if url is not None and config.checkpoints.resume == LATEST:
+        fetch_latest(url, folder)  # the bucket's latest checkpoint, where this machine has none as new
     path = resolve_resume(folder, config.checkpoints.resume)
     continues = config.checkpoints.resume == LATEST or (
         path is not None and path.resolve().parent == folder.resolve())

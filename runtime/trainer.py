@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from nanoset.errors import NanosetError, WriteFailed
-from runtime.checkpoint.layout import LATEST, checkpoints_folder
+from runtime.checkpoint.layout import LATEST, checkpoints_folder, checkpoints_url
 from runtime.checkpoint.record import CheckpointRecord
 from runtime.checkpoint.run_folder import Rewound, move_aside, rewind
 from runtime.checkpoint.store import CheckpointManager
@@ -90,7 +90,7 @@ class Trainer(NanotronCallStyles):
         cuda = self.parallel_context.device.type == "cuda"
         background = config.checkpoints.async_save if config.checkpoints.async_save is not None else cuda
         self.checkpoints = CheckpointManager(checkpoints_folder(config), config.checkpoints.keep_last, self.is_main,
-                                             async_save=background, pinned=cuda)
+                                             async_save=background, pinned=cuda, remote=checkpoints_url(config))
         self.metrics = MetricsLogger(self.run_dir, self.is_main, config.logging.tensorboard,
                                      config.logging.log_interval)
         self.metrics.source_names = short_names(self.plan.source_names())  # older rows keyed by folder

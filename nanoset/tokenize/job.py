@@ -41,6 +41,7 @@ from nanoset.tokenize.backends import (
 from nanoset.tokenize.chat import MASK_RULE, ChatColumns, split_markers, split_markers_note
 from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template, special_token_strings
 from nanoset.tokenize.inputs import discover
+from nanoset.tokenize.remote_inputs import local_inputs, with_origins
 from nanoset.tokenize.taskpool import TaskPool, WorkerDied
 from nanoset.tokenize.tasks import OutputFolder, Task, TaskResult, TokenizePlan, describe_task, make_plan
 from nanoset.tokenize.tokenizer import (
@@ -216,7 +217,8 @@ def plan_key(opts: TokenizeOptions) -> str:
 
 
 def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: ChatSetup | None = None) -> TokenizePlan:
-    sources = discover(opts.inputs, exclude=opts.output)
+    inputs, origins = local_inputs(opts.inputs)  # a URL: its copy in the cache
+    sources = with_origins(discover(inputs, exclude=opts.output), origins)
     if opts.splits is not None:
         sources = [s for s in sources if s.split is None or s.split in opts.splits]
         missing = set(opts.splits) - {s.split for s in sources}

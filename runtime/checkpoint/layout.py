@@ -19,6 +19,7 @@ from typing import Protocol
 
 from nanoset.atomic import atomic_write_text, fsync_dir, write_beside
 from nanoset.errors import ConfigError, MissingPath
+from nanoset.storage import Location, is_url, location
 from runtime.config import Config
 from runtime.config.schema import SHAPE_KEYS, ModelArgs
 
@@ -54,7 +55,16 @@ CHECKPOINT_ARGUMENT = NamedBy("checkpoint", "give {} as the checkpoint")  # expo
 
 
 def checkpoints_folder(config: Config) -> Path:
-    return Path(config.checkpoints.checkpoints_path or config.general.run_path / "checkpoints")
+    """Where the run writes its checkpoints on this machine: ``checkpoints.checkpoints_path``, or the run folder's
+    ``checkpoints`` (also the staging folder of a ``checkpoints_path`` URL, ``checkpoints_url``)."""
+    path = config.checkpoints.checkpoints_path
+    return Path(path) if path and not is_url(path) else config.general.run_path / "checkpoints"
+
+
+def checkpoints_url(config: Config) -> Location | None:
+    """``checkpoints.checkpoints_path`` where it is a URL: every checkpoint is uploaded there (``remote``)."""
+    path = config.checkpoints.checkpoints_path
+    return location(path) if path and is_url(path) else None
 
 
 def checkpoint_name(step: int) -> str:
@@ -153,7 +163,11 @@ def find_checkpoint(given: str | Path, named: NamedBy = CHECKPOINT_ARGUMENT, cho
     """The checkpoint a user named: a ``step-N`` folder, or a checkpoints folder (its ``latest``).
 
     ``named``: how (the error lines start with it and advise in its terms); ``choices`` follows a missing folder's
-    "no such folder" (what the option takes)."""
+    "no such folder" (what the option takes). A URL is downloaded into the node's cache first."""
+    if is_url(str(given)):
+        from runtime.checkpoint.remote import cached_checkpoint  # it builds on this module
+
+        return cached_checkpoint(location(given), named)
     path = Path(given)
     if is_complete(path):
         return path
