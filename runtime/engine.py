@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +33,7 @@ from runtime.data.loading.contract import SOURCE_KEY
 from runtime.models.registry import spec_of
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.context_parallel import ContextParallel
+from runtime.parallel.grad_norm import clip_grad_norm_
 from runtime.parallel.parallelize import compile_variants, parallelize, set_recompile_limit
 from runtime.parallel.pipeline import build_schedule, chunk_layer_ranges, chunks_of_rank, forward_only, num_chunks
 from runtime.parallel.step_reduction import StepReduction
@@ -465,52 +465,8 @@ class Engine:
             dist.broadcast(values, src=src, group=self.ctx.pp_pg)
 
 
-def clip_grad_norm_(params: list[nn.Parameter], max_norm: float | None, ctx: ParallelContext,
-                    counted: list[nn.Parameter] | None = None, divisor: torch.Tensor | None = None) -> torch.Tensor:
-    """Total L2 norm of the gradients of ``counted`` (default: ``params``) over every tp, dp shard and
-    pp stage, divided by ``divisor`` (the gradients are sums of ``divisor`` tokens' losses), then scale all of
-    ``params`` by ``1 / divisor`` and clip them to ``max_norm``; returns the norm (after the division,
-    before clipping), on the device.
-
-    No host read: one ``_foreach_norm`` per group of gradients on the same mesh and placements (each group's
-    norm then reduces correctly over its own shards and replicas), the pipeline stages' squares added over
-    the pp group, and one ``_foreach_mul_`` per group by a coefficient computed on the device. A non-finite
-    norm makes a non-finite coefficient: the engine skips such a step.
-    """
-    total_sq = torch.zeros((), dtype=torch.float32, device=ctx.device)
-    for grads in _gradient_groups(params if counted is None else counted).values():
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        total_sq += norm.to(ctx.device) ** 2
-    if ctx.pp_size > 1:
-        dist.all_reduce(total_sq, group=ctx.pp_pg)
-    total = total_sq.sqrt()
-    if divisor is not None:
-        total = total / divisor
-    coef = None if divisor is None else 1.0 / divisor
-    if max_norm is not None:
-        clip = (max_norm / (total + 1e-6)).clamp(max=1.0)
-        coef = clip if coef is None else coef * clip
-    if coef is not None:
-        for grads in _gradient_groups(params).values():
-            torch._foreach_mul_(grads, coef.to(torch.float32))
-    return total
-
-
 def _summed(losses: list[torch.Tensor]) -> torch.Tensor:
     """Σ of micro-batch losses in float64, on the device; a tensor-parallel loss (a replicated DTensor) as its
     plain value."""
     plain = [x.detach().full_tensor() if hasattr(x, "full_tensor") else x.detach() for x in losses]
     return torch.stack(plain).double().sum()
-
-
-def _gradient_groups(params: list[nn.Parameter]) -> dict[tuple, list[torch.Tensor]]:
-    """The gradients of ``params`` by (device mesh, placements); plain tensors in one group."""
-    groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
-    for p in params:
-        if p.grad is not None:
-            g = p.grad
-            key = (g.device_mesh, tuple(g.placements)) if hasattr(g, "device_mesh") else ("local",)
-            groups[key].append(g)
-    return groups

@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    from runtime.engine import clip_grad_norm_
+    from runtime.parallel.grad_norm import clip_grad_norm_
 
     torch.set_num_threads(1)
     params = llama_like_parameters(args.layers, args.hidden)

@@ -3,12 +3,15 @@
 Construction does no I/O and checks nothing across keys: ``runtime.config.load`` builds a
 ``Config`` strictly from YAML and ``runtime.config.rules`` checks it; ``docs/config.md`` lists
 every key with its default (a test keeps the two equal).
+
+A stage's data section (its datasets, their weights, how they are read) has its own module,
+``runtime.config.datasets``, and the ranges numeric keys take theirs, ``runtime.config.ranges``; the data section's
+classes are importable from here too.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,43 +19,13 @@ from typing import Any, ClassVar, Literal, get_args
 
 from nanoset.cache import cache_root
 from nanoset.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric key may take (``rules`` checks every key that has one, before start-up)."""
-
-    low: float
-    high: float | None = None
-    low_open: bool = False  # low itself excluded
-    high_open: bool = False
-
-    def allows(self, value: float) -> bool:
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        above = value > self.low if self.low_open else value >= self.low
-        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
-        return above and below
-
-    def __str__(self) -> str:
-        low = _number(self.low)
-        if self.high is None:
-            return f"{'>' if self.low_open else '≥'} {low}"
-        return f"in {'(' if self.low_open else '['}{low}, {_number(self.high)}{')' if self.high_open else ']'}"
-
-
-def _number(x: float) -> str:
-    return str(x) if isinstance(x, int) else f"{x:g}"  # an int bound exactly (2**64 - 1, not 1.84467e+19)
-
-
-POSITIVE = Range(0, low_open=True)
-NON_NEGATIVE = Range(0)
-SEED = Range(0, 2**64 - 1)  # what torch.manual_seed takes
-
-
-def key(default: Any = dataclasses.MISSING, valid: Range = POSITIVE) -> Any:
-    """A numeric config key with its valid range."""
-    return field(default=default, metadata={"range": valid})
+from runtime.config.datasets import AdaptiveMixingArgs as AdaptiveMixingArgs
+from runtime.config.datasets import AdaptiveWeights as AdaptiveWeights
+from runtime.config.datasets import DataArgs
+from runtime.config.datasets import HFDatasetArgs as HFDatasetArgs
+from runtime.config.datasets import NanosetDatasetsArgs as NanosetDatasetsArgs
+from runtime.config.datasets import WeightsAtStep as WeightsAtStep
+from runtime.config.ranges import NON_NEGATIVE, SEED, Range, key
 
 PipelineEngine = Literal["afab", "1f1b", "interleaved-1f1b"]
 PP_ENGINES: tuple[str, ...] = get_args(PipelineEngine)
@@ -296,96 +269,6 @@ class LoggingArgs:
 class TokenizerArgs:
     tokenizer_name_or_path: str  # for Hugging Face dataset stages: the tokenizer that tokenizes them
     eos_token: str | None = None  # the EOS appended to every document; default: the tokenizer's own
-
-
-@dataclass
-class WeightsAtStep:
-    """One entry of a weight schedule: the weights at a global step (linear to the next entry's)."""
-
-    step: int  # a global step of the stage; the first entry is at the stage's start_training_step
-    weights: list[float]  # one per folder, each ≥ 0, not all zero; normalised after interpolating
-
-
-@dataclass
-class AdaptiveMixingArgs:
-    """Weights decided during the run, every ``every`` steps, from the per-source loss (docs/data-order.md)."""
-
-    rule: str  # loss_proportional | odm | a user's module:function
-    every: int = key()  # steps per block: the statistics of block b decide the weights of block b + 2
-    initial: list[float] | None = None  # the weights of blocks 1 and 2, one per folder; default: equal
-    min_weight: float = key(0.0, Range(0, 1, high_open=True))  # the floor of every decided weight
-    temperature: float = key(1.0)  # loss_proportional: w ∝ loss ** temperature
-    smoothing: float | None = key(None, Range(0, 1, high_open=True))  # default 0 (loss_proportional), 0.9 (odm)
-    exploration: float | None = key(None, Range(0, 1))  # odm: a fixed ε; default the decaying min(1/k, √(ln k/(k·t)))
-
-
-@dataclass
-class AdaptiveWeights:
-    adaptive: AdaptiveMixingArgs
-
-
-@dataclass
-class NanosetDatasetsArgs:
-    # dataset folders (Nanoset, datatrove or Megatron) blended in the stage; a mapping name → folder names them
-    dataset_folder: str | list[str] | dict[str, str]
-    # one weight per folder (default: equal), a schedule: [{step, weights}, ...] linear in between, or
-    # {adaptive: {rule, every, ...}}: decided during the run
-    dataset_weights: list[float] | list[WeightsAtStep] | AdaptiveWeights | None = None
-
-    @property
-    def folders(self) -> list[str]:
-        f = self.dataset_folder
-        return [f] if isinstance(f, str) else list(f.values()) if isinstance(f, dict) else list(f)
-
-    @property
-    def names(self) -> list[str] | None:
-        """The sources' names, in the folders' order, when ``dataset_folder`` is a mapping."""
-        return list(self.dataset_folder) if isinstance(self.dataset_folder, dict) else None
-
-    @property
-    def schedule(self) -> list[WeightsAtStep] | None:
-        """The weight schedule, when ``dataset_weights`` is one."""
-        w = self.dataset_weights
-        return list(w) if isinstance(w, list) and w and isinstance(w[0], WeightsAtStep) else None
-
-    @property
-    def adaptive(self) -> AdaptiveMixingArgs | None:
-        """The adaptive mixing, when ``dataset_weights`` is one."""
-        w = self.dataset_weights
-        return w.adaptive if isinstance(w, AdaptiveWeights) else None
-
-    @property
-    def weights(self) -> list[float] | None:
-        """Constant weights (equal by default); None for a schedule or adaptive weights."""
-        if self.schedule is not None or self.adaptive is not None:
-            return None
-        return list(self.dataset_weights) if self.dataset_weights is not None else [1.0] * len(self.folders)
-
-
-@dataclass
-class HFDatasetArgs:
-    hf_dataset_or_datasets: str  # a local dataset file or save_to_disk folder, tokenized once into cache_dir
-    text_column_name: str = "text"
-    hf_dataset_splits: str | list[str] | None = None  # splits of a saved DatasetDict; default: all
-    # rows are conversations (a messages column, or prompt + completion): rendered with the chat template,
-    # tokenized with loss masks (trained only on the assistant turns), as `nanoset tokenize --chat` does
-    sft: bool = False
-    chat_template: str | None = None  # sft: a Jinja file; default: the tokenizer's own template
-    messages_column_name: str = "messages"
-    prompt_column_name: str = "prompt"
-    completion_column_name: str = "completion"
-
-
-@dataclass
-class DataArgs:
-    dataset: NanosetDatasetsArgs | HFDatasetArgs  # Nanoset folders, or a Hugging Face dataset
-    seed: int | None = key(None, SEED)  # the data order's seed; default: general.seed
-    # default: read in a thread of the training process, 2 micro-batches ahead (README: Speed)
-    num_loading_workers: int = key(0, NON_NEGATIVE)
-    prefetch: int = key(2, NON_NEGATIVE)  # micro-batches read ahead by a thread of the training process (0: none)
-    use_position_ids: bool = False  # position ids restart at each document; no label across a document start
-    packing: Literal["window", "documents"] = "window"  # documents: whole documents per sample, padded
-    drop_long_documents: bool = False  # documents packing: drop (not truncate) documents longer than L + 1
 
 
 @dataclass

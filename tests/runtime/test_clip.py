@@ -8,7 +8,7 @@ import pytest
 import torch
 from bench_clip import llama_like_parameters, per_parameter_clip
 
-from runtime.engine import clip_grad_norm_
+from runtime.parallel.grad_norm import clip_grad_norm_
 
 CPU = SimpleNamespace(device=torch.device("cpu"), pp_size=1)
 
