@@ -49,7 +49,7 @@ CHUNK = 1 << 22  # tokens (or document ends) per copy step: bounded memory whate
 UINT32_LIMIT = 1 << 32
 
 
-def _tokenizer_info(ds: NanosetReader, spec: str | None, eos_token: str | None, top: int, src: Path) -> TokenizerInfo:
+def _tokenizer_info(ds: NanosetReader, spec: str | None, eos_token: str | None, top: int, src: str) -> TokenizerInfo:
     """The manifest's tokenizer: the one given (checked against the largest id), else the recorded name."""
     if spec is None:
         if eos_token is not None:
@@ -212,14 +212,14 @@ def _convert(src: str | Path, out: Path, tokenizer: str | None, eos_token: str |
         raise NanosetError(f"{src_name}: already a Nanoset dataset (it has {MANIFEST_NAME}); nothing to convert")
     _check_output(src, out, overwrite)
     top = ds.max_token_id
-    tok = _tokenizer_info(ds, tokenizer, eos_token, top, src)
+    tok = _tokenizer_info(ds, tokenizer, eos_token, top, src_name)
     vocab = tok.vocab_size if tok.vocab_size is not None else top + 1
     if vocab > UINT32_LIMIT:
-        raise NanosetError(f"{src}: token id {top} does not fit uint32, the widest Nanoset dtype")
+        raise NanosetError(f"{src_name}: token id {top} does not fit uint32, the widest Nanoset dtype")
     dtype = dtype_for_vocab(vocab)
     shards = [s for s in ds.shards if s.num_documents]
     if not shards:
-        raise NanosetError(f"{src}: holds no documents; nothing to convert")
+        raise NanosetError(f"{src_name}: holds no documents; nothing to convert")
     out = Path(os.path.realpath(out)) if out.is_symlink() else out  # replace the folder the link points to
     for left in _leftovers(out):
         shutil.rmtree(left, ignore_errors=True)
