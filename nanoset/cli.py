@@ -134,18 +134,18 @@ def verify(path: Path | str, retokenize: int | None) -> None:
 
 
 @cli.command()
-@click.argument("src", type=click.Path(path_type=Path))
-@click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Output Nanoset dataset folder.")
+@click.argument("src", type=dataset_path)
+@click.option("-o", "--output", required=True, type=dataset_path,
+              help="Output Nanoset dataset folder (or s3://BUCKET/PATH, gs://...).")
 @click.option("--tokenizer", default=None,
               help="The tokenizer the data was made with, recorded in the manifest (default: the name in the "
                    "datatrove metadata, or 'unknown').")
 @click.option("--eos-token", default=None,
               help="The data's EOS token, recorded with --tokenizer (default: the tokenizer's own; this one wins).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
-def convert(src: Path, output: Path, tokenizer: str | None, eos_token: str | None, overwrite: bool) -> None:
-    """Convert SRC (a Megatron PREFIX, a folder of Megatron pairs, or a datatrove folder) into a Nanoset
-    folder with a manifest, copying the token ids (no re-tokenizing)."""
+def convert(src: Path | str, output: Path | str, tokenizer: str | None, eos_token: str | None, overwrite: bool) -> None:
+    """Convert SRC (a Megatron PREFIX, a folder of Megatron pairs, or a datatrove folder; local or a URL) into a
+    Nanoset folder with a manifest, copying the token ids (no re-tokenizing)."""
     from nanoset.convert import convert as run
 
     click.echo(run(src, output, tokenizer=tokenizer, eos_token=eos_token, overwrite=overwrite))

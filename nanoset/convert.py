@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nanoset import storage
 from nanoset.atomic import fresh_folder_beside
 from nanoset.errors import NanosetError, print_note
 from nanoset.format.maxid import check_token_ids
@@ -40,6 +41,7 @@ from nanoset.format.spec import (
     shard_files,
 )
 from nanoset.format.writer import HashedFile, write_manifest
+from nanoset.storage import is_url, location
 
 HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())
 LEFTOVER = re.compile(r"(convert|old)-(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)")  # after ".OUT."
@@ -47,7 +49,7 @@ CHUNK = 1 << 22  # tokens (or document ends) per copy step: bounded memory whate
 UINT32_LIMIT = 1 << 32
 
 
-def _tokenizer_info(ds: NanosetReader, spec: str | None, eos_token: str | None, top: int, src: Path) -> TokenizerInfo:
+def _tokenizer_info(ds: NanosetReader, spec: str | None, eos_token: str | None, top: int, src: str) -> TokenizerInfo:
     """The manifest's tokenizer: the one given (checked against the largest id), else the recorded name."""
     if spec is None:
         if eos_token is not None:
@@ -170,21 +172,54 @@ def _alive(pid: int) -> bool:
 
 def convert(src: str | Path, out: str | Path, tokenizer: str | None = None, eos_token: str | None = None,
             overwrite: bool = False) -> str:
-    """Convert the dataset at ``src`` into the Nanoset folder ``out``; returns a one-line summary."""
-    src, out = Path(src), Path(out)
+    """Convert the dataset at ``src`` into the Nanoset folder ``out``; returns a one-line summary. Either may be a
+    URL: a source is copied into the storage cache first (a Megatron PREFIX as its ``.bin`` and ``.idx``, a folder
+    whole); an output is converted into its staging folder and uploaded from there, the manifest last."""
+    if not is_url(str(out)):
+        return _convert(src, Path(out), tokenizer, eos_token, overwrite)
+    from nanoset.tokenize.remote_output import publish, staging_folder
+
+    url = location(out)
+    if not overwrite and storage.is_file(url / MANIFEST_NAME):
+        raise NanosetError(f"{url}: holds a dataset; pass --overwrite to replace it, or choose another output")
+    stage = staging_folder(url)
+    line = _convert(src, stage, tokenizer, eos_token, overwrite=True, shown=url.url)
+    publish(stage, url, overwrite)
+    return line
+
+
+def _local_source(src: str) -> Path:
+    """The local copy of a source URL: a Megatron PREFIX (its ``.bin`` and ``.idx``), else a folder or file."""
+    from nanoset.tokenize.remote_inputs import local_files, local_inputs
+
+    where = location(src)
+    pair = [where.name + ".bin", where.name + ".idx"]
+    if all(storage.is_file(where.parent / name) for name in pair):
+        return local_files(where.parent, pair) / where.name
+    return Path(local_inputs([src])[0][0])
+
+
+def _convert(src: str | Path, out: Path, tokenizer: str | None, eos_token: str | None, overwrite: bool,
+             shown: str | None = None) -> str:
+    """Convert into the local folder ``out``, named ``shown`` (its URL) in the summary."""
+    if is_url(str(src)):
+        src_name, src = location(src).url, _local_source(str(src))
+    else:
+        src = Path(src)
+        src_name = str(src)
     ds = open_dataset(src)
     if ds.format == "nanoset":
-        raise NanosetError(f"{src}: already a Nanoset dataset (it has {MANIFEST_NAME}); nothing to convert")
+        raise NanosetError(f"{src_name}: already a Nanoset dataset (it has {MANIFEST_NAME}); nothing to convert")
     _check_output(src, out, overwrite)
     top = ds.max_token_id
-    tok = _tokenizer_info(ds, tokenizer, eos_token, top, src)
+    tok = _tokenizer_info(ds, tokenizer, eos_token, top, src_name)
     vocab = tok.vocab_size if tok.vocab_size is not None else top + 1
     if vocab > UINT32_LIMIT:
-        raise NanosetError(f"{src}: token id {top} does not fit uint32, the widest Nanoset dtype")
+        raise NanosetError(f"{src_name}: token id {top} does not fit uint32, the widest Nanoset dtype")
     dtype = dtype_for_vocab(vocab)
     shards = [s for s in ds.shards if s.num_documents]
     if not shards:
-        raise NanosetError(f"{src}: holds no documents; nothing to convert")
+        raise NanosetError(f"{src_name}: holds no documents; nothing to convert")
     out = Path(os.path.realpath(out)) if out.is_symlink() else out  # replace the folder the link points to
     for left in _leftovers(out):
         shutil.rmtree(left, ignore_errors=True)
@@ -193,7 +228,7 @@ def convert(src: str | Path, out: str | Path, tokenizer: str | None = None, eos_
     try:
         copied = [_copy_shard(s, tmp, dtype, tok) for s in shards]
         eos_ok = all(ok for _, ok in copied) if tok.eos_id is not None else None
-        build = {"converted_from": ds.format, "source": str(src), "documents_end_with_eos": eos_ok}
+        build = {"converted_from": ds.format, "source": src_name, "documents_end_with_eos": eos_ok}
         write_manifest(tmp, Manifest(tokenizer=tok, dtype=dtype_name(dtype), shards=[s for s, _ in copied],
                                      build=build, loss_masks=ds.has_loss_masks))
         _publish(tmp, out, out.with_name(f".{out.name}.old-{tag}"))
@@ -204,5 +239,6 @@ def convert(src: str | Path, out: str | Path, tokenizer: str | None = None, eos_
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     note = "" if eos_ok is not False else f"; not every document ends with EOS {tok.eos_id} (recorded)"
-    return (f"converted {src} ({ds.format}) to {out}: {len(shards)} shards, {ds.num_documents:,} documents, "
-            f"{ds.num_tokens:,} tokens as {dtype_name(dtype)}, tokenizer {tok.name}{note}")
+    return (f"converted {src_name} ({ds.format}) to {shown or out}: {len(shards)} shards, "
+            f"{ds.num_documents:,} documents, {ds.num_tokens:,} tokens as {dtype_name(dtype)}, "
+            f"tokenizer {tok.name}{note}")

@@ -41,6 +41,14 @@ def local_inputs(inputs: list[str]) -> tuple[list[str], dict[str, str]]:
     return out, origins
 
 
+def local_files(root: Location, names: list[str]) -> Path:
+    """The local folder holding copies of the objects ``root/NAME`` for each of ``names`` (downloaded unless there
+    already), kept at their place below ``root`` as every other input copy is."""
+    for name in names:
+        _copy(root, name)
+    return _folder(root)
+
+
 def with_origins(sources: list[Source], origins: dict[str, str]) -> list[Source]:
     """``sources`` with the URL each cached copy came from, which the output records instead of the cache path."""
     out = []

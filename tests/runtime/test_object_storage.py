@@ -21,7 +21,9 @@ from nanoset.remote_cache import ShardCache, shard_cache
 from runtime.checkpoint.layout import find_checkpoint
 from tests.support import CORPUS, TOKENIZER, one_line_error, run_cli
 from tests.support.configs import small_config
+from tests.support.datasets import write_datatrove
 from tests.support.harness import error_lines, metrics, train_one
+from tests.support.megatron_data import DOCS, ENDS, STREAM, write_mmidx
 
 pytest.importorskip("moto.server")
 pytest.importorskip("obstore")
@@ -294,3 +296,45 @@ def same_output(got: Path, local: Path, urls: dict[str, str]) -> None:
     ours, theirs = open_dataset(got), open_dataset(local)  # the shard table read back: the same documents
     assert ours.fingerprint == theirs.fingerprint and ours.num_tokens == theirs.num_tokens
     assert ours.document_ends.tolist() == theirs.document_ends.tolist()
+
+
+def test_convert_from_an_s3_megatron_prefix_to_s3_writes_what_a_local_convert_writes(s3, tmp_path):
+    """The prefix's ``.bin`` and ``.idx`` are copied into the cache, the dataset converted in a staging folder and
+    uploaded: the same objects, byte for byte, as a local convert's files; the manifest names the URL it came
+    from. A datatrove folder URL converts as its local copy would; a source URL that names nothing is one line."""
+    prefix = write_mmidx(tmp_path / "mg" / "corpus_text_document", DOCS, "int32")
+    source, out = f"s3://{BUCKET}/mg/corpus_text_document", f"s3://{BUCKET}/converted"
+    upload_folder(prefix.parent, f"s3://{BUCKET}/mg")
+    env = {"NANOSET_STORAGE_CACHE_DIR": str(tmp_path / "cache")}
+    run_cli("convert", prefix, "-o", tmp_path / "local")
+    assert run_cli("convert", source, "-o", out, env=env).stdout == (
+        f"converted {source} (megatron) to {out}: 1 shards, 5 documents, 15 tokens as uint16, tokenizer unknown\n")
+    local = tmp_path / "local"
+    names = sorted(p.name for p in local.iterdir())
+    assert storage.list_names(out) == names
+    assert [n for n in names if storage.read_bytes(f"{out}/{n}") != (local / n).read_bytes()] == [
+        "nanoset-shards.bin", "nanoset.json"]  # the manifest, and its shard table, record the source
+    expected = json.loads((local / "nanoset.json").read_text())
+    expected["build"]["source"] = source
+    assert json.loads(storage.read_bytes(f"{out}/nanoset.json")) == expected
+    ds, theirs = open_dataset(out), open_dataset(local)
+    assert ds.fingerprint == theirs.fingerprint
+    assert (ds.tokens(0, 15).tolist(), ds.document_ends.tolist()) == (STREAM, ENDS)
+
+    dt = tmp_path / "dt"  # a datatrove folder URL, into a local folder
+    write_datatrove(dt, [[[5, 6, 0], [4464, 0]], [[9, 0]]], tokenizer_name="gpt2")
+    upload_folder(dt, f"s3://{BUCKET}/dt")
+    run_cli("convert", dt, "-o", tmp_path / "dt-local")
+    run_cli("convert", f"s3://{BUCKET}/dt", "-o", tmp_path / "dt-remote", env=env)
+    names = sorted(p.name for p in (tmp_path / "dt-local").iterdir())
+    assert sorted(p.name for p in (tmp_path / "dt-remote").iterdir()) == names
+    assert [n for n in names if (tmp_path / "dt-remote" / n).read_bytes() != (tmp_path / "dt-local" / n).read_bytes()
+            ] == ["nanoset-shards.bin", "nanoset.json"]
+    expected = json.loads((tmp_path / "dt-local" / "nanoset.json").read_text())
+    expected["build"]["source"] = f"s3://{BUCKET}/dt"
+    assert json.loads((tmp_path / "dt-remote" / "nanoset.json").read_text()) == expected
+
+    proc = run_cli("convert", f"s3://{BUCKET}/mg/nothing", "-o", tmp_path / "none", check=False, env=env)
+    one_line_error(proc, f"error: s3://{BUCKET}/mg/nothing: no such object, and no folder holds objects there")
+    proc = run_cli("convert", source, "-o", out, check=False, env=env)
+    one_line_error(proc, f"error: {out}: holds a dataset; pass --overwrite to replace it")
