@@ -17,14 +17,8 @@ import numpy as np
 
 from nanoset.errors import ConfigError
 from nanoset.remote_cache import configure as configure_storage
-from runtime.checkpoint.layout import (
-    LATEST,
-    RESUME,
-    check_same_model,
-    checkpoints_folder,
-    checkpoints_url,
-    resolve_resume,
-)
+from runtime.checkpoint.layout import LATEST, RESUME, check_same_model, checkpoints_folder, checkpoints_url
+from runtime.checkpoint.named import resolve_resume
 from runtime.checkpoint.record import CheckpointRecord, read_metadata
 from runtime.checkpoint.remote import fetch_latest
 from runtime.checkpoint.run_folder import (

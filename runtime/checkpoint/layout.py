@@ -4,13 +4,11 @@
 A run's checkpoints folder holds ``step-000040`` folders (DCP files, one RNG file per rank and
 ``metadata.json``: the checkpoint record, see ``record``), the ``latest`` file
 naming the newest, and ``.tmp-*`` folders of saves in progress. A checkpoint is complete when its
-``metadata.json`` exists (it is written last). Every command that takes a checkpoint resolves and
-reads it here, so a missing or damaged one is said the same way everywhere.
+``metadata.json`` exists (it is written last). A checkpoint a user names is resolved in ``named``.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from dataclasses import dataclass
@@ -18,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nanoset.atomic import atomic_write_text, fsync_dir, write_beside
-from nanoset.errors import ConfigError, MissingPath
+from nanoset.errors import ConfigError
 from nanoset.storage import Location, is_url, location
 from runtime.config import Config
 from runtime.config.schema import SHAPE_KEYS, ModelArgs
@@ -138,58 +136,6 @@ def interrupted_save(folder: Path) -> Path | None:
                 newest is None or step > checkpoint_step(newest.name)):
             newest = path
     return newest
-
-
-def _latest(folder: Path, named: NamedBy, given: Path | str) -> Path | None:
-    """The checkpoint ``folder/latest`` names (None when nothing was saved yet), or the newer one of a save
-    interrupted before its pointer's rename. Without a ``latest`` file, the newest complete checkpoint: a
-    checkpoint is complete once its metadata.json is written."""
-    interrupted = interrupted_save(folder) if folder.is_dir() else None
-    if interrupted is not None:
-        return interrupted
-    name = latest_name(folder)
-    if name is None:
-        complete = saved_checkpoints(folder)
-        return complete[-1] if complete else None
-    path = folder / name
-    if not is_complete(path):
-        there = ", ".join(p.name for p in saved_checkpoints(folder)) or "none"
-        raise MissingPath(f"{named.about(given)}: {folder / LATEST} names {path.name}, which is missing or incomplete "
-                          f"(checkpoints there: {there}); {named.another('the path of one of them')}")
-    return path
-
-
-def find_checkpoint(given: str | Path, named: NamedBy = CHECKPOINT_ARGUMENT, choices: str = "") -> Path:
-    """The checkpoint a user named: a ``step-N`` folder, or a checkpoints folder (its ``latest``).
-
-    ``named``: how (the error lines start with it and advise in its terms); ``choices`` follows a missing folder's
-    "no such folder" (what the option takes). A URL is downloaded into the node's cache first."""
-    if is_url(str(given)):
-        from runtime.checkpoint.remote import cached_checkpoint  # it builds on this module
-
-        return cached_checkpoint(location(given), named)
-    path = Path(given)
-    if is_complete(path):
-        return path
-    if (path / LATEST).is_file():
-        return _latest(path, named, path)
-    if not path.exists():
-        typo = "; did you mean 'latest'?" if choices and difflib.get_close_matches(str(given), [LATEST]) else ""
-        raise MissingPath(f"{named.about(path)}: no such folder{f' ({choices})' if choices else ''}{typo}")
-    if not path.is_dir():
-        raise MissingPath(f"{named.about(path)}: not a folder; "
-                          f"{named.another('a step-N checkpoint folder (or a checkpoints folder, for its latest)')}")
-    raise MissingPath(f"{named.about(path)}: no {METADATA}; it is not a complete checkpoint "
-                      f"({named.another('a step-N folder')})")
-
-
-def resolve_resume(folder: Path, resume: str | None) -> Path | None:
-    """``checkpoints.resume``: ``latest`` (None when nothing was saved yet), a path, or None (a fresh start)."""
-    if resume is None:
-        return None
-    if resume == LATEST:
-        return _latest(folder, RESUME, LATEST)
-    return find_checkpoint(resume, RESUME, "latest | PATH of a step-N folder | null")
 
 
 class SavedModel(Protocol):

@@ -41,7 +41,6 @@ from runtime.checkpoint.layout import (
     earlier_checkpoints_hint,
     interrupted_save,
     latest_name,
-    resolve_resume,
     rng_file,
     saved_checkpoints,
     stage_latest,
@@ -49,6 +48,7 @@ from runtime.checkpoint.layout import (
     step_folders,
     write_latest,
 )
+from runtime.checkpoint.named import resolve_resume
 from runtime.checkpoint.record import CheckpointRecord, read_metadata, step_was_skipped, write_metadata
 from runtime.checkpoint.remote import prune as prune_remote
 from runtime.checkpoint.remote import upload_checkpoint

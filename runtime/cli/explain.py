@@ -29,7 +29,8 @@ from typing import Any
 
 from nanoset.errors import report_user_errors
 from nanoset.stats import recorded_decoder
-from runtime.checkpoint.layout import CHECKPOINT_OPTION, LATEST, checkpoints_folder, find_checkpoint, resolve_resume
+from runtime.checkpoint.layout import CHECKPOINT_OPTION, LATEST, checkpoints_folder
+from runtime.checkpoint.named import find_checkpoint, resolve_resume
 from runtime.checkpoint.record import read_metadata
 from runtime.checkpoint.surgery_log import run_surgery
 from runtime.config import ConfigError

@@ -19,12 +19,8 @@ import os
 from pathlib import Path
 
 from nanoset.errors import ConfigError, print_error, report_user_errors
-from runtime.checkpoint.layout import (
-    CHECKPOINT_OPTION,
-    check_same_model,
-    earlier_checkpoints_hint,
-    find_checkpoint,
-)
+from runtime.checkpoint.layout import CHECKPOINT_OPTION, check_same_model, earlier_checkpoints_hint
+from runtime.checkpoint.named import find_checkpoint
 from runtime.checkpoint.record import CheckpointRecord, read_metadata
 from runtime.config import Config, ParallelismArgs
 from runtime.config.load import load_config

@@ -20,7 +20,8 @@ import torch
 
 from nanoset.atomic import atomic_write_text, fresh_folder_beside
 from nanoset.errors import CheckpointError, ConfigError, OutputExists
-from runtime.checkpoint.layout import CHECKPOINT_ARGUMENT, METADATA, earlier_checkpoints_hint, find_checkpoint
+from runtime.checkpoint.layout import CHECKPOINT_ARGUMENT, METADATA, earlier_checkpoints_hint
+from runtime.checkpoint.named import find_checkpoint
 from runtime.checkpoint.record import CheckpointRecord, read_metadata
 from runtime.checkpoint.store import load_dcp, stored_tensors
 from runtime.config.load import from_dict

@@ -18,7 +18,7 @@ import yaml
 from nanoset import open_dataset, storage
 from nanoset.errors import NanosetError
 from nanoset.remote_cache import ShardCache, shard_cache
-from runtime.checkpoint.layout import find_checkpoint
+from runtime.checkpoint.named import find_checkpoint
 from tests.support import CORPUS, TOKENIZER, one_line_error, run_cli
 from tests.support.configs import small_config
 from tests.support.datasets import write_datatrove
