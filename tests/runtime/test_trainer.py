@@ -11,7 +11,7 @@ from runtime.config.load import load_config
 from runtime.data import DataPlan
 from tests.support import ROOT
 from tests.support.configs import small_config
-from tests.support.harness import metrics, torchrun
+from tests.support.harness import metrics, torchrun, train_one
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_resume_with_a_different_dp(reference, shards, tmp_path):
     cfg2 = small_config(tmp_path, run, dp=2, accum=1)
     torchrun(cfg2, 2, cwd=shards, env={"NANOSET_FAULT_KILL_AT_STEP": "7"}, check=False)
     cfg1 = small_config(tmp_path, run, dp=1, accum=2, name="dp1.yaml")  # same global batch of 4
-    torchrun(cfg1, 1, cwd=shards)
+    train_one(cfg1, cwd=shards)
     rows = metrics(run)
     assert [r["data_hash"] for r in rows] == [r["data_hash"] for r in ref_rows]
     assert losses(rows)[:7] == losses(ref_rows)[:7]
@@ -190,7 +190,7 @@ def test_resume_refuses_changed_data_or_batch(reference, shards, tmp_path):
     import subprocess
     run = tmp_path / "run"
     cfg = small_config(tmp_path, run, dp=1, steps=12, interval=3)
-    torchrun(cfg, 1, cwd=shards, env={"NANOSET_FAULT_KILL_AT_STEP": "4"}, check=False)
+    train_one(cfg, cwd=shards, env={"NANOSET_FAULT_KILL_AT_STEP": "4"}, check=False)
     shutil.copytree(shards / "shards" / "web", tmp_path / "web2")
     (tmp_path / "web2" / "nanoset.json").write_text((tmp_path / "web2" / "nanoset.json").read_text().replace(
         '"ds": "', '"ds": "0'))
