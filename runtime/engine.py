@@ -1,5 +1,5 @@
-"""The distributed engine: a Llama model cut into pipeline chunks, tensor- and data-parallel,
-with AdamW, ``train_step(batches) -> StepResult`` for training and ``eval_step(batches)`` for
+"""The distributed engine: a model of the config's family (its ``ModelSpec``) cut into pipeline chunks, tensor-
+and data-parallel, with AdamW, ``train_step(batches) -> StepResult`` for training and ``eval_step(batches)`` for
 validation: the same inputs, targets and loss, forward only.
 
 The loss is the mean cross-entropy over the unmasked label tokens of the whole global batch:
@@ -31,7 +31,7 @@ from torch import nn
 
 from runtime.config import Config
 from runtime.data.loading.contract import SOURCE_KEY
-from runtime.models.llama import LlamaChunk, init_weights
+from runtime.models.registry import spec_of
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.context_parallel import ContextParallel
 from runtime.parallel.parallelize import compile_variants, parallelize, set_recompile_limit
@@ -82,15 +82,16 @@ class Engine:
         if args.compile:
             lengths = {config.stage_sequence_length(s) for s in config.data_stages} | {config.tokens.sequence_length}
             set_recompile_limit(compile_variants(lengths, args.activation_checkpointing != "none"))
-        self.chunks: list[LlamaChunk] = []
+        modules = spec_of(args).modules()  # the family's torch side
+        self.chunks: list[nn.Module] = []
         for c in self.stage_ids:
             with torch.device("meta"):  # no memory until sharded: only this rank's shards are ever allocated
-                chunk = LlamaChunk(args, *ranges[c])
-            parallelize(chunk, args, ctx.mesh["tp"], ctx.dp_cp_mesh if self.use_fsdp else None, self.dtype,
-                        self.context_parallel)
+                chunk = modules.chunk(args, *ranges[c])
+            parallelize(chunk, args, modules.tensor_parallel_plan, ctx.mesh["tp"],
+                        ctx.dp_cp_mesh if self.use_fsdp else None, self.dtype, self.context_parallel)
             chunk.materialize(self.device)
             if initialize:
-                init_weights(chunk, args, config.general.seed)
+                modules.init_weights(chunk, args, config.general.seed)
             self.chunks.append(chunk)
         self.tied_sync = TiedEmbeddingSync(self.chunks, ctx) if args.tie_word_embeddings and ctx.pp_size > 1 else None
         self.owns_inputs = self.chunks[0].has_embedding
@@ -121,6 +122,12 @@ class Engine:
         no_decay = [p for p in self.parameters() if p.ndim < 2]
         groups = [{"params": decay, "weight_decay": o.weight_decay, "decayed": True},
                   {"params": no_decay, "weight_decay": 0.0, "decayed": False}]
+        # the fused kernel takes one kind of tensor per group: under tp without FSDP, 1-D weights the plan
+        # distributes (biases split with their heads, replicated per-head norms) get a group beside the plain norms
+        distributed = [p for p in no_decay if hasattr(p, "device_mesh")]
+        if distributed and len(distributed) < len(no_decay):
+            groups[1]["params"] = [p for p in no_decay if not hasattr(p, "device_mesh")]
+            groups.append({"params": distributed, "weight_decay": 0.0, "decayed": False})
         # fused (CUDA and CPU): one kernel for all parameters, no host read of its step counts (the foreach
         # path reads each one), and a non-finite step skipped on the device (found_inf)
         return torch.optim.AdamW(groups, lr=o.learning_rate, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,

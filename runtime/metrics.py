@@ -19,6 +19,7 @@ import torch
 
 from nanoset.atomic import atomic_write_text
 from nanoset.errors import WRITE_ERRNOS, WriteFailed
+from runtime.models.registry import spec_of
 from runtime.preemption import leave_a_closed_terminal
 from runtime.progress import duration
 
@@ -46,8 +47,7 @@ def flops_per_token(model_args, sequence_length: int) -> float:
     convention: the work a causal or document mask skips is counted too)."""
     h, n, v = model_args.hidden_size, model_args.num_hidden_layers, model_args.vocab_size
     q = model_args.num_attention_heads * model_args.head_size
-    kv = model_args.kv_heads * model_args.head_size
-    params = n * (2 * h * q + 2 * h * kv + 3 * h * model_args.intermediate_size) + h * v
+    params = n * spec_of(model_args).layer_matmul_parameters(model_args) + h * v
     return 6 * params + 12 * n * q * sequence_length
 
 
@@ -79,11 +79,9 @@ def _millions(n: int) -> str:
 
 
 def parameter_count(model_args) -> ParameterCount:
-    """The parameters of the Llama decoder ``runtime/models/llama.py`` builds from ``model_args``."""
+    """The parameters of the decoder that ``model_args``' family builds (its spec counts a layer's)."""
     h, n, v = model_args.hidden_size, model_args.num_hidden_layers, model_args.vocab_size
-    q = model_args.num_attention_heads * model_args.head_size
-    kv = model_args.kv_heads * model_args.head_size
-    layer = 2 * h * q + 2 * h * kv + 3 * h * model_args.intermediate_size + 2 * h  # q, o, k, v, MLP, two norms
+    layer = spec_of(model_args).layer_parameters(model_args)
     tied = model_args.tie_word_embeddings
     return ParameterCount(embedding=v * h * (1 if tied else 2), rest=n * layer + h, tied=tied)
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from nanoset.atomic import atomic_write_text
-from runtime.config.schema import SpikeArgs
+from runtime.config.overrides import suggested_command
+from runtime.config.schema import Config, SpikeArgs
 from runtime.metrics import append_jsonl
 from runtime.sample_losses import SampleLosses
 
@@ -32,8 +33,9 @@ SPIKES_FILE = "spikes.jsonl"
 class SpikeDetector:
     """The window of recent losses of the current stage and the verdict on the step just judged (``last``)."""
 
-    def __init__(self, args: SpikeArgs) -> None:
+    def __init__(self, args: SpikeArgs, config: Config | None = None) -> None:
         self.args = args
+        self.arguments = (config or Config).arguments  # the run's config: the spike's line suggests a command on it
         self.stage: str | None = None
         self.losses: deque[float] = deque(maxlen=args.window)
         self.last: tuple[float, float, float] | None = None  # (z, mean, std) of the step just judged, if a spike
@@ -85,7 +87,7 @@ class SpikeDetector:
         what = "update skipped (surgery.spike.action: skip)" if self.skips else "logged"
         return (f"spike at step {step} ({stage!r}): loss {loss:.4f} is {z:.1f} standard deviations above the mean "
                 f"{mean:.4f} of the last {self.args.window} steps; {what}; its samples: {SPIKES_FILE}, or "
-                f"nanoset explain --config CONFIG --suspects {step}")
+                f"{suggested_command(self.arguments, 'explain', '--suspects', step)}")
 
 
 def ranked_samples(samples: SampleLosses, identities: list[dict] | None) -> list[dict]:

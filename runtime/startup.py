@@ -182,6 +182,7 @@ LOST_TOKENS_NOTE = 0.02  # packing that loses more than this share of a dataset'
 # any two consecutive samples over one sample's worth of tokens, so it passes 1/2 only for a dataset under one
 # sample (or one that drops documents); a quarter of the compute spent on padding is already worth a line
 PADDING_NOTE = 0.25
+REPEAT_WARNING_EPOCHS = 10  # a dataset read more epochs than this within a stage is a warning, not a note
 
 
 def startup_notes(startup: Startup) -> list[str]:
@@ -216,7 +217,7 @@ def startup_notes(startup: Startup) -> list[str]:
         if part.end_step <= resumed + 1:
             continue  # finished before this start
         for reads in plan.reads(part):
-            if reads.repeats:
+            if reads.repeats and reads.epochs <= REPEAT_WARNING_EPOCHS:  # more: a warning (startup_warnings)
                 notes.append(f"stage {part.name!r} reads {named[plan.datasets[reads.dataset].folder]} up to "
                              f"{reads.end_epoch:.2f} epochs: its samples repeat (add data, or fewer steps or a lower "
                              f"weight for it)")
@@ -242,3 +243,17 @@ def startup_notes(startup: Startup) -> list[str]:
                              f"learned from ({w.num_samples:,} samples of {w.sequence_length + 1:,} tokens hold its "
                              f"{w.kept_tokens:,}); {fix}")
     return notes
+
+
+def startup_warnings(startup: Startup) -> list[str]:
+    """What is likely a mistake but may be meant, said once at start-up (``warning:``): a stage that reads a
+    dataset more than ``REPEAT_WARNING_EPOCHS`` epochs (a near-empty dataset, or a weight far too high for it),
+    whose samples the model sees so often that it learns them by heart."""
+    plan, record = startup.plan, startup.start.record
+    resumed = record.last_step if record is not None else 0
+    named = plan.shown_names()
+    return [f"stage {part.name!r} reads {named[plan.datasets[reads.dataset].folder]} {reads.epochs:,.1f} epochs "
+            f"(more than {REPEAT_WARNING_EPOCHS}): each of its samples is trained about {reads.epochs:,.0f} times; "
+            f"add data, or fewer steps or a lower weight for it"
+            for part in plan.stages if part.end_step > resumed + 1
+            for reads in plan.reads(part) if reads.epochs > REPEAT_WARNING_EPOCHS]

@@ -49,6 +49,7 @@ from runtime.metrics import (
 )
 from runtime.mixing import CHECKPOINT_KEY as MIXING_KEY
 from runtime.mixing import RunMixing
+from runtime.models.registry import spec_of
 from runtime.parallel.agreement import raise_together
 from runtime.parallel.context import ParallelContext
 from runtime.parallel.step_reduction import StepReduction
@@ -57,7 +58,7 @@ from runtime.progress import Progress, clock, describe_tokens, duration, stage_s
 from runtime.spikes import SpikeDetector, SpikeLog, ranked_samples
 from runtime.stage_optimizer import RECORD_KEY as STAGE_OPTIMIZERS_KEY
 from runtime.stage_optimizer import StageOptimizers
-from runtime.startup import Startup, start_up, startup_notes
+from runtime.startup import Startup, start_up, startup_notes, startup_warnings
 from runtime.validation import Validator, describe
 from runtime.wandb_logger import start_wandb
 
@@ -108,11 +109,11 @@ class Trainer(NanotronCallStyles):
         self.source_names = source_names(self.plan)  # folder → the name the rows give it
         self.metrics.source_names = short_names(self.plan.source_names())  # older rows keyed by folder
         saved = self.start.record.extensions.get(MIXING_KEY) if self.start.record is not None else None
-        self.mixing = RunMixing(self.plan, self.run_dir, self.is_main, saved)
+        self.mixing = RunMixing(self.plan, self.run_dir, self.is_main, saved, self.metrics.info)
         self.metrics.train_steps = config.tokens.train_steps
         self.parameters = parameter_count(config.model)
         spike = config.surgery.spike
-        self.spikes = SpikeDetector(spike) if spike is not None else None
+        self.spikes = SpikeDetector(spike, config) if spike is not None else None
         self.spike_log = SpikeLog(self.run_dir, self.is_main)
         self.last_step = 0
         self._feed: StepFeed | None = None
@@ -122,6 +123,8 @@ class Trainer(NanotronCallStyles):
         self._peak = peak_flops(self.parallel_context.device)
         if moved:
             self.metrics.info(f"checkpoints.replace_run: the previous run was moved to {', '.join(map(str, moved))}")
+        for warning in startup_warnings(startup):
+            self.metrics.info(f"warning: {warning}")
         for note in startup_notes(startup):
             self.metrics.info(f"note: {note}")
         for warning in overlap_warnings(config, self.plan) if self.is_main else []:
@@ -225,6 +228,7 @@ class Trainer(NanotronCallStyles):
         reduction = StepReduction(self.parallel_context.device)
         stop.add_to(reduction)
         reduction.add(WRITE_FAILED, 1.0 if self._write_failure is not None else 0.0)
+        self.mixing.add_to(reduction)
         spikes = self.spikes
         result = None
         if self.plan.surgery.skips(step):
@@ -235,6 +239,7 @@ class Trainer(NanotronCallStyles):
                                             reduction=reduction, skip_above=skip_above)
         if reduction.value(WRITE_FAILED):  # a rank could not write the previous step's metrics
             self._raise_write_failure()
+        self.mixing.agree_from(reduction)  # the previous step's decision, the same on every rank
         self.last_step = step
         agreed = stop.agree_from(reduction)
         self.metrics.hold_rows = self._saves_after(step, agreed)  # its row carries the checkpoint's blocking time
@@ -296,15 +301,15 @@ class Trainer(NanotronCallStyles):
         }
         if result.sources is not None:  # per dataset of the stage; none from a loader without source ids
             row["sources"] = source_metrics(self._names(stage), result.sources)
-        if self._feed.from_config:  # the weights the step was drawn with (adaptive: as decided)
-            row["weights"] = dict(zip(self._names(stage), stage.weights_at(step)))
+        row.update(self._drawn_weights(step, stage))
         spike = self.spikes.last if self.spikes is not None else None
         if spike is not None:
             row["spike_z"] = spike[0]
             if result.skipped:
                 row["skipped"] = "spike"
-            self._log_spike(step, stage, result, spike[0])
         self.metrics.log(row, self.progress.step_done(step, seconds) if self.is_main else "")
+        if spike is not None:  # its line after the step's
+            self._log_spike(step, stage, result, spike[0])
 
     def _names(self, stage: StagePlan) -> list[str]:
         """The names of the stage's sources (``source_names``), as the rows key them."""
@@ -319,12 +324,19 @@ class Trainer(NanotronCallStyles):
         self.spike_log.append(step, stage.name, result.loss, z, samples)
         self.metrics.info(self.spikes.describe(step, stage.name, result.loss))
 
+    def _drawn_weights(self, step: int, stage: StagePlan) -> dict:
+        """A row's ``weights``: the ones the step was drawn with (adaptive: as decided), trained or skipped; none
+        for a custom loader's batches."""
+        if not self._feed.from_config:
+            return {}
+        return {"weights": dict(zip(self._names(stage), stage.weights_at(step)))}
+
     def _log_surgery_skip(self, step: int, stage: StagePlan, lr: float) -> None:
         """The row of a step that surgery skips: its step, stage and data hash, ``skipped: "surgery"``, no loss."""
         self._step_end = time.perf_counter()
         row = {"step": step, "stage": stage.name, "loss": None, "lr": lr, "grad_norm": None, "skipped": SURGERY_SKIP,
                "data_hash": self.plan.data_hash(step) if self._feed.from_config and self.is_main else None,
-               "time": time.time()}
+               "time": time.time(), **self._drawn_weights(step, stage)}
         validate = self.validator.should_validate(step, stage.index)
         self._writing_metrics(lambda: self.mixing.after_step(step, stage, None),  # a block's decision is still due
                               lambda: self.metrics.log(row), lambda: self._validate(step, stage) if validate else None,
@@ -440,7 +452,8 @@ class Trainer(NanotronCallStyles):
         if self.is_main:
             try:
                 out = export_checkpoint(checkpoint, self.run_dir / "hf", replace=True)
-                self.metrics.info(f"exported {checkpoint.name} to {out} (Hugging Face LlamaForCausalLM)")
+                architecture = spec_of(self.config.model).hf_architectures[0]
+                self.metrics.info(f"exported {checkpoint.name} to {out} (Hugging Face {architecture})")
             except Exception as e:  # noqa: BLE001 - reported below, once every rank is past the barrier
                 failed = e
         torch.distributed.barrier()

@@ -15,9 +15,10 @@ COMMANDS = ("runtime.cli", "runtime.train", "runtime.evaluate", "runtime.explain
 # a layer's modules → the prefixes they may import (their own layer included); the lowest layer first
 LAYERS = {
     "nanoset": ("nanoset",),
-    # the config's checks parse surgery and mixing rules with the data order's own parsers (numpy only)
+    # the config's checks parse surgery and mixing rules with the data order's own parsers (numpy only) and ask
+    # the torch-free registry of model families what a family takes
     "runtime.config": ("nanoset", "runtime.config", "runtime.hf.config_map", "runtime.data.order.surgery",
-                       "runtime.data.order.mixing_rules"),
+                       "runtime.data.order.mixing_rules", "runtime.models.registry"),
     "runtime.data.order": ("nanoset", "runtime.config", "runtime.data.order"),
     "runtime.parallel": ("nanoset", "runtime.config", "runtime.parallel"),
     "runtime.models": ("nanoset", "runtime.config", "runtime.parallel", "runtime.models"),

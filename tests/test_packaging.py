@@ -92,3 +92,14 @@ def test_nanoset_imports_torch_only_when_a_runtime_subcommand_runs(tmp_path):
     assert nanoset("evaluate", "--help").stdout.startswith("usage: nanoset evaluate")  # torch comes with the model
     proc = nanoset("export", "--help")
     assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", f"error: nanoset export {NEEDS_TORCH}\n")
+
+
+def test_the_test_extra_installs_the_packages_the_tests_check_for_real():
+    """A test against a real optional package runs in CI only if `pip install -e '.[test]'` brings the package: W&B's
+    offline files (tests/runtime/test_wandb.py) are read with the version the `wandb` extra pins."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "pyproject.toml").read_text()  # no tomllib before Python 3.11
+    test_extra = re.search(r"^test = \[(.*?)\n(?=\w)", text, re.M | re.S).group(1)
+    assert '"wandb==0.31.0"' in test_extra and 'wandb = ["wandb==0.31.0"]' in text

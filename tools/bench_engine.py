@@ -40,7 +40,7 @@ from runtime.config import Config
 from runtime.config.load import from_dict
 from runtime.config.rules import validate_config
 from runtime.engine import Engine
-from runtime.models.llama import LlamaChunk, init_weights
+from runtime.models.registry import spec_of
 from runtime.parallel.context import ParallelContext
 
 
@@ -80,8 +80,9 @@ def batches(config: Config, steps: int) -> list[list[dict]]:
 
 
 def bare_loop(config: Config, data: list[list[dict]]) -> float:
-    model = LlamaChunk(config.model)
-    init_weights(model, config.model, config.general.seed)
+    family = spec_of(config.model).modules()
+    model = family.chunk(config.model)
+    family.init_weights(model, config.model, config.general.seed)
     o = config.optimizer
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]

@@ -32,15 +32,16 @@ SETUP_S = 40  # what gpu_check.sh may spend before this script (the pip step is 
 # (part, timeout in seconds), most important first: a slow machine loses the last ones
 PARTS = [
     ("cuda_tests", 90),
-    ("bench_compiled_document", 70),
-    ("bench_compiled_causal", 55),
-    ("bench_eager_causal", 40),
-    ("bench_compiled_document_full_ac", 60),
-    ("bench_llama32_1b_compiled_causal", 60),
-    ("attention_kernels", 50),
-    ("cp_simulation", 45),
-    ("bf16_vs_fp32", 40),
-    ("pipeline_on_installed_torch", 45),
+    ("bench_compiled_document", 64),
+    ("bench_compiled_causal", 50),
+    ("bench_eager_causal", 35),
+    ("bench_compiled_document_full_ac", 55),
+    ("bench_llama32_1b_compiled_causal", 55),
+    ("bench_qwen3_1_7b_compiled_causal", 50),
+    ("attention_kernels", 45),
+    ("cp_simulation", 40),
+    ("bf16_vs_fp32", 35),
+    ("pipeline_on_installed_torch", 40),
 ]
 STEPS = 6  # timed steps per benchmark row (after 2 warm-up steps, which compile)
 
@@ -60,6 +61,11 @@ BENCH_ROWS = {
     # Llama-3.2-1B's shape: intermediate 8192, vocab 128,256, tied embeddings
     "bench_llama32_1b_compiled_causal": dict(compile=True, attention="causal", checkpointing="none",
                                              intermediate=8192, vocab=128256, tied=True),
+    # Qwen3-1.7B's shape: 28 layers, 16 query heads of 128 (not 2048 / 16), GQA 16:8, q/k norms per head,
+    # intermediate 6144, vocab 151,936, tied; micro-batches of 2 (the same global batch)
+    "bench_qwen3_1_7b_compiled_causal": dict(compile=True, attention="causal", checkpointing="none", family="qwen3",
+                                             layers=28, heads=16, head_dim=128, intermediate=6144, vocab=151936,
+                                             tied=True, micro_batch=2),
 }
 
 
@@ -78,8 +84,12 @@ def bench_row(part: str) -> None:
     from runtime.parallel.context import ParallelContext
 
     row = dict(BENCH_ROWS[part])
-    config = make_config(2048, 16, 2048, 4, 2, STEPS, vocab=row.get("vocab", 32000),
+    mbs = row.get("micro_batch", 4)
+    config = make_config(2048, row.get("layers", 16), 2048, mbs, 8 // mbs, STEPS, vocab=row.get("vocab", 32000),
                          intermediate=row.get("intermediate", 5632), kv_heads=8, attention=row["attention"])
+    config.model.family = row.get("family", "llama")
+    config.model.num_attention_heads = row.get("heads", config.model.num_attention_heads)
+    config.model.head_dim = row.get("head_dim")
     config.model.compile = row["compile"]
     config.model.activation_checkpointing = row["checkpointing"]
     config.model.tie_word_embeddings = row.get("tied", False)

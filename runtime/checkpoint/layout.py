@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from nanoset.atomic import atomic_write_text, fsync_dir, write_beside
 from nanoset.errors import ConfigError, MissingPath
 from runtime.config import Config
-from runtime.config.schema import SHAPE_KEYS
+from runtime.config.schema import SHAPE_KEYS, ModelArgs
 
 if TYPE_CHECKING:
     from runtime.checkpoint.record import CheckpointRecord
@@ -185,7 +185,9 @@ def check_same_model(config: Config, record: CheckpointRecord, path: Path, named
     """Refuse a checkpoint saved with another model shape (it would load partly, or crash on every rank)."""
     saved = dict(record.model)
     now = config.to_dict()["model"]
-    for d in (saved, now):  # compare the effective number of key/value heads and head size
+    for d in (saved, now):  # compare the family (a record without one is Llama's), key/value heads and head size
+        if d.get("family") is None:
+            d["family"] = ModelArgs.family
         if d.get("num_key_value_heads") is None:
             d["num_key_value_heads"] = d.get("num_attention_heads")
         if d.get("head_dim") is None and d.get("hidden_size") and d.get("num_attention_heads"):

@@ -5,7 +5,9 @@ Computed without training: the stage, then every sample of the global batch in g
 shards, token range, document ids, the labels that count in the loss (``loss_tokens``), and the
 batch's ``data_hash`` (the one in ``metrics.jsonl``). Answers "what
 did the model see at step N?". With ``--checkpoint``, the run is the one resuming from that
-checkpoint with this config: the past comes from the checkpoint's record, as in the trainer.
+checkpoint with this config: the past comes from the checkpoint's record, as in the trainer. The surgery is
+every one the run holds, as the trainer's: the config's, the run folder's rewinds and the one the checkpoint
+(without ``--checkpoint``: the run's latest) records.
 
 ``--steps A:B`` explains every step of a range at once; ``--document FOLDER:DOC`` (or ``--documents
 FILE``, one ``FOLDER:DOC`` a line) answers the reverse question: which steps, positions and samples
@@ -27,7 +29,7 @@ from typing import Any
 
 from nanoset.errors import report_user_errors
 from nanoset.stats import recorded_decoder
-from runtime.checkpoint.layout import CHECKPOINT_OPTION, find_checkpoint
+from runtime.checkpoint.layout import CHECKPOINT_OPTION, LATEST, checkpoints_folder, find_checkpoint, resolve_resume
 from runtime.checkpoint.record import read_metadata
 from runtime.checkpoint.surgery_log import run_surgery
 from runtime.config import ConfigError
@@ -39,7 +41,7 @@ from runtime.data.order.holdout import holdout_documents, holdout_surgery
 from runtime.data.order.mixing_log import log_path, read_decisions
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import document_steps, explain_step, parse_document
-from runtime.data.order.surgery import SURGERY_KEY, Surgery
+from runtime.data.order.surgery import SURGERY_KEY, Surgery, read_document_lines
 
 
 def sample_decoders(plan: DataPlan) -> dict[int, Any]:
@@ -98,12 +100,15 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
     plan = DataPlan(config, resolve_stage_folders(config), surgery=Surgery(), decisions=read_decisions(log))
     # the config's, what the run folder records and the held-out documents: the order the run trains
     surgery = run_surgery(config).union(holdout_surgery(holdout_documents(config, plan)))
-    path = None
-    if checkpoint:
-        path = find_checkpoint(checkpoint, CHECKPOINT_OPTION)
-        record = read_metadata(path, model=False)
-        plan = plan.resumed_from(path, record.training)
-        surgery = surgery.union(Surgery.from_json(record.extensions.get(SURGERY_KEY), f"{path}: surgery"))
+    path = find_checkpoint(checkpoint, CHECKPOINT_OPTION) if checkpoint else None
+    # and what a checkpoint records (a surgery since removed from the config still holds): the one given, else the
+    # run's latest, which a resume of the run would apply
+    recorded = path if path is not None else resolve_resume(checkpoints_folder(config), LATEST)
+    if recorded is not None:
+        record = read_metadata(recorded, model=False)
+        if path is not None:
+            plan = plan.resumed_from(path, record.training)
+        surgery = surgery.union(Surgery.from_json(record.extensions.get(SURGERY_KEY), f"{recorded}: surgery"))
     if surgery:
         plan = plan.with_surgery(surgery)
     try:
@@ -113,7 +118,7 @@ def explain(config_path: str, checkpoint: str | None, step: int | None, as_json:
             row = (recomputed_spike(config, plan, path, suspects) if path is not None
                    else logged_spike(config, suspects))
             source = f"recomputed from {path}" if path is not None else f"{config.general.run_path}/spikes.jsonl"
-            return print_suspects(config, config_path, row, source, top, as_json)
+            return print_suspects(config, row, source, top, as_json)
         if queries is not None:
             open_part = plan.undecided()
             if open_part is not None:
@@ -171,13 +176,7 @@ def _queries(document: str | None, documents: str | None) -> list[tuple[str, int
         return [parse_document(document)]
     if documents is None:
         return None
-    try:
-        lines = open(documents, encoding="utf-8").read().splitlines()
-    except OSError as e:
-        raise ConfigError(f"--documents {documents}: cannot read it ({e.strerror or e})") from None
-    out = [parse_document(line, f"{documents} line {n}") for n, line in enumerate(lines, 1) if line.strip()]
-    if not out:
-        raise ConfigError(f"--documents {documents}: no FOLDER:DOC line in it")
+    out = [(folder, int(doc)) for folder, doc in read_document_lines(documents, "--documents")]
     return list(dict.fromkeys(out))  # a document listed twice is reported once
 
 

@@ -206,7 +206,7 @@ def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
 
     from runtime.config.load import read_config
     from runtime.stage_optimizer import StageOptimizers
-    from runtime.startup import describe_start, start_up, startup_notes
+    from runtime.startup import describe_start, start_up, startup_notes, startup_warnings
 
     config, changes = read_config(args.config, args.overrides)
     rewinding = None
@@ -220,9 +220,11 @@ def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
     pending = rewinding.entry if rewinding is not None and rewinding.checkpoint is not None else None
     startup = start_up(config, world=nproc * args.nodes, lock=False, pending=pending)
     if args.check:
-        print("\n".join([*(f"--set {change}" for change in changes), f"start: {describe_start(startup)}",
+        given = changes[:len(args.overrides)]  # not the checkpoints.resume a rewind adds
+        print("\n".join([*(f"--set {change}" for change in given), f"start: {describe_start(startup)}",
                          *surgery_report(startup.plan), *plan_report(startup.plan),
                          *StageOptimizers(config).describe(),
+                         *(f"warning: {warning}" for warning in startup_warnings(startup)),
                          *(f"note: {note}" for note in startup_notes(startup))]))
         return 0
     if rewinding is not None:
@@ -351,17 +353,19 @@ def plan_report(plan: DataPlan) -> list[str]:
 
 
 def adaptive_report(plan: DataPlan, part: StagePlan) -> str:
-    """An adaptive part in one line: its rule and block, what is decided, and the run's last decision (its log)."""
+    """An adaptive part in one line: its rule and block, what is decided, the run's last decision and where every
+    decision is (the log)."""
     from runtime.data.order.mixing_log import log_path, read_rows
 
     a, blend = part.adaptive, part.blend
     decided = part.start_step + blend.decided_steps - 1
     line = (f"  adaptive ({a['rule']}, every {a['every']}): samples above are of the decided steps "
             f"{part.start_step}-{decided}")
-    last = [r for r in read_rows(log_path(plan.config.general.run_path)) if r["stage"] == part.name]
+    path = log_path(plan.config.general.run_path)
+    last = [r for r in read_rows(path) if r["stage"] == part.name]
     if not last:
         return line + "; no decision logged yet"
     r = last[-1]
     weights = ", ".join(f"{w:.4f}" for w in r["weights"])
     return (line + f"; last decision at step {r['step']} (block {r['block']} → block {r['decides_block']}, steps "
-            f"{r['steps'][0]}-{r['steps'][1]}): [{weights}]")
+            f"{r['steps'][0]}-{r['steps'][1]}): [{weights}]; every decision: {path}")

@@ -19,9 +19,16 @@ import numpy as np
 
 from nanoset.atomic import atomic_write_text
 from nanoset.errors import ConfigError
-from runtime.checkpoint.layout import CHECKPOINT_OPTION, check_same_model
+from runtime.checkpoint.layout import (
+    CHECKPOINT_OPTION,
+    check_same_model,
+    checkpoint_step,
+    checkpoints_folder,
+    saved_checkpoints,
+)
 from runtime.checkpoint.record import read_metadata
 from runtime.config import Config
+from runtime.config.overrides import suggested_command
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import explain_step
 from runtime.spikes import SPIKES_FILE, ranked_samples, read_rows
@@ -96,7 +103,14 @@ def excision_file(config: Config, step: int, chosen: list[dict]) -> Path:
     return path
 
 
-def print_suspects(config: Config, config_path: str, row: dict, source: str, top: int | None, as_json: bool) -> int:
+def rewind_point(config: Config, step: int) -> int | None:
+    """The step of the run's latest complete checkpoint before ``step`` (where a rewind that excises from ``step``
+    on goes back to); None when there is none."""
+    before = [s for p in saved_checkpoints(checkpoints_folder(config)) if (s := checkpoint_step(p.name)) < step]
+    return max(before) if before else None
+
+
+def print_suspects(config: Config, row: dict, source: str, top: int | None, as_json: bool) -> int:
     step = row["step"]
     if top is not None and top < 1:
         raise ConfigError(f"--top {top}: give a number of samples ≥ 1")
@@ -121,7 +135,13 @@ def print_suspects(config: Config, config_path: str, row: dict, source: str, top
     count = len(path.read_text().splitlines())
     which = f"the top {top}" if top is not None else "those above the step's loss"
     mean = np.mean([s["loss"] for s in chosen])
+    point = rewind_point(config, step)
+    if point is None:
+        print(f"suspects: {len(chosen)} samples ({which}, mean loss {mean:.4f}), {count} documents, in {path}; "
+              f"{checkpoints_folder(config)} has no checkpoint before step {step} to rewind to: exclude them from "
+              f"step 1 in a new run (surgery.exclude_documents_file)")
+        return 0
     print(f"suspects: {len(chosen)} samples ({which}, mean loss {mean:.4f}), {count} documents, in {path}; to "
-          f"excise them from step {step} on:")
-    print(f"  nanoset train --config {config_path} --rewind-to {step - 1} --exclude-documents {path}")
+          f"excise them from step {point + 1} on (the latest checkpoint before step {step} is of step {point}):")
+    print(f"  {suggested_command(config.arguments, 'train', '--rewind-to', point, '--exclude-documents', path)}")
     return 0

@@ -18,7 +18,7 @@ from typing import Any, Union
 import yaml
 
 from nanoset.errors import ConfigError
-from runtime.config.overrides import apply_override, parse_override
+from runtime.config.overrides import apply_override, config_arguments, parse_override
 from runtime.config.rules import validate_config
 from runtime.config.schema import Config
 from runtime.hf.config_map import apply_hf_config
@@ -200,10 +200,12 @@ def read_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
                               f"({getattr(e, 'problem', None) or str(e).splitlines()[0]})") from None
         changes.append(apply_override(data, override, value))
     try:
-        return config_from_data(data), changes
+        config = config_from_data(data)
     except ConfigError as e:
         where = f"{path} with {' '.join(f'--set {o.text}' for o in parsed)}" if parsed else str(path)
         raise ConfigError(f"{where}: {e}") from None
+    config.arguments = config_arguments(str(path), [o.text for o in parsed])
+    return config, changes
 
 
 def config_from_data(data: Any) -> Config:

@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import difflib
 import re
+import shlex
 import types
 import typing
 from dataclasses import dataclass
@@ -38,6 +39,19 @@ class Override:
     @property
     def key(self) -> str:
         return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(self.parts))
+
+
+def config_arguments(path: str, overrides: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``--config PATH --set K=V …`` for the commands the runtime suggests: the config as this process read it,
+    less ``checkpoints.resume`` (a suggested command chooses its own checkpoint; a rewind's launcher sets it)."""
+    kept = [o for o in overrides if parse_override(o).key != "checkpoints.resume"]
+    return ("--config", str(path), *(word for o in kept for word in ("--set", o)))
+
+
+def suggested_command(arguments: tuple[str, ...], command: str, *args: object) -> str:
+    """``nanoset COMMAND`` on the same config (``arguments``: a config's ``Config.arguments``), then ``args``: a line
+    to run as printed."""
+    return shlex.join(["nanoset", command, *arguments, *map(str, args)])
 
 
 def add_set_option(parser: argparse.ArgumentParser) -> None:

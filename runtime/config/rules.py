@@ -22,6 +22,7 @@ from runtime.config.schema import (
     WeightsAtStep,
 )
 from runtime.data.order.surgery import parse_document, parse_step_range
+from runtime.models.registry import model_spec
 
 
 def validate_config(c: Config) -> None:
@@ -30,6 +31,7 @@ def validate_config(c: Config) -> None:
             raise ConfigError(f"model.{name}: required key is missing (give it, or model.init_from_hf: PATH "
                               f"of a Hugging Face model whose config.json has it)")
     _check_ranges(c, "")
+    _validate_family(c)
     _validate_sizes(c)
     _validate_parallelism(c)
     _validate_stages(c)
@@ -37,6 +39,18 @@ def validate_config(c: Config) -> None:
     _validate_evaluation(c)
     _validate_surgery(c)
     _validate_wandb(c)
+
+
+def _validate_family(c: Config) -> None:
+    """A known ``model.family``, and no feature its model does not take (its spec's ``support``)."""
+    spec = model_spec(c.model.family)
+    support = spec.support
+    asked = [("parallelism.cp > 1", c.parallelism.cp > 1, support.context_parallel),
+             ("model.attention: document", c.model.attention == "document", support.document_masks),
+             ("model.tie_word_embeddings: true", c.model.tie_word_embeddings, support.tied_embeddings)]
+    for what, wanted, supported in asked:
+        if wanted and not supported:
+            raise ConfigError(f"{what}: model.family {spec.name}'s model does not support it (docs/models.md)")
 
 
 def _check_ranges(section: Any, path: str) -> None:
@@ -263,6 +277,10 @@ def _validate_adaptive(key: str, adaptive: AdaptiveMixingArgs, num_folders: int,
         if any(not (w > 0 and math.isfinite(w)) for w in adaptive.initial):
             raise ConfigError(f"{key}.initial: weights must be positive and finite, got {adaptive.initial}")
         _check_sum(f"{key}.initial", adaptive.initial)
+    if adaptive.exploration == 0:
+        raise ConfigError(f"{key}.exploration: 0 keeps every weight at 1/{num_folders} (odm's rate of learning from "
+                          f"the losses is its exploration), so nothing would be decided; give a value in (0, "
+                          f"{1 / num_folders:g}], or leave it out for the decaying default")
     if adaptive.exploration is not None and adaptive.exploration * num_folders > 1:
         raise ConfigError(f"{key}.exploration: {adaptive.exploration:g} × {num_folders} folders is > 1, which gives "
                           f"the lowest weights to the highest losses; give at most {1 / num_folders:g}")
@@ -382,6 +400,9 @@ def _validate_surgery(c: Config) -> None:
                               f"[1, {steps}]")
     for text in s.exclude_documents:
         parse_document(text, "surgery.exclude_documents")
+    if not s.exclude_documents and s.exclude_documents_file is None and s.exclude_from_step != 1:
+        raise ConfigError(f"surgery.exclude_from_step: {s.exclude_from_step}, but no document is excluded; give "
+                          f"surgery.exclude_documents or surgery.exclude_documents_file, or remove the key")
     if (s.exclude_documents or s.exclude_documents_file is not None) and s.exclude_from_step > steps:
         raise ConfigError(f"surgery.exclude_from_step: {s.exclude_from_step} is after tokens.train_steps {steps}, so "
                           f"nothing would be excised; give a step in [1, {steps}]")

@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from nanoset.cache import cache_root
 from nanoset.errors import ConfigError
@@ -131,11 +131,13 @@ SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "interme
              "max_position_embeddings")
 # the keys that shape the parameters (a checkpoint loads only into the same); rope_theta, rms_norm_eps,
 # max_position_embeddings, init_std and dtype may change on resume (e.g. to extend the context)
-SHAPE_KEYS = SIZE_KEYS[:5] + ("num_key_value_heads", "head_dim", "tie_word_embeddings")
+SHAPE_KEYS = ("family",) + SIZE_KEYS[:5] + ("num_key_value_heads", "head_dim", "tie_word_embeddings")
 
 
 @dataclass
 class ModelArgs:
+    # the model family (runtime/models/registry.py, docs/models.md); model.init_from_hf: its architectures' family
+    family: str = "llama"
     hidden_size: int | None = key(None)  # width of the residual stream
     num_hidden_layers: int | None = key(None)  # decoder layers
     num_attention_heads: int | None = key(None)  # query heads
@@ -145,7 +147,8 @@ class ModelArgs:
     num_key_value_heads: int | None = key(None)  # default: num_attention_heads (no grouping)
     head_dim: int | None = key(None)  # default: hidden_size // num_attention_heads
     rope_scaling: RopeScalingArgs | None = None
-    # a local Hugging Face Llama folder: its config.json gives the sizes, its weights start a fresh run
+    # a local Hugging Face folder of a family's model: its config.json gives the family and sizes, its weights
+    # start a fresh run
     init_from_hf: str | None = None
     tie_word_embeddings: bool = False  # the output head is the embedding
     rope_theta: float = key(10000.0)  # RoPE base
@@ -490,6 +493,9 @@ class Config:
     evaluation: EvaluationArgs = field(default_factory=EvaluationArgs)
     surgery: SurgeryArgs = field(default_factory=SurgeryArgs)
     storage: StorageArgs = field(default_factory=StorageArgs)
+    # not a key: ``--config PATH --set K=V …`` as ``read_config`` loaded it, which the commands the runtime
+    # suggests repeat (``suggested_command``); a config built in a program has no file to name
+    arguments: ClassVar[tuple[str, ...]] = ("--config", "CONFIG")
 
     def to_dict(self) -> dict:
         return to_dict(self)

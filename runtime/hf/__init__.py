@@ -1,1 +1,1 @@
-"""Hugging Face Llama checkpoints in (model.init_from_hf) and out (python -m runtime.export)."""
+"""Hugging Face checkpoints of the model families in (model.init_from_hf) and out (python -m runtime.export)."""

@@ -1,10 +1,11 @@
 """Hugging Face ``config.json`` ↔ our ``model`` section, both ways.
 
-Import reads a ``LlamaForCausalLM`` (or ``MistralForCausalLM`` without sliding window) config in
-the transformers 4 form (``rope_theta``, ``rope_scaling``) or the transformers 5 form
-(``rope_parameters``), refuses what our model cannot reproduce (biases, another activation, a
-rope scaling other than linear and llama3), and fills the sizes the YAML omits; sizes given in
-both must agree. Export writes every field itself: a config that transformers fills with its
+Import reads the config of a model whose ``architectures`` one of our families takes (its ``ModelSpec``:
+``LlamaForCausalLM``, ``MistralForCausalLM`` without sliding window, …) in the transformers 4 form
+(``rope_theta``, ``rope_scaling``) or the transformers 5 form (``rope_parameters``), refuses what the
+family's model cannot reproduce (the spec's ``hf_requires``: biases, another activation, a sliding window; a
+rope scaling other than linear and llama3), and fills ``model.family`` and the sizes the YAML omits; values
+given in both must agree. Export writes every field itself: a config that transformers fills with its
 own defaults would silently change the model.
 """
 
@@ -16,13 +17,15 @@ from pathlib import Path
 
 from nanoset.errors import ConfigError, MissingPath
 from runtime.config.schema import SIZE_KEYS, ModelArgs, RopeScalingArgs
+from runtime.models.registry import FAMILIES, family_of_architectures, spec_of
+from runtime.models.spec import ModelSpec
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
-def read_hf_config(folder: str | Path) -> dict:
-    """``folder/config.json`` as a dict, checked to be a model our Llama reproduces."""
+def read_hf_config(folder: str | Path) -> tuple[dict, ModelSpec]:
+    """``folder/config.json`` as a dict and the family that takes it, checked to be a model the family's model
+    reproduces."""
     path = Path(folder) / "config.json"
     if not Path(folder).is_dir():
         raise MissingPath(f"model.init_from_hf: {folder}: no such folder (give a local folder holding a "
@@ -37,18 +40,16 @@ def read_hf_config(folder: str | Path) -> dict:
     if not isinstance(cfg, dict):
         raise ConfigError(f"model.init_from_hf: {path}: not a JSON object")
     archs = cfg.get("architectures") or []
-    if not any(a in ARCHITECTURES for a in archs):
-        raise ConfigError(f"model.init_from_hf: {path}: architectures {archs} is not one of {list(ARCHITECTURES)}; "
+    spec = family_of_architectures(archs) if isinstance(archs, list) else None
+    if spec is None:
+        known = [a for s in FAMILIES.values() for a in s.hf_architectures]
+        raise ConfigError(f"model.init_from_hf: {path}: architectures {archs} is not one of {known}; "
                           f"only Llama-style models can be imported")
-    supported_only = {"attention_bias": False, "mlp_bias": False, "hidden_act": "silu", "sliding_window": None}
-    for key, supported in supported_only.items():
+    for key, supported in spec.hf_requires.items():
         if cfg.get(key, supported) != supported:
-            raise ConfigError(f"model.init_from_hf: {path}: {key} {cfg[key]!r} is not supported (our Llama has "
-                              f"{key} {supported!r})")
-    if cfg.get("pretraining_tp", 1) != 1:
-        raise ConfigError(f"model.init_from_hf: {path}: pretraining_tp {cfg['pretraining_tp']} is not supported "
-                          f"(only 1)")
-    return cfg
+            raise ConfigError(f"model.init_from_hf: {path}: {key} {cfg[key]!r} is not supported (our {spec.title} "
+                              f"has {key} {supported!r})")
+    return cfg, spec
 
 
 def _number(d: dict, key: str, default: float | None, where: str, label: str = "") -> float:
@@ -97,10 +98,11 @@ def _integer(cfg: dict, key: str, where: str) -> int:
 
 
 def hf_model_values(folder: str | Path) -> dict:
-    """Our ``model`` keys as the Hugging Face config at ``folder`` sets them."""
-    cfg = read_hf_config(folder)
+    """Our ``model`` keys as the Hugging Face config at ``folder`` sets them (its family too)."""
+    cfg, spec = read_hf_config(folder)
     where = str(Path(folder) / "config.json")
-    out = {key: _integer(cfg, key, where) for key in SIZE_KEYS}
+    out = {"family": spec.name}
+    out.update({key: _integer(cfg, key, where) for key in SIZE_KEYS})
     for key in ("num_key_value_heads", "head_dim"):  # optional; null as absent
         if cfg.get(key) is not None:
             _integer(cfg, key, where)
@@ -140,12 +142,14 @@ def _show(value) -> object:
 
 
 def hf_config_json(model: ModelArgs, bos_id: int | None, eos_id: int | None, dtype: str) -> dict:
-    """A complete ``LlamaForCausalLM`` config.json for ``model`` (both rope forms, so transformers 4 and 5 read it)."""
+    """A complete config.json of ``model``'s family (its first architecture, ``LlamaForCausalLM`` for Llama) for
+    ``model`` (both rope forms, so transformers 4 and 5 read it)."""
+    spec = spec_of(model)
     rope = {"rope_type": "default"} if model.rope_scaling is None else {
         k: v for k, v in asdict(model.rope_scaling).items() if v is not None}
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [spec.hf_architectures[0]],
+        **spec.hf_fields(model),
         "hidden_size": model.hidden_size,
         "intermediate_size": model.intermediate_size,
         "num_hidden_layers": model.num_hidden_layers,
@@ -160,10 +164,7 @@ def hf_config_json(model: ModelArgs, bos_id: int | None, eos_id: int | None, dty
         "rope_parameters": dict(rope, rope_theta=model.rope_theta),
         "tie_word_embeddings": model.tie_word_embeddings,
         "hidden_act": "silu",
-        "attention_bias": False,
         "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "pretraining_tp": 1,
         "initializer_range": model.init_std,
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,

@@ -1,4 +1,5 @@
-"""A checkpoint of any layout → a Hugging Face ``LlamaForCausalLM`` folder, on one CPU process.
+"""A checkpoint of any layout → a Hugging Face folder of its model family (``LlamaForCausalLM``, …), on one CPU
+process.
 
 The DCP files are keyed by layout-independent parameter names, so one process reads them without
 a process group, a safetensors file's worth at a time (never more than one output shard in
@@ -57,7 +58,7 @@ def _shards(names: list[tuple[str, tuple[int, ...]]], itemsize: int, limit: int)
 
 
 def _read_group(checkpoint: Path, group: list[tuple[str, tuple]], stored: dict, dtype: torch.dtype | None,
-                what_to_do: str) -> dict[str, torch.Tensor]:
+                what_to_do: str, family: str) -> dict[str, torch.Tensor]:
     state = {}
     for name, shape in group:
         meta = stored.get(f"model.{name}")
@@ -68,7 +69,7 @@ def _read_group(checkpoint: Path, group: list[tuple[str, tuple]], stored: dict, 
                               f"needs {list(shape)}")
         state[name] = torch.empty(shape, dtype=meta.properties.dtype)
     load_dcp({"model": state}, checkpoint, what_to_do, no_dist=True)
-    return {hf_name(n): (t if dtype is None else t.to(dtype)).contiguous() for n, t in state.items()}
+    return {hf_name(n, family): (t if dtype is None else t.to(dtype)).contiguous() for n, t in state.items()}
 
 
 def _write_weights(checkpoint: Path, tmp: Path, args: ModelArgs, dtype: torch.dtype | None, limit: int,
@@ -84,7 +85,7 @@ def _write_weights(checkpoint: Path, tmp: Path, args: ModelArgs, dtype: torch.dt
     weight_map, total = {}, 0
     for i, group in enumerate(groups):
         file = SINGLE if len(groups) == 1 else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-        tensors = _read_group(checkpoint, group, stored, dtype, what_to_do)
+        tensors = _read_group(checkpoint, group, stored, dtype, what_to_do, args.family)
         save_file(tensors, str(tmp / file), metadata={"format": "pt"})
         for name, t in tensors.items():
             weight_map[name] = file
@@ -125,7 +126,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
         generation = {"bos_token_id": bos, "eos_token_id": eos}
         atomic_write_text(tmp / "generation_config.json", json.dumps(generation, indent=2) + "\n")
         note = copy_tokenizer_folder(Path(tokenizer), tmp) if tokenizer is not None else \
-            write_data_tokenizer(record.tokenizer, tmp)
+            write_data_tokenizer(record.tokenizer, tmp, args.max_position_embeddings)
         atomic_write_text(tmp / "nanoset_export.json", json.dumps(
             {"checkpoint": str(checkpoint.resolve()), "step": record.last_step, "tokenizer": note}, indent=1) + "\n")
         old = out.with_name(f".old-{out.name}-{os.getpid()}") if out.exists() else None

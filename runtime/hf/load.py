@@ -1,4 +1,4 @@
-"""Load a Hugging Face Llama's safetensors straight into this rank's parameter shards.
+"""Load a Hugging Face model's safetensors straight into this rank's parameter shards.
 
 Each rank opens the (memory-mapped) safetensors files that hold its chunks' tensors and reads
 only its own slice of each: the slice comes from the parameter's DTensor placements (tensor
@@ -10,7 +10,6 @@ process group, so a missing tensor or a wrong shape is one line instead of a cra
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import torch
@@ -18,23 +17,15 @@ from torch import nn
 
 from nanoset.errors import ConfigError, MissingPath
 from runtime.config import ModelArgs
+from runtime.models.registry import DEFAULT_FAMILY, model_spec, spec_of
 from runtime.parallel.shards import local_slices, local_tensor
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
-_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
-_LAYER_PARTS = {"attn_norm.weight": "input_layernorm.weight", "mlp_norm.weight": "post_attention_layernorm.weight"}
-
-
-def hf_name(name: str) -> str:
-    """Our parameter name → the Hugging Face one (``layers.3.attn.q_proj.weight`` → ``model.layers.3.self_attn...``)."""
-    if name == "lm_head.weight":
-        return name
-    m = _LAYER.fullmatch(name)
-    if m is None:
-        return f"model.{name}"  # embed_tokens.weight, norm.weight
-    part = _LAYER_PARTS.get(m.group(2)) or m.group(2).replace("attn.", "self_attn.", 1)
-    return f"model.layers.{m.group(1)}.{part}"
+def hf_name(name: str, family: str = DEFAULT_FAMILY) -> str:
+    """Our parameter name → the Hugging Face one, by the family's adapter (``layers.3.attn.q_proj.weight`` →
+    ``model.layers.3.self_attn.q_proj.weight``)."""
+    return model_spec(family).hf_name(name)
 
 
 class SafetensorsFolder:
@@ -93,16 +84,14 @@ class SafetensorsFolder:
 
 
 def expected_parameters(args: ModelArgs) -> list[tuple[str, tuple[int, ...]]]:
-    """Our parameter names and full shapes for ``args`` (built on the meta device: no memory)."""
-    from runtime.models.llama import LlamaChunk
-
+    """Our parameter names and full shapes for ``args`` (its family's model, built on the meta device: no memory)."""
     with torch.device("meta"):
-        chunk = LlamaChunk(args)
+        chunk = spec_of(args).modules().chunk(args)
     return [(n, tuple(p.shape)) for n, p in chunk.named_parameters()]
 
 
-def _checked(files: SafetensorsFolder, name: str, shape: tuple[int, ...]):
-    hf = hf_name(name)
+def _checked(files: SafetensorsFolder, name: str, shape: tuple[int, ...], family: str):
+    hf = hf_name(name, family)
     sl = files.slice(hf)
     if sl is None:
         raise ConfigError(f"model.init_from_hf: {files.folder}: tensor {hf} is missing (needed for our {name}); "
@@ -119,7 +108,7 @@ def check_hf_weights(args: ModelArgs) -> None:
     tied model's file that also holds ``lm_head.weight`` has it compared with the embedding)."""
     files = SafetensorsFolder(args.init_from_hf)
     for name, shape in expected_parameters(args):
-        _checked(files, name, shape)
+        _checked(files, name, shape, args.family)
     if args.tie_word_embeddings:
         _check_tied_head(files)
 
@@ -150,7 +139,8 @@ def load_hf_weights(chunks: list[nn.Module], folder: str | Path) -> int:
     count = 0
     for chunk in chunks:
         for name, p in chunk.named_parameters():
-            sl = _checked(files, chunk.stored_name(name), tuple(p.shape))  # a pp-tied head reads the embedding
+            # a pp-tied head reads the embedding
+            sl = _checked(files, chunk.stored_name(name), tuple(p.shape), chunk.args.family)
             local = local_tensor(p)
             index = local_slices(p)
             part = sl[index] if local.ndim else sl[:]

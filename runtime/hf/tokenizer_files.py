@@ -32,9 +32,11 @@ def copy_tokenizer_folder(folder: Path, out: Path) -> str:
     return f"tokenizer files from {folder} (--tokenizer)"
 
 
-def write_data_tokenizer(record: TokenizerRecord | None, out: Path) -> str:
+def write_data_tokenizer(record: TokenizerRecord | None, out: Path, max_positions: int) -> str:
     """The data's tokenizer files beside the weights, its ``tokenizer_config.json`` carrying the chat template that
-    rendered the stage's conversations and the special tokens; says what was done (for the log)."""
+    rendered the stage's conversations and the special tokens, and (where it states one) the exported model's
+    ``max_positions`` as ``model_max_length``, not the length of the model the tokenizer came with; says what was
+    done (for the log)."""
     info = record.info if record is not None else None
     if info is None or not info.path:
         return "no tokenizer recorded for the data: tokenizer files not written"
@@ -58,6 +60,8 @@ def write_data_tokenizer(record: TokenizerRecord | None, out: Path) -> str:
         wanted.setdefault(key, token)
     if info.eos_token:
         wanted.setdefault("eos_token", info.eos_token)
+    if "model_max_length" in wanted:
+        wanted["model_max_length"] = max_positions
     if record.chat_template is not None:  # the template that rendered the stage's conversations wins
         wanted["chat_template"] = record.chat_template
     if wanted != config or not (out / CONFIG).is_file():

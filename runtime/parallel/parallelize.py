@@ -2,9 +2,9 @@
 checkpointing, compile, then FSDP2. Each step changes the chunk in place and keeps parameter names
 (so checkpoints and Hugging Face export are the same whatever the setting).
 
-* **Tensor parallelism** with DTensor: Megatron-style column/row splits of attention and MLP, a
-  vocabulary-parallel embedding, and a vocabulary-sharded head whose loss is computed without
-  gathering the logits (``loss_parallel``). A tied head is the embedding: both are split over the
+* **Tensor parallelism** with DTensor, by the plan of the model's family (its ``ModelSpec``: Megatron-style
+  column/row splits of attention and MLP, a vocabulary-parallel embedding, a vocabulary-sharded head whose loss
+  is computed without gathering the logits). A tied head is the embedding: both are split over the
   vocabulary (rows of the ``[vocab, hidden]`` weight), so one sharded parameter serves both.
 * **Activation checkpointing** (``model.activation_checkpointing``): a checkpointed layer keeps only
   its input from the forward pass and runs its forward again during the backward pass, activation
@@ -35,19 +35,20 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import parallelize_module
 from torch.utils.checkpoint import checkpoint
 
 from runtime.config import ModelArgs
 from runtime.parallel.context_parallel import ContextParallel
 
 
-def parallelize(chunk: nn.Module, args: ModelArgs, tp_mesh: DeviceMesh, dp_mesh: DeviceMesh | None,
-                param_dtype: torch.dtype, context_parallel: ContextParallel | None = None) -> None:
-    """Apply the recipe to ``chunk`` (a ``LlamaChunk``, still on the meta device); ``dp_mesh`` (the ranks
-    sharing parameters: dp × cp) None: no FSDP; ``context_parallel`` None: whole sequences."""
-    apply_tensor_parallel(chunk, tp_mesh)
+def parallelize(chunk: nn.Module, args: ModelArgs, tp_plan: Callable[[nn.Module], dict], tp_mesh: DeviceMesh,
+                dp_mesh: DeviceMesh | None, param_dtype: torch.dtype,
+                context_parallel: ContextParallel | None = None) -> None:
+    """Apply the recipe to ``chunk`` (a decoder chunk of the family whose tensor-parallel plan is ``tp_plan``,
+    still on the meta device); ``dp_mesh`` (the ranks sharing parameters: dp × cp) None: no FSDP;
+    ``context_parallel`` None: whole sequences."""
+    apply_tensor_parallel(chunk, tp_mesh, tp_plan)
     apply_context_parallel(chunk, context_parallel)
     apply_activation_checkpointing(chunk, args.num_hidden_layers, args.activation_checkpointing,
                                    args.activation_checkpointing_every)
@@ -57,23 +58,11 @@ def parallelize(chunk: nn.Module, args: ModelArgs, tp_mesh: DeviceMesh, dp_mesh:
         apply_fsdp(chunk, dp_mesh, param_dtype)
 
 
-def apply_tensor_parallel(chunk: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Shard ``chunk`` over ``tp_mesh`` in place."""
+def apply_tensor_parallel(chunk: nn.Module, tp_mesh: DeviceMesh, tp_plan: Callable[[nn.Module], dict]) -> None:
+    """Shard ``chunk`` over ``tp_mesh`` in place, by ``tp_plan(chunk)`` (module name → torch parallel style)."""
     if tp_mesh.size() == 1:
         return
-    plan = {}
-    if chunk.embed_tokens is not None:
-        plan["embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-    if chunk.lm_head is not None:
-        # logits stay sharded over the vocabulary; the loss runs under loss_parallel()
-        plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
-    for name in chunk.layers:
-        for proj in ("q_proj", "k_proj", "v_proj"):
-            plan[f"layers.{name}.attn.{proj}"] = ColwiseParallel()
-        plan[f"layers.{name}.attn.o_proj"] = RowwiseParallel()
-        plan[f"layers.{name}.mlp.gate_proj"] = ColwiseParallel()
-        plan[f"layers.{name}.mlp.up_proj"] = ColwiseParallel()
-        plan[f"layers.{name}.mlp.down_proj"] = RowwiseParallel()
+    plan = tp_plan(chunk)
     tied = chunk.has_embedding and chunk.has_head and chunk.lm_head.weight is chunk.embed_tokens.weight
     parallelize_module(chunk, tp_mesh, plan)
     if tied:

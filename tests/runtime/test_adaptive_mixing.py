@@ -31,9 +31,9 @@ from runtime.data.order.mixing_rules import (
     odm,
 )
 from runtime.data.order.scheduled_blend import allocate, deviation_bound
-from tests.support import TOKENIZER
+from tests.support import ROOT, TOKENIZER
 from tests.support.configs import TWO_STAGE, build, merged, small_config
-from tests.support.harness import error_lines, metrics, torchrun, train_one
+from tests.support.harness import error_lines, metrics, torchrun, train_one, worker_stderr
 
 # ------------------------------------------------------------------ re-implementations of the rules ----------
 
@@ -181,6 +181,9 @@ def adaptive_config(adaptive: dict, folders=("shards/web", "shards/code")) -> di
     ({"rule": "odm", "every": 15}, "data_stages[0] (pretrain).data.dataset.dataset_weights.adaptive.every: 15, but "
      "the stage has 30 steps: blocks 1 and 2 (steps 1-30 of it) train with initial, so no decided weight would be "
      "trained; give every below 15"),
+    ({"rule": "odm", "every": 5, "exploration": 0.0}, "adaptive.exploration: 0 keeps every weight at 1/2 (odm's "
+     "rate of learning from the losses is its exploration), so nothing would be decided; give a value in (0, 0.5], "
+     "or leave it out for the decaying default"),
     ({"rule": "odm", "every": 5, "exploration": 0.6}, "adaptive.exploration: 0.6 × 2 folders is > 1, which gives "
      "the lowest weights to the highest losses; give at most 0.5"),
 ])
@@ -256,6 +259,35 @@ def test_a_user_rule_may_return_a_numpy_vector(monkeypatch):
     history = MixingHistory(opts, 2)
     history.blocks.append(BlockRecord(1, [0.5, 0.5], BlockStats([1, 1], [10, 10], [10.0, 20.0])))
     assert decide(resolve_rule(opts.rule, "rule"), history, {}, "step 2") == ([0.75, 0.25], {})
+
+
+def test_a_user_rule_raising_is_one_line_naming_it_and_its_step_and_huge_weights_keep_their_ratio(
+        shards, tmp_path, monkeypatch):
+    module = types.ModuleType("edge_rules")
+    module.huge = lambda history: [1e308, 1e308]  # their sum overflows a float; the ratio is 1:1
+
+    def broken(history):
+        raise KeyError("loss_sum")
+
+    module.broken = broken
+    monkeypatch.setitem(sys.modules, "edge_rules", module)
+    monkeypatch.chdir(shards)
+    for name, every in (("huge", 2), ("broken", 3)):
+        d = adaptive_config({"rule": f"edge_rules:{name}", "every": every})
+        d["tokens"].update(train_steps=10)
+        d["data_stages"] = d["data_stages"][:1]
+        plan = DataPlan(build(d))
+        mixer = StageMixer(plan, plan.stages[0])
+        if name == "huge":
+            assert [mixer.observe(s, [(2, 50, 100.0), (2, 50, 120.0)]) for s in (1, 2)][1]["weights"] == [0.5, 0.5]
+            continue
+        for step in (1, 2):
+            assert mixer.observe(step, [(2, 50, 100.0), (2, 50, 120.0)]) is None
+        with pytest.raises(ConfigError) as e:
+            mixer.observe(3, [(2, 50, 100.0), (2, 50, 120.0)])
+        assert str(e.value) == (f"stage {plan.stages[0].name!r} dataset_weights.adaptive.rule at step 3: the rule "
+                                f"'edge_rules:broken' raised KeyError: 'loss_sum'; fix the function (it decides from "
+                                f"its history alone)")
 
 
 def test_loss_proportional_at_a_high_temperature_does_not_overflow():
@@ -339,6 +371,38 @@ def runs(mixed, tmp_path_factory):
     resumed = train_one(out["dp2 cfg"], mixed)
     assert "resumed from" in resumed.stdout and "at step 3" in resumed.stdout
     return out
+
+
+RANK_RULE = '''
+import os
+
+
+def by_rank(history):
+    """Not a function of the history: each rank decides its own weights."""
+    return [1.0 + int(os.environ.get("RANK", "0")), 1.0]
+'''
+
+
+def test_a_rule_deciding_differently_per_rank_stops_every_rank_in_one_line(shards, tmp_path):
+    """dp 2, blocks of one step: step 1's decision (for block 3) rides in step 2's reduction, which finds the
+    ranks' weights differ; every rank stops there, before any step draws with them, and one line says why."""
+    (tmp_path / "rank_rules.py").write_text(RANK_RULE)
+    cfg = small_config(tmp_path, tmp_path / "run", dp=2, accum=1, steps=4, single_stage=True, interval=4)
+    d = yaml.safe_load(cfg.read_text())
+    d["data_stages"][0]["data"]["dataset"] = {"dataset_folder": ["shards/web", "shards/code"], "dataset_weights": {
+        "adaptive": {"rule": "rank_rules:by_rank", "every": 1}}}
+    cfg.write_text(yaml.safe_dump(d))
+    proc = torchrun(cfg, 2, cwd=shards, env={"PYTHONPATH": f"{tmp_path}:{ROOT}"}, check=False)
+    assert proc.returncode != 0
+    assert error_lines(proc.stderr) == [
+        "error: stage 'pretrain': the rule 'rank_rules:by_rank' decided different weights on different ranks at "
+        "step 1 (block 3; this rank: [0.5, 0.5]); a rule must decide from its history alone (not RANK, a clock or an "
+        "unseeded random generator)"]
+    assert "Traceback" not in worker_stderr(proc.stderr)
+    decision = (f"mixing: stage 'pretrain' block 3 (steps 3-3): shards/web 0.5000, shards/code 0.5000; decided at "
+                f"step 1 by rank_rules:by_rank (inputs and state: {tmp_path / 'run' / 'mixing.jsonl'})")
+    assert decision in proc.stdout.splitlines()  # every decision is printed (rank 0's)
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [1]  # step 2 trained with the initial weights, unlogged
 
 
 def test_the_weights_move_as_the_rule_says(runs):
@@ -518,7 +582,8 @@ def test_check_says_the_rule_and_the_last_decision(shards, tmp_path, monkeypatch
                                          "steps": [5, 6], "weights": [0.25, 0.75]})
     plan = DataPlan(config, decisions=read_decisions(log_path(tmp_path)))
     assert plan_report(plan)[-1] == ("  adaptive (odm, every 2): samples above are of the decided steps 1-6; last "
-                                     "decision at step 2 (block 1 → block 3, steps 5-6): [0.2500, 0.7500]")
+                                     "decision at step 2 (block 1 → block 3, steps 5-6): [0.2500, 0.7500]; every "
+                                     f"decision: {log_path(tmp_path)}")
 
 
 def test_a_stage_of_a_trillion_steps_is_planned_in_memory_of_its_decided_steps(shards, tmp_path, monkeypatch):

@@ -284,6 +284,28 @@ def test_one_folder_under_two_spellings_is_one_dataset(in_shards, tmp_path):
     assert len(set(drawn)) == 80
 
 
+def test_a_later_stage_reading_a_copy_of_a_dataset_continues_its_draws(in_shards, tmp_path):
+    """A dataset is its content: a later stage naming a copy of an earlier stage's dataset (another folder, the same
+    fingerprint) continues its draws as if it named the folder itself, instead of reading the same samples again."""
+    import shutil
+
+    copy = tmp_path / "web-copy"
+    shutil.copytree(Path.cwd() / "shards" / "web", copy)
+    plans = [DataPlan(make_config(dp=1, mbs=4, train_steps=8, seq=16, stages=[
+        one_stage(["shards/web", "shards/code"], [0.5, 0.5], name="a"), one_stage(later, name="b", start=5)]))
+        for later in ("shards/web", str(copy))]
+    same, copied = ([p.data_hash(s) for s in range(1, 9)] for p in plans)
+    assert copied == same
+    plan = plans[1]
+    assert plan.stages[1].dataset_ids == plan.stages[0].dataset_ids[:1] and plan.stages[1].draw_offsets.tolist() == [8]
+    locs = [plan.global_batch(step)[1] for step in range(1, 9)]
+    web = [s for loc in locs for d, s in zip(loc.dataset.tolist(), loc.sample.tolist()) if d == 0]
+    assert len(web) == 8 + 16 == len(set(web))  # nothing read twice
+    assert plan.datasets_named(str(copy)) == plan.datasets_named("shards/web") == [0]
+    alone = DataPlan(make_config(dp=1, mbs=4, train_steps=8, seq=16, stages=[one_stage("shards/web")]))
+    assert alone.datasets_named(str(copy)) == [0]  # a copy not listed at all: what a surgery naming it excises
+
+
 def test_a_copy_of_a_dataset_listed_next_to_it_is_refused(in_shards, tmp_path):
     """A copy has the same fingerprint, hence the same sample order: blended with its original, every
     sample would come twice (the same dataset through a copy instead of a second spelling)."""

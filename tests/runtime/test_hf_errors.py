@@ -42,7 +42,8 @@ def test_wrong_architecture_and_unsupported_rope_are_one_line(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(write_yaml(tmp_path, hf))
     assert str(e.value).endswith(f"model.init_from_hf: {hf / 'config.json'}: architectures ['GPT2LMHeadModel'] is "
-                                 f"not one of ['LlamaForCausalLM', 'MistralForCausalLM']; only Llama-style models can "
+                                 f"not one of ['LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM', "
+                                 f"'Qwen3ForCausalLM']; only Llama-style models can "
                                  f"be imported")
     edit_config(hf, architectures=["MistralForCausalLM"], sliding_window=4096)
     with pytest.raises(ConfigError, match="sliding_window 4096 is not supported"):

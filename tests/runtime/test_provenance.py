@@ -132,7 +132,7 @@ def test_the_document_cli_and_its_errors(tmp_path):
     listing.write_text("shards/web:1\nshards/web:x\n")
     one_line_error(cli("--config", cfg, "--documents", listing, check=False), f"{listing} line 2: expected FOLDER:DOC")
     one_line_error(cli("--config", cfg, "--documents", tmp_path / "none.txt", check=False),
-                   f"--documents {tmp_path / 'none.txt'}: cannot read it")
+                   f"--documents: {tmp_path / 'none.txt'}: cannot read it")
 
 
 def test_a_million_step_run_answers_in_seconds(tmp_path):

@@ -32,7 +32,7 @@ def tokenizer_folder(folder, **config):
 
 
 def test_the_export_after_an_sft_stage_carries_the_chat_template_of_its_data(tmp_path):
-    plain = tokenizer_folder(tmp_path / "plain")
+    plain = tokenizer_folder(tmp_path / "plain", model_max_length=1024)  # the tokenizer's model's, not ours
     chat_tokenizer = tokenizer_folder(tmp_path / "chat-tokenizer", pad_token="<|pad|>")
     template = tmp_path / "chatml.jinja"
     template.write_text(CHATML)
@@ -59,7 +59,8 @@ def test_the_export_after_an_sft_stage_carries_the_chat_template_of_its_data(tmp
     assert ids[0] == tok.convert_tokens_to_ids("<|im_start|>") == 1492  # the markers are single tokens, as trained
 
     pretraining = export_checkpoint(run / "checkpoints" / "step-000001", tmp_path / "pretrain-hf")
-    assert json.loads((pretraining / "tokenizer_config.json").read_text()) == {"eos_token": "<|endoftext|>"}
+    assert json.loads((pretraining / "tokenizer_config.json").read_text()) == {"eos_token": "<|endoftext|>",
+                                                                                "model_max_length": 64}
 
     proc = subprocess.run([sys.executable, "-m", "runtime.export", str(run / "checkpoints"), str(tmp_path / "other"),
                            "--tokenizer", str(plain)], capture_output=True, text=True,

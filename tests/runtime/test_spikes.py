@@ -134,6 +134,9 @@ def test_the_spike_is_logged_with_the_random_samples_first_also_after_a_resume(s
     line = ("spike at step 13 ('easy'): loss {:.4f} is {:.1f} standard deviations above the mean".format(row["loss"],
                                                                                                          row["z"]))
     assert line in spiked["resumed"].stdout and "; logged; its samples: spikes.jsonl" in spiked["resumed"].stdout
+    lines = spiked["resumed"].stdout.splitlines()
+    at = next(i for i, text in enumerate(lines) if text.startswith("step     13/16 | easy | loss"))
+    assert lines[at + 1].startswith(line)  # the spike's line follows its step's
 
 
 def test_action_skip_leaves_the_spikes_update_out_and_trains_on(spiked):
@@ -196,3 +199,38 @@ def test_suspects_of_a_step_not_logged_or_from_the_wrong_checkpoint_are_one_line
     for args, line in cases:
         proc = explain(root, "--config", log, *args)
         assert proc.returncode == 1 and error_lines(proc.stderr) == [line] and "Traceback" not in proc.stderr, args
+
+
+def test_the_suggested_commands_run_as_printed_on_the_same_config_and_rewind_to_a_checkpoint_that_exists(
+        tmp_path, capsys):
+    """A spike's line and --suspects' rewind name the config file and every --set (not checkpoints.resume: each
+    command chooses its own checkpoint), quoted for the shell; the rewind goes to the latest checkpoint before the
+    step (5, where the run has checkpoints 5 and 10 and the suspects are of step 8), or there is none to go to."""
+    from runtime.cli.suspects import print_suspects
+    from runtime.config.load import load_config
+
+    path = tmp_path / "my run.yaml"
+    path.write_text(yaml.safe_dump(merged(TINY, general={"run_dir": str(tmp_path / "run")})))
+    config = load_config(path, ["tokens.train_steps=12", "checkpoints.resume=latest", "general.seed=3"])
+    sets = "--set tokens.train_steps=12 --set general.seed=3"
+    detector = SpikeDetector(SpikeArgs(zscore=1.0, window=2), config)
+    detector.last = (4.0, 1.0, 0.5)
+    assert detector.describe(8, "s", 3.0).endswith(f"nanoset explain --config '{path}' {sets} --suspects 8")
+    row = {"step": 8, "stage": "s", "loss": 2.0, "z": 4.0, "samples": [
+        {"loss": 3.0, "label_tokens": 16, "dataset": "shards/web", "sample": 3, "documents": [7]},
+        {"loss": 1.0, "label_tokens": 16, "dataset": "shards/web", "sample": 4, "documents": [9]}]}
+    assert print_suspects(config, row, "spikes.jsonl", None, False) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        f"{tmp_path}/run/checkpoints has no checkpoint before step 8 to rewind to: exclude them from step 1 in a new "
+        f"run (surgery.exclude_documents_file)")
+    for step in (5, 10):
+        saved = tmp_path / "run" / "checkpoints" / f"step-{step:06d}"
+        saved.mkdir(parents=True)
+        (saved / "metadata.json").write_text("{}")
+    (tmp_path / "run" / "checkpoints" / "step-000007").mkdir()  # incomplete: no metadata.json
+    assert print_suspects(config, row, "spikes.jsonl", None, False) == 0
+    out = capsys.readouterr().out.splitlines()
+    excise = tmp_path / "run" / "suspects-step-8.txt"
+    assert out[-2].endswith("to excise them from step 6 on (the latest checkpoint before step 8 is of step 5):")
+    assert out[-1] == f"  nanoset train --config '{path}' {sets} --rewind-to 5 --exclude-documents {excise}"
+    assert excise.read_text() == "shards/web:7\n"

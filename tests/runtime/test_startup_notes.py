@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from runtime.data.order.plan import DataPlan
-from runtime.startup import RunStart, Startup, startup_notes
+from runtime.startup import RunStart, Startup, startup_notes, startup_warnings
 from tests.support.configs import make_config
 
 STAGE = {"name": "sft", "start_training_step": 1, "data": {"dataset": {"dataset_folder": "shards/sft"}}}
@@ -52,6 +52,19 @@ def test_samples_that_repeat_and_packing_that_drops_tokens(shards, monkeypatch):
     (line,) = notes(make_config(train_steps=2, seq=24, stages=[packed]))
     assert line == ("packing shards/sft at sequence length 24: 37.6% of its tokens are in documents longer than 25 "
                     "tokens and dropped; raise the stage's sequence_length to train on them")
+
+
+def test_a_dataset_read_more_than_ten_epochs_in_a_stage_is_a_warning_not_a_note(shards, monkeypatch):
+    monkeypatch.chdir(shards)
+    config = make_config(train_steps=6000, seq=64, stages=[STAGE])  # 12,000 samples of the 1,125 windows
+    assert notes(config) == []
+    assert startup_warnings(Startup(config, DataPlan(config), RunStart(None, None), [])) == [
+        "stage 'sft' reads shards/sft 10.7 epochs (more than 10): each of its samples is trained about 11 times; add "
+        "data, or fewer steps or a lower weight for it"]
+    ten = make_config(train_steps=5625, seq=64, stages=[STAGE])  # exactly 10 epochs: a note
+    assert startup_warnings(Startup(ten, DataPlan(ten), RunStart(None, None), [])) == []
+    assert notes(ten) == ["stage 'sft' reads shards/sft up to 10.00 epochs: its samples repeat (add data, or fewer "
+                          "steps or a lower weight for it)"]
 
 
 def test_a_resume_at_another_cp_is_a_layout_change(shards, monkeypatch):

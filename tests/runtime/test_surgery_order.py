@@ -152,6 +152,10 @@ def test_surgery_mistakes_are_one_line(tmp_path):
         web_and_code(exclude_documents=["shards/web:1"], exclude_from_step=31)
     assert ("surgery.exclude_from_step: 31 is after tokens.train_steps 30, so nothing would be excised; give a step "
             "in [1, 30]") in str(e.value)
+    with pytest.raises(ConfigError) as e:  # an exclusion's first step, and nothing to exclude
+        web_and_code(exclude_from_step=9)
+    assert ("surgery.exclude_from_step: 9, but no document is excluded; give surgery.exclude_documents or "
+            "surgery.exclude_documents_file, or remove the key") in str(e.value)
     code = DataPlan(web_and_code()).datasets[1]
     everything = [f"shards/code:{d}" for d in range(code.reader.num_documents)]
     with pytest.raises(ConfigError) as e:
@@ -185,6 +189,11 @@ def test_a_surgery_that_contradicts_trained_steps_is_refused_and_a_recorded_one_
     assert str(e.value) == (f"ckpt: surgery excludes {folder}:5 from step 10, but this checkpoint trained steps up to "
                             f"10; an exclusion must start after the step resumed: rewind to an earlier checkpoint "
                             f"(nanoset train --rewind-to STEP with STEP < 10)")
+    with pytest.raises(ConfigError) as e:  # from step 1: no checkpoint to rewind to
+        resumed_surgery(surgery_of(["1:12"], {}, 1, "surgery"), record, 12, "ckpt")
+    assert str(e.value) == ("ckpt: surgery skips steps 1-12, but this checkpoint trained steps up to 12; a skip must "
+                            "start after the step resumed: no checkpoint comes before step 1, so start a new run with "
+                            "it (another general.run_dir), or make it start after step 12")
     # a document the checkpoint excluded earlier may be named again from a later step
     assert resumed_surgery(surgery_of([], {"shards/web": [4]}, 10, "surgery"), record, 10, "ckpt") == past
 
@@ -244,6 +253,25 @@ def test_a_documents_file_means_what_its_lines_say_and_a_bad_index_is_one_line(t
     assert str(e.value) == "surgery.skip_steps: expected A:B with 1 ≤ A ≤ B (steps, both included), got '²:3'"
 
 
+def test_a_documents_file_with_a_byte_order_mark_reads_and_one_not_utf8_is_one_line(tmp_path):
+    """Every reader of a documents file (--exclude-documents, surgery.exclude_documents_file, explain --documents)
+    takes a byte-order mark and refuses other encodings in one line naming the file and the line."""
+    from runtime.cli.explain import _queries
+
+    listed = tmp_path / "docs.txt"
+    listed.write_bytes(b"\xef\xbb\xbfshards/web:5\nshards/web:6\n")
+    assert {f: d.tolist() for f, d in read_documents_file(str(listed), "surgery.exclude_documents_file").items()} \
+        == {"shards/web": [5, 6]}
+    assert _queries(None, str(listed)) == [("shards/web", 5), ("shards/web", 6)]
+    listed.write_bytes("shards/web:5\nshards/caf\u00e9:6\n".encode("latin-1"))
+    for where, read in (("--exclude-documents", lambda: read_documents_file(str(listed), "--exclude-documents")),
+                        ("--documents", lambda: _queries(None, str(listed)))):
+        with pytest.raises(ConfigError) as e:
+            read()
+        assert str(e.value) == (f"{where}: {listed} line 2: not UTF-8 (byte 0xe9); save the file as UTF-8, one "
+                                f"FOLDER:DOC a line")
+
+
 def test_a_packed_dataset_passes_over_whole_packed_samples_from_the_step_on():
     stages = [{"name": "sft", "start_training_step": 1, "data": {"packing": "documents", "dataset": {
         "dataset_folder": ["shards/sft"]}}}]
@@ -278,3 +306,36 @@ def test_the_reverse_lookup_is_the_truth_with_two_exclusions_across_stages_shari
         assert [(h["step"], h["position"]) for h in hits] == truth and truth, doc
         assert all(step < first for step, _ in truth), doc
         assert [h["skipped"] for h in hits] == ["surgery" if 25 <= s <= 27 else None for s, _ in truth]
+
+
+def test_a_recorded_exclusion_follows_its_folder_when_that_folder_now_holds_other_content():
+    """A surgery recorded by content (``fingerprint:F``) of a folder rewritten in place since (a resume allowed to
+    change data): the exclusion applies to that folder, as the resumed parts follow it, not a contradictory refusal."""
+    base = DataPlan(web_and_code())
+    docs = excluded_docs(base, 3)
+    by_folder = DataPlan(web_and_code(exclude_documents=[f"shards/web:{d}" for d in docs], exclude_from_step=13))
+    recorded = Surgery.from_json({"exclusions": [{"from_step": 13, "documents": {"fingerprint:0ld": docs}}],
+                                  "datasets": {"fingerprint:0ld": os.path.abspath("shards/web")}})
+    cut = base.with_surgery(recorded)
+    assert [cut.data_hash(s) for s in range(1, 31)] == [by_folder.data_hash(s) for s in range(1, 31)]
+    assert any(cut.data_hash(s) != base.data_hash(s) for s in range(13, 31))
+    gone = Surgery.from_json({"exclusions": [{"from_step": 13, "documents": {"fingerprint:0ld": docs}}],
+                              "datasets": {"fingerprint:0ld": "/gone/web"}})
+    with pytest.raises(ConfigError, match=r"^surgery: /gone/web \(fingerprint:0ld\): not a dataset of this run; "
+                                          r"its datasets are: shards/code, shards/web$"):
+        base.with_surgery(gone)
+
+
+def test_a_surgery_recorded_by_folder_before_content_keys_follows_the_data_its_checkpoint_trained(tmp_path):
+    """A checkpoint made before datasets were keyed by content names its excised dataset by folder; that folder
+    moved since: the checkpoint's own record (folder → fingerprint) says which dataset of the run it was."""
+    base = DataPlan(web_and_code())
+    docs = excluded_docs(base, 3)
+    history = TrainingMetadata.from_json(json.loads(json.dumps(training_metadata(base, 4).to_json())))
+    for part in (p for s in history.data_stages for p in s.parts):
+        part.datasets = [str(tmp_path / "gone" / os.path.basename(f)) for f in part.datasets]
+    old = Surgery.from_json({"exclusions": [{"from_step": 13, "documents": {str(tmp_path / "gone" / "web"): docs}}]})
+    resumed = base.resumed_from("ckpt", history).with_surgery(old)
+    by_folder = DataPlan(web_and_code(exclude_documents=[f"shards/web:{d}" for d in docs], exclude_from_step=13))
+    assert [resumed.data_hash(s) for s in range(1, 31)] == [by_folder.data_hash(s) for s in range(1, 31)]
+    assert any(resumed.data_hash(s) != base.data_hash(s) for s in range(13, 31))

@@ -58,6 +58,7 @@ def test_skipped_steps_read_the_data_but_update_nothing(shards, tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert [r["data_hash"] for r in rows] == [r["data_hash"] for r in base]  # the order goes on as if trained
     assert [r["lr"] for r in rows] == [r["lr"] for r in base]  # and the learning-rate schedule
+    assert [r["weights"] for r in rows] == [r["weights"] for r in base]  # every row: the weights drawn with
     for r in rows[2:4]:
         assert (r["skipped"], r["loss"], r["grad_norm"], r["stage"]) == ("surgery", None, None, "pretrain")
     assert [r["loss"] for r in rows[:2]] == [r["loss"] for r in base[:2]]
@@ -139,6 +140,7 @@ def test_rewind_to_rewinds_records_trains_on_and_runs_again_without_rewinding(sh
     surgery = ["--rewind-to", 4, "--skip-steps", "6:6", "--exclude-documents", listed]
 
     check = nanoset_train("--config", cfg, *surgery, "--check", cwd=shards).stdout.splitlines()
+    assert not [line for line in check if line.startswith("--set")]  # none given: the rewind's own resume is not one
     start = [line for line in check if line.startswith("start: ")]
     assert start == [f"start: rewinds to {run / 'checkpoints' / 'step-000004'} (step 4): trains steps 5-8; the 2 later "
                      f"checkpoint(s) (step-000006, step-000008) are moved to {run}/rewound-<UTC time>/checkpoints, and "
@@ -249,3 +251,24 @@ def test_a_run_of_non_finite_steps_around_skipped_ones_names_its_real_first_step
         "skipped by surgery, between them not counted) (optimizer.max_skipped_steps 2)"), lines
     assert [(r["step"], r["skipped"]) for r in metrics(run)] == [
         (1, False), (2, False), (3, False), (4, True), (5, "surgery"), (6, "surgery"), (7, True), (8, True)]
+
+
+def test_explain_applies_a_surgery_only_the_checkpoints_record(shards, tmp_path, monkeypatch, capsys):
+    """Trained with an exclusion in the config, which is then removed: the checkpoint keeps it (a resume applies
+    it), and explain without --checkpoint finds it in the run's latest checkpoint: its data_hash per step is
+    metrics.jsonl's, not the unexcised order's."""
+    from runtime.cli.explain import explain
+
+    run = tmp_path / "run"
+    probe = small_config(tmp_path, tmp_path / "probe", dp=1, steps=4, single_stage=True, name="probe.yaml")
+    surgery = {"exclude_documents": web_documents(probe, shards, 3), "exclude_from_step": 2}
+    cfg = small_config(tmp_path, run, dp=1, steps=4, interval=2, single_stage=True, surgery=surgery)
+    train_one(cfg, cwd=shards)
+    removed = small_config(tmp_path, run, dp=1, steps=4, interval=2, single_stage=True, name="removed.yaml")
+    monkeypatch.chdir(shards)
+    trained = [r["data_hash"] for r in metrics(run)]
+    unexcised = [DataPlan(load_config(removed)).data_hash(s) for s in range(1, 5)]
+    assert unexcised[0] == trained[0] and unexcised[2] != trained[2]  # step 3 read the excised documents
+    assert explain(str(removed), None, None, True, steps="1:4") == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [next(r["data_hash"] for r in rows if r["step"] == s) for s in range(1, 5)] == trained

@@ -80,3 +80,27 @@ def rewrite_weights(hf: Path, change) -> None:
     state = safetensors_torch.load_file(hf / "model.safetensors")
     change(state)
     safetensors_torch.save_file(state, hf / "model.safetensors", metadata={"format": "pt"})
+
+
+def save_family_hf(folder: Path, family: str, tie: bool = False, seed: int = 0, **extra) -> Path:
+    """A random ``Qwen2ForCausalLM`` or ``Qwen3ForCausalLM`` of ``save_hf``'s sizes (Qwen3 with heads of 16, not
+    hidden / heads = 8), every weight perturbed (biases and the per-head norms too)."""
+    config_class, model_class = {"qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+                                 "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}[family]
+    sizes = {"head_dim": 16} if family == "qwen3" else {}
+    cfg = config_class(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rope_theta=5000.0,
+                       rms_norm_eps=1e-5, tie_word_embeddings=tie, **sizes, **extra)
+    torch.manual_seed(seed)
+    model = model_class(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    return folder
+
+
+def reference_loss(folder: Path, ids: torch.Tensor) -> float:
+    """transformers' mean next-token loss over ``ids`` (inputs ``ids[:, :-1]``, labels ``ids[:, 1:]``), fp32."""
+    logits = reference_logits(folder, ids[:, :-1])
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()).item()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from nanoset import storage
 from nanoset.errors import ConfigError
 from runtime.config import Config, DatasetStageArgs, HFDatasetArgs
-from runtime.data.order.surgery import FINGERPRINT
+from runtime.data.order.surgery import FINGERPRINT, dataset_key
 
 
 def resolved(folder: str) -> str:
@@ -19,16 +19,28 @@ class DatasetNames:
     """The plan's datasets by name: per dataset (index into ``DataPlan.datasets``), the resolved folder it is read
     from and the folder as the config spells it."""
 
-    def __init__(self, config: Config, stage_folders: list[list[str]]) -> None:
+    def __init__(self, config: Config, stage_folders: list[list[str]], recorded: dict[str, str] | None = None
+                 ) -> None:
+        """``recorded``: the resumed checkpoint's folders → the content fingerprint each held (what a record
+        made before datasets were named by content names a dataset by, wherever it is now)."""
         self.config, self.stage_folders = config, stage_folders
+        self.recorded = recorded or {}
         self.locations: list[str] = []  # resolved folder of each dataset
         self.spelled: list[str] = []  # the folder of each dataset as the config first spells it
         self.keys: list[str] = []  # the key of content of each dataset (``surgery.dataset_key``)
+        self.read_from: dict[str, set[int]] = {}  # every resolved folder a stage reads → its datasets (one a
+        # sequence length and packing; a copy of a dataset's content in another folder is that dataset)
+        self.spelled_as: dict[str, str] = {}  # those folders as the config spells them
 
     def add(self, location: str, spelled: str, fingerprint: str) -> None:
         self.locations.append(location)
         self.spelled.append(spelled)
         self.keys.append(FINGERPRINT + fingerprint)
+
+    def also(self, dataset: int, location: str, spelled: str) -> None:
+        """``dataset`` is read from ``location`` too (a copy of its content in another folder is the same dataset)."""
+        self.read_from.setdefault(location, set()).add(dataset)
+        self.spelled_as.setdefault(location, spelled)
 
     def named(self, folder: str, where: str = "", shown: str | None = None) -> list[int]:
         """The datasets (one per sequence length and packing) read from ``folder``: a folder of a stage, the
@@ -36,18 +48,26 @@ class DatasetNames:
         wherever the data is now); ``where`` names the asking key, ``shown`` the folder as the user knows it."""
         if folder.startswith(FINGERPRINT):
             ids = [d for d, key in enumerate(self.keys) if key == folder]
-            return ids or self._unknown(shown or folder, where)
+            if not ids and shown is not None and not shown.startswith(FINGERPRINT):
+                # no dataset has that content any more: the folder it was named by, whose content changed (as a
+                # resumed part follows its recorded folder; the record check refuses the change unless allowed)
+                ids = [d for d, f in enumerate(self.locations) if f == resolved(shown)]
+            return ids or self._unknown(f"{shown} ({folder})" if shown and shown != folder else folder, where)
         target = resolved(folder)
         folders = {target}
         for i, stage in enumerate(self.config.data_stages):
             ds = stage.data.dataset
             if isinstance(ds, HFDatasetArgs) and resolved(ds.hf_dataset_or_datasets) == target:
                 folders.update(resolved(f) for f in self.stage_folders[i])
-        ids = [d for d, f in enumerate(self.locations) if f in folders]
+        ids = sorted({d for f in folders for d in self.read_from.get(f, ())})
+        if not ids and target in self.recorded:  # a folder the checkpoint trained: its content, moved elsewhere
+            ids = [d for d, key in enumerate(self.keys) if key == FINGERPRINT + self.recorded[target]]
+        if not ids:  # a copy of a dataset of the run, as a surgery keys it (``dataset_key``): that dataset
+            ids = [d for d, key in enumerate(self.keys) if key == dataset_key(target)[0]]
         return ids or self._unknown(shown or folder, where)
 
     def _unknown(self, folder: str, where: str) -> list[int]:
-        known = ", ".join(sorted(set(self.spelled)))
+        known = ", ".join(sorted(set(self.spelled_as.values())))
         prefix = f"{where}: " if where else ""
         raise ConfigError(f"{prefix}{folder}: not a dataset of this run; its datasets are: {known}")
 
@@ -73,14 +93,13 @@ def check_listed_once(ids: list[int], fingerprints: list[str], folders: list[str
     fingerprint, so the same sample order too) would give every sample twice: refuse it."""
     where = f"data_stages[{i}] ({stage.name}).data.dataset.dataset_folder"
     first: dict[int, int] = {}
-    copies: dict[str, int] = {}
-    for b, (d, fingerprint) in enumerate(zip(ids, fingerprints)):
+    for b, d in enumerate(ids):
         a = first.setdefault(d, b)
-        if a != b:
+        if a == b:
+            continue
+        if resolved(folders[a]) == resolved(folders[b]):
             raise ConfigError(f"{where}: {folders[a]!r} and {folders[b]!r} are the same dataset "
                               f"({resolved(folders[a])}); list it once and merge the weights")
-        c = copies.setdefault(fingerprint, b)
-        if c != b:
-            raise ConfigError(f"{where}: {folders[c]!r} and {folders[b]!r} hold the same data (fingerprint "
-                              f"{fingerprint}), so every sample would be read twice; list one "
-                              f"of them and merge the weights")
+        raise ConfigError(f"{where}: {folders[a]!r} and {folders[b]!r} hold the same data (fingerprint "
+                          f"{fingerprints[b]}), so every sample would be read twice; list one "
+                          f"of them and merge the weights")

@@ -48,7 +48,7 @@ class StageMixer:
         if b + 2 > blend.num_blocks:
             return None
         assert len(blend.block_weights) == b + 1, "decisions out of order"
-        weights, self.state = decide(self.rule, self.history, self.state, self.where)
+        weights, self.state = decide(self.rule, self.history, self.state, f"{self.where} at step {step}")
         self.plan.decide(self.stage, weights)
         first, last = blend.block_steps(b + 2)
         return {"stage": self.stage.name, "step": step, "block": b, "decides_block": b + 2, "steps": [first, last],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +79,9 @@ def floor_weights(weights: Sequence[float], min_weight: float) -> list[float]:
     the floor are set to ``m`` and the others share ``1 − |S|·m`` in proportion to ``w``, growing ``S`` until no
     other falls below ``m`` (at most ``k`` rounds; needs ``k·m < 1``)."""
     w = [float(x) for x in weights]
+    top = max(w)
+    if top > sys.float_info.max / len(w):  # their sum would overflow: the same ratios, scaled down
+        w = [x / top for x in w]
     total = math.fsum(w)
     w = [x / total for x in w]
     if min_weight <= 0.0:
@@ -183,16 +187,23 @@ def resolve_rule(name: str, key: str) -> Callable[[MixingHistory, dict], tuple[l
 def decide(rule: Callable[[MixingHistory, dict], tuple[list[float], dict]], history: MixingHistory, state: dict,
            where: str) -> tuple[list[float], dict]:
     """The rule's weights, checked (one finite weight ≥ 0 per source, not all zero), then floored at
-    ``min_weight`` and normalised; its new state."""
-    returned, new_state = rule(history, state)
+    ``min_weight`` and normalised; its new state. A user's rule that raises is one ``ConfigError`` naming it."""
+    name = history.options.rule
+    try:
+        returned, new_state = rule(history, state)
+    except Exception as e:
+        if name in RULES:  # a built-in rule's failure is the runtime's bug: its traceback is wanted
+            raise
+        raise ConfigError(f"{where}: the rule {name!r} raised {type(e).__name__}: {' '.join(str(e).split())[:200]}; "
+                          f"fix the function (it decides from its history alone)") from None
     k = history.num_sources
     numbers_given = isinstance(returned, (list, tuple)) or (hasattr(returned, "tolist") and getattr(returned, "ndim",
                                                                                                     0) == 1)
     weights = [float(w) for w in returned] if numbers_given and all(
         isinstance(w, numbers.Real) and not isinstance(w, bool) for w in returned) else None
     if (weights is None or len(weights) != k or any(not (math.isfinite(w) and w >= 0.0) for w in weights)
-            or not math.fsum(weights) > 0):
+            or not any(w > 0.0 for w in weights)):
         got = " ".join(repr(returned).split())[:200]
-        raise ConfigError(f"{where}: the rule {history.options.rule!r} returned {got}; a rule must return a list of "
+        raise ConfigError(f"{where}: the rule {name!r} returned {got}; a rule must return a list of "
                           f"{k} finite weights ≥ 0, not all zero")
     return floor_weights(weights, history.options.min_weight), new_state

@@ -5,8 +5,9 @@ in O(1) - blend slot → dataset and draw number → epoch and position → perm
 weights blend by a greedy period, a weight schedule by per-step counts computed once: see
 ``blend`` and ``scheduled_blend``). Global step
 ``t`` of stage ``s`` uses stage samples ``[(t - start_s)·G, (t - start_s + 1)·G)``. A dataset
-(resolved folder and sequence length) used by several stages continues its draws where the
-earlier stages left it, so nothing repeats before the dataset is exhausted.
+(content fingerprint and sequence length: a copy in another folder is the same dataset) used by
+several stages continues its draws where the earlier stages left it, so nothing repeats before the
+dataset is exhausted.
 
 A resumed run passes the checkpoint's record (``history``): the stages that have begun are then
 taken from the record - their global batch size, datasets, weights, seed and the draws each
@@ -74,7 +75,7 @@ class DataPlan:
         self.history = history
         self.checkpoint = str(checkpoint) if history is not None else None
         self.datasets: list[SampleSpace] = []
-        self.names = DatasetNames(config, stage_folders)
+        self.names = DatasetNames(config, stage_folders, _recorded_folders(history))
         self.folders = self.names.locations  # resolved folder of each dataset
         self._keys: dict[tuple[str, int, str, bool], int] = {}
         self._seeds: dict[int, int] = {}  # the first part to draw from a dataset keys its order
@@ -88,7 +89,7 @@ class DataPlan:
             check_listed_once(ids, [self.datasets[d].reader.fingerprint for d in ids], stage_folders[i], i, stage)
             weights, schedule = _weights(stage)
             adaptive = _adaptive(stage, len(ids))
-            spec = PartSpec([self.folders[d] for d in ids], weights, config.stage_seed(stage),
+            spec = PartSpec([resolved(f) for f in stage_folders[i]], weights, config.stage_seed(stage),
                             config.global_batch_size, schedule, adaptive)
             if i in records:
                 parts = recorded_parts(self, i, stage, records[i], spec, ids, totals)
@@ -120,12 +121,14 @@ class DataPlan:
     def dataset_of(self, folder: str, i: int, stage: DatasetStageArgs) -> int:
         seq = self.config.stage_sequence_length(stage)
         data = stage.data
-        key = (resolved(folder), seq, packing_mode(stage))
+        location = resolved(folder)
+        if location not in self._readers:
+            self._readers[location] = _open(folder, i, stage)
+        # a dataset is its content: a copy of it in another folder is the same dataset (its draws go on)
+        key = (self._readers[location].fingerprint, seq, packing_mode(stage))
         if key not in self._keys:
-            if key[0] not in self._readers:
-                self._readers[key[0]] = _open(folder, i, stage)
             if data.packing == "documents":
-                windows = PackedDocuments(folder, seq, self._readers[key[0]], self.config.general.cache_path,
+                windows = PackedDocuments(folder, seq, self._readers[location], self.config.general.cache_path,
                                           data.drop_long_documents)
                 if windows.reader.num_tokens == 0:
                     raise ConfigError(f"data_stages[{i}] ({stage.name}): {folder} has no tokens to pack; add data")
@@ -134,14 +137,15 @@ class DataPlan:
                                       f"{folder} is longer than sequence_length + 1 = {seq + 1} and was dropped; "
                                       f"raise sequence_length or set drop_long_documents: false to truncate them")
             else:
-                windows = TokenWindows(folder, seq, self._readers[key[0]])
+                windows = TokenWindows(folder, seq, self._readers[location])
             if windows.num_samples == 0:
                 raise ConfigError(f"data_stages[{i}] ({stage.name}): {folder} has "
                                   f"{windows.reader.num_tokens} tokens, too few for one window of "
                                   f"{seq + 1}; lower sequence_length or add data")
             self._keys[key] = len(self.datasets)
             self.datasets.append(windows)
-            self.names.add(key[0], folder, windows.reader.fingerprint)
+            self.names.add(location, folder, windows.reader.fingerprint)
+        self.names.also(self._keys[key], location, folder)
         return self._keys[key]
 
     def new_part(self, i: int, stage: DatasetStageArgs, start: int, end: int, spec: PartSpec, ids: list[int],
@@ -163,7 +167,7 @@ class DataPlan:
             sequence_length=self.config.stage_sequence_length(stage), global_batch_size=spec.global_batch_size,
             seed=spec.seed, use_position_ids=stage.data.use_position_ids,
             num_loading_workers=stage.data.num_loading_workers, prefetch=stage.data.prefetch,
-            dataset_ids=ids, blend=blend, draw_offsets=np.array(offsets, dtype=np.int64))
+            dataset_ids=ids, folders=list(spec.folders), blend=blend, draw_offsets=np.array(offsets, dtype=np.int64))
 
     def _excise(self) -> list[DrawIndex]:
         """Each dataset's draw index under the plan's surgery (``excision.draw_indexes``): an exclusion from a step
@@ -316,7 +320,7 @@ class DataPlan:
             out.append(DataStageMetadata(
                 stage.name, stage.start_training_step, sum(p.consumed_samples(last_step) for p in parts),
                 parts[0].sequence_length,
-                [PartRecord(p.start_step, p.global_batch_size, [self.folders[d] for d in p.dataset_ids],
+                [PartRecord(p.start_step, p.global_batch_size, p.folders,
                             [self.datasets[d].reader.fingerprint for d in p.dataset_ids], seed=p.seed,
                             draw_offsets=p.draw_offsets.tolist(), **p.blend.record(last_step))
                  for p in parts if p.start_step <= last_step],
@@ -337,6 +341,12 @@ class DataPlan:
             seen = check_same_tokenizer(w.reader, w.folder, seen)
             check_vocab(w.reader, w.folder, self.config.model.vocab_size)
         check_unknown_beside_known([(w.reader, w.folder) for w in self.datasets], seen, "data_stages")
+
+
+def _recorded_folders(history: TrainingMetadata | None) -> dict[str, str]:
+    """The folders a checkpoint's record names → the content fingerprint each held then."""
+    parts = [p for s in history.data_stages for p in s.parts] if history is not None else []
+    return {f: fp for p in parts for f, fp in zip(p.datasets, p.fingerprints)}
 
 
 def _draws_key(folder: str, dataset: SampleSpace) -> str:

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from nanoset.errors import ConfigError
 from runtime.config import Config, DatasetStageArgs
+from runtime.data.order.dataset_names import resolved
 from runtime.data.order.record import (
     DataStageMetadata,
     PartRecord,
@@ -29,6 +30,7 @@ class PartMaker(Protocol):
     checkpoint: str
     datasets: list[SampleSpace]
     folders: list[str]
+    stage_folders: list[list[str]]
 
     def dataset_of(self, folder: str, i: int, stage: DatasetStageArgs) -> int: ...
 
@@ -46,14 +48,14 @@ def recorded_parts(plan: PartMaker, i: int, stage: DatasetStageArgs, record: Dat
     recorded = record.parts or [_legacy_part(record, spec, plan.history)]
     parts, content = [], {}
     after = dict(totals)
-    folders = [_moved(plan, r, ids) for r in recorded]
+    folders = [_moved(plan, r, ids, plan.stage_folders[i]) for r in recorded]
     for k, r in enumerate(recorded):
         stop = recorded[k + 1].start_step if k + 1 < len(recorded) else end
         part_ids = [plan.dataset_of(folder, i, stage) for folder in folders[k]]
-        for d, old in zip(part_ids, r.fingerprints):
+        for d, old, folder in zip(part_ids, r.fingerprints, folders[k]):
             new = plan.datasets[d].reader.fingerprint
             if old != new:
-                content[d] = f"{plan.folders[d]} has other content (fingerprint {old} → {new})"
+                content[d] = f"{folder} has other content (fingerprint {old} → {new})"
         offsets = r.draw_offsets if r.draw_offsets else [after.get(d, 0) for d in part_ids]
         part = plan.new_part(i, stage, r.start_step, stop, PartSpec.of_record(r, folders[k]), part_ids, offsets,
                              parts[-1] if parts else None, r.decisions)
@@ -85,11 +87,11 @@ def recorded_parts(plan: PartMaker, i: int, stage: DatasetStageArgs, record: Dat
     return parts
 
 
-def _moved(plan: PartMaker, record: PartRecord, ids: list[int]) -> list[str]:
+def _moved(plan: PartMaker, record: PartRecord, ids: list[int], listed: list[str]) -> list[str]:
     """The folder of each recorded dataset: the stage's folder with its content fingerprint, wherever it is now (a
     dataset copied to another path, mount or node-local disk is the same dataset, and its draws continue there);
     the recorded folder when the stage has no such content (other content there is a change of data)."""
-    found = {plan.datasets[d].reader.fingerprint: plan.folders[d] for d in ids}
+    found = {plan.datasets[d].reader.fingerprint: resolved(f) for d, f in zip(ids, listed)}
     return [found.get(fp, folder)
             for folder, fp in zip(record.datasets, record.fingerprints or [""] * len(record.datasets))]
 

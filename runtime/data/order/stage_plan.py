@@ -31,6 +31,7 @@ class StagePlan:
     num_loading_workers: int
     prefetch: int
     dataset_ids: list[int]  # indices into DataPlan.datasets, in the stage's folder order
+    folders: list[str]  # the resolved folder the stage names for each (recorded; a copy is read as its dataset)
     blend: Blend
     draw_offsets: np.ndarray = field(repr=False)  # draws taken by earlier stages, per stage dataset
 

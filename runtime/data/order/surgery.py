@@ -53,22 +53,35 @@ def parse_document(text: str, where: str) -> tuple[str, int]:
 _LINE = re.compile(rf"^(\S.*):([0-9]{{1,{_MAX_DIGITS}}})$", re.M)
 
 
-def read_documents_file(path: str, where: str) -> dict[str, np.ndarray]:
-    """The ``FOLDER:DOC`` lines of ``path`` (what ``explain --documents`` reads) as folder → document indices; blank
-    lines are ignored. One regular expression over the text when every line has the plain form (100,000 lines in
-    a fraction of a second), a line at a time otherwise."""
+def read_document_lines(path: str, where: str) -> list[tuple[str, int | str]]:
+    """The ``FOLDER:DOC`` lines of ``path`` in order, blank lines ignored: one reader for ``explain --documents``,
+    ``--exclude-documents`` and ``surgery.exclude_documents_file``. UTF-8, with or without a byte-order mark
+    (editors on Windows write one); anything else is one ``ConfigError`` naming the file and the line. One regular
+    expression over the text when every line has the plain form (100,000 lines in a fraction of a second; the
+    index is then left as digits), a line at a time otherwise."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
         raise ConfigError(f"{where}: {path}: cannot read it ({e.strerror or e})") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{where}: {path} line {line}: not UTF-8 (byte {data[e.start]:#04x}); save the file as "
+                          f"UTF-8, one FOLDER:DOC a line") from None
     found = _LINE.findall(text)
     if len(found) != text.count("\n") + (not text.endswith("\n")):  # blank lines, spaces, or a mistake
         found = [parse_document(line, f"{where}: {path} line {n}") for n, line in enumerate(text.splitlines(), 1)
                  if line.strip()]
     if not found:
         raise ConfigError(f"{where}: {path}: no FOLDER:DOC line in it; give one document a line")
-    folders, docs = zip(*found)
+    return found
+
+
+def read_documents_file(path: str, where: str) -> dict[str, np.ndarray]:
+    """The documents ``path`` lists (``read_document_lines``) as folder → document indices."""
+    folders, docs = zip(*read_document_lines(path, where))
     numbers = np.array(docs).astype(np.int64)
     named = set(folders)
     if len(named) == 1:
@@ -271,8 +284,7 @@ def resumed_surgery(surgery: Surgery, recorded: dict | None, last_step: int, che
     if new_skips:
         a, b = new_skips[0]
         raise ConfigError(f"{checkpoint}: surgery skips steps {a}-{b}, but this checkpoint trained steps up to "
-                          f"{last_step}; a skip must start after the step resumed: rewind to an earlier checkpoint "
-                          f"(nanoset train --rewind-to STEP with STEP < {a})")
+                          f"{last_step}; a skip must start after the step resumed: {_earlier(a, last_step)}")
     for step in sorted(surgery.exclusions):
         if step > last_step:
             break
@@ -282,6 +294,14 @@ def resumed_surgery(surgery: Surgery, recorded: dict | None, last_step: int, che
             if len(new):
                 raise ConfigError(f"{checkpoint}: surgery excludes {total.shown(folder)}:{int(new[0])} from step "
                                   f"{step}, but this checkpoint trained steps up to {last_step}; an exclusion must "
-                                  f"start after the step resumed: rewind to an earlier checkpoint (nanoset train "
-                                  f"--rewind-to STEP with STEP < {step})")
+                                  f"start after the step resumed: {_earlier(step, last_step)}")
     return total
+
+
+def _earlier(first: int, last_step: int) -> str:
+    """How to apply a surgery from step ``first`` to a run trained up to ``last_step``: a rewind, or (from step 1,
+    which no checkpoint precedes) a new run."""
+    if first <= 1:
+        return (f"no checkpoint comes before step 1, so start a new run with it (another general.run_dir), or make "
+                f"it start after step {last_step}")
+    return f"rewind to an earlier checkpoint (nanoset train --rewind-to STEP with STEP < {first})"

@@ -1,5 +1,7 @@
-"""A Llama-style decoder (RMSNorm, RoPE, SwiGLU, grouped-query SDPA attention) that splits into
-pipeline chunks.
+"""The Llama-style decoder every family builds on (RMSNorm, RoPE, SwiGLU, grouped-query attention with causal or
+document masks) that splits into pipeline chunks. A family changes what it must by subclassing: its attention
+(``DecoderChunk.attention``; ``Attention.heads`` makes the heads, ``Attention.qkv_bias`` adds biases) and its
+chunk class, in its own folder.
 
 A chunk owns a contiguous range of layers, kept in a ModuleDict under their global index, so
 parameter names (``layers.7.attn.q_proj.weight``) are the same in every layout: initialisation
@@ -17,11 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.config import ModelArgs, RopeScalingArgs
+from runtime.config import ModelArgs
 from runtime.models.document_attention import additive, attend, document_ids, document_mask, sequence_mask, use_flex
-from runtime.models.rope import rope_inv_freq
+from runtime.models.rope import apply_rope, rope_tables
 from runtime.parallel.context_parallel import ContextParallel
-from runtime.parallel.shards import local_slices, local_tensor
 
 
 class RMSNorm(nn.Module):
@@ -35,37 +36,28 @@ class RMSNorm(nn.Module):
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
 
-def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
-                scaling: RopeScalingArgs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, ``[batch, seq, 1, head_dim / 2]``, for the given positions."""
-    inv_freq = rope_inv_freq(head_dim, theta, scaling, position_ids.device)
-    angles = position_ids.float()[..., None] * inv_freq
-    return angles.cos()[:, :, None, :].to(dtype), angles.sin()[:, :, None, :].to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (first half, second half) of each head by the position's angles, in the tables' dtype
-    (fp32 tables with ``model.rope_fp32``: the rotation in fp32, the result back in ``x``'s dtype)."""
-    x1, x2 = x.to(cos.dtype).chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
-
-
 class Attention(nn.Module):
+    qkv_bias = False  # biases on the q, k and v projections (o_proj never has one)
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.head_dim = args.head_size
-        self.q_proj = nn.Linear(args.hidden_size, args.num_attention_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(args.hidden_size, args.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(args.hidden_size, args.kv_heads * self.head_dim, bias=False)
+        bias = self.qkv_bias
+        self.q_proj = nn.Linear(args.hidden_size, args.num_attention_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(args.hidden_size, args.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(args.hidden_size, args.kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(args.num_attention_heads * self.head_dim, args.hidden_size, bias=False)
         self.context_parallel: ContextParallel | None = None
 
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values, ``[batch, seq, heads, head_dim]``, before RoPE; the head counts come from the
+        (possibly tensor-parallel, local) projections."""
+        b, s, _ = x.shape
+        return tuple(proj(x).view(b, s, -1, self.head_dim) for proj in (self.q_proj, self.k_proj, self.v_proj))
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
         b, s, _ = x.shape
-        # head counts come from the (possibly tensor-parallel, local) projections: -1
-        q = self.q_proj(x).view(b, s, -1, self.head_dim)
-        k = self.k_proj(x).view(b, s, -1, self.head_dim)
-        v = self.v_proj(x).view(b, s, -1, self.head_dim)
+        q, k, v = self.heads(x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.context_parallel is not None:  # the keys and values of the whole sequence, one gather
             k, v = self.context_parallel.gather(torch.stack((k, v), dim=2)).unbind(dim=2)
@@ -86,10 +78,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+    def __init__(self, args: ModelArgs, attention: type[Attention] = Attention) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.attn = Attention(args)
+        self.attn = attention(args)
         self.mlp_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
 
@@ -98,8 +90,10 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class LlamaChunk(nn.Module):
+class DecoderChunk(nn.Module):
     """Layers ``[first_layer, last_layer)`` of the model, plus embedding and/or head at the ends."""
+
+    attention: type[Attention] = Attention  # a family's attention
 
     def __init__(self, args: ModelArgs, first_layer: int = 0, last_layer: int | None = None) -> None:
         super().__init__()
@@ -108,7 +102,8 @@ class LlamaChunk(nn.Module):
         self.has_embedding = first_layer == 0
         self.has_head = last_layer == args.num_hidden_layers
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size) if self.has_embedding else None
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(args) for i in range(first_layer, last_layer)})
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(args, self.attention)
+                                     for i in range(first_layer, last_layer)})
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps) if self.has_head else None
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False) if self.has_head else None
         if args.tie_word_embeddings and self.has_embedding and self.has_head:
@@ -174,56 +169,3 @@ class LlamaChunk(nn.Module):
             doc = document_ids(full)
             q_doc, kv_doc = doc[:, q_pos], doc[:, kv_pos]
         return sequence_mask(q_pos, kv_pos, q_doc, kv_doc, use_flex(device, self.args.head_size))
-
-
-def init_weights(chunk: LlamaChunk, args: ModelArgs, seed: int) -> None:
-    """Seeded per parameter name, so the full weights are the same for every tp/pp/dp layout.
-
-    Linear and embedding weights ~ N(0, init_std); the projections that write into the residual
-    stream (o_proj, down_proj) use init_std / sqrt(2 · layers); norms start at 1. Each weight is
-    drawn on the CPU in blocks of rows, and only this rank's shard of it is kept.
-    """
-    import hashlib
-
-    scaled = args.init_std / (2 * args.num_hidden_layers) ** 0.5
-    for name, p in chunk.named_parameters():
-        name = chunk.stored_name(name)
-        local = local_tensor(p)
-        if name.endswith("norm.weight"):
-            with torch.no_grad():
-                local.fill_(1.0)
-            continue
-        digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
-        gen = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
-        std = scaled if name.endswith(("o_proj.weight", "down_proj.weight")) else args.init_std
-        with torch.no_grad():
-            draw_normal_part(local, tuple(p.shape), std, gen, local_slices(p))
-
-
-def draw_normal_part(out: torch.Tensor, shape: tuple[int, ...], std: float, gen: torch.Generator,
-                     part: tuple[slice, ...], block_values: int = 1 << 22) -> None:
-    """``out.copy_(torch.empty(shape).normal_(0, std, generator=gen)[part])`` without holding the whole
-    tensor: the rows are drawn in blocks of ``block_values`` values (and not past the part's last row).
-
-    Equal to the whole draw, bit for bit: torch's CPU ``normal_`` turns its uniforms into normals 16
-    at a time and redraws the last 16 when the size is no multiple of 16, so blocks whose sizes are
-    multiples of 16, and a last block of at least 16 values, consume and transform the same numbers.
-    """
-    row_values = 1
-    for n in shape[1:]:
-        row_values *= n
-    rows = max(16, block_values // max(row_values, 1) // 16 * 16)  # a multiple of 16 rows
-    if len(shape) < 2 or shape[0] <= rows:
-        out.copy_(torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen)[part])
-        return
-    first, last = part[0].start, part[0].stop
-    start = 0
-    while start < last:
-        stop = min(start + rows, shape[0])
-        if (shape[0] - stop) * row_values < 16:  # the last block must hold at least 16 values
-            stop = shape[0]
-        block = torch.empty((stop - start,) + shape[1:], dtype=torch.float32).normal_(0.0, std, generator=gen)
-        lo, hi = max(start, first), min(stop, last)
-        if lo < hi:
-            out[lo - first : hi - first] = block[(slice(lo - start, hi - start),) + part[1:]]
-        start = stop
