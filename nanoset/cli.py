@@ -14,7 +14,7 @@ import click
 
 from nanoset.env import env_number
 from nanoset.errors import NEEDS_TORCH, print_error, report_user_errors
-from nanoset.tokenize.backends import BACKENDS
+from nanoset.tokenize.backends import backend_names
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -50,7 +50,7 @@ def cli() -> None:
               help="With --chat: rows without a messages column are a prompt (user turn) ...")
 @click.option("--completion-column", default="completion", show_default=True,
               help="... and a completion (assistant turn).")
-@click.option("--backend", default="auto", show_default=True, type=click.Choice(BACKENDS),
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(backend_names()),
               help="The encoder; the output is the same with each. auto: fastokens where it is installed, loads the "
                    "tokenizer and agrees with tokenizers on a probe set, else tokenizers (with a note).")
 def tokenize(inputs: tuple[str, ...], output: str, tokenizer: str, eos_token: str | None, text_column: str,
@@ -158,7 +158,7 @@ def train(ctx: click.Context) -> None:
     from runtime.cli.launch import main as launch  # imports torch itself, once its signal handlers are in place
 
     status = launch(ctx.args)
-    from runtime.preemption import ignore_stop_signals
+    from runtime.control.preemption import ignore_stop_signals
 
     ignore_stop_signals()  # the run has ended: a stop signal during the exit changes nothing
     ctx.exit(status)
@@ -176,13 +176,13 @@ def train(ctx: click.Context) -> None:
 def metrics(run_dir: Path, as_json: bool, plot: Path | None, compare: Path | None) -> None:
     """A run's summary (and plot) from its metrics.jsonl: per stage steps, tokens, time, losses, sources,
     validation, skipped steps. RUN_DIR: the run's general.run_dir, running or finished."""
-    from runtime.metrics_summary import first_difference, render, render_difference, summarize
+    from runtime.observe.metrics_summary import first_difference, render, render_difference, summarize
 
     runs = [run_dir] + ([compare] if compare is not None else [])
     summaries = [summarize(r) for r in runs]
     difference = first_difference(run_dir, compare) if compare is not None else None
     if plot is not None:
-        from runtime.metrics_plot import plot as draw
+        from runtime.observe.metrics_plot import plot as draw
 
         draw(run_dir, plot, compare)
     if as_json:

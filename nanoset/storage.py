@@ -128,6 +128,15 @@ def size(where: Where) -> int:
     return int(_remote(loc, lambda fs: fs.head(loc))["size"]) if loc.remote else loc.path.stat().st_size
 
 
+def modified_ns(where: Where) -> int:
+    """When the file was last written, in nanoseconds since the epoch (an object's upload time)."""
+    loc = location(where)
+    if not loc.remote:
+        return loc.path.stat().st_mtime_ns
+    when = _remote(loc, lambda fs: fs.head(loc))["last_modified"]
+    return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000
+
+
 def sizes(folder: Where, names: list[str]) -> list[int | None]:
     """The sizes of the files ``names`` in ``folder`` (None where one is missing): locally one ``stat`` per file
     made relative to the open folder, no path walked per file (0.3 s for 300,000 files); remotely one listing."""
@@ -164,6 +173,17 @@ def list_names(where: Where, pattern: str = "*") -> list[str]:
         except (FileNotFoundError, NotADirectoryError):
             return []
     return sorted(n for n in names if fnmatch.fnmatchcase(n, pattern))
+
+
+def files_under(where: Where) -> list[str]:
+    """The paths of every file below folder ``where``, relative to it (``/``-separated), sorted; empty for a
+    missing folder."""
+    loc = location(where)
+    if loc.remote:
+        return _remote(loc, lambda fs: fs.walk(loc))
+    root = loc.path
+    return sorted(str(Path(top, name).relative_to(root)).replace(os.sep, "/")
+                  for top, _, names in os.walk(root) for name in names)
 
 
 def read_bytes(where: Where) -> bytes:
@@ -400,6 +420,12 @@ class ObjectStore:
         found = self.obstore.list_with_delimiter(store, key + "/" if key else None)
         folders = [p.rstrip("/").rpartition("/")[2] for p in found["common_prefixes"]]
         return folders, {o["path"].rpartition("/")[2]: int(o["size"]) for o in found["objects"]}
+
+    def walk(self, loc: Location) -> list[str]:
+        """Every object below the folder ``loc``, relative to it."""
+        store, key = self.store(loc)
+        prefix = key + "/" if key else ""
+        return sorted(o["path"][len(prefix):] for batch in self.obstore.list(store, prefix or None) for o in batch)
 
     def read(self, loc: Location, start: int | None = None, stop: int | None = None) -> bytes:
         store, key = self.store(loc)

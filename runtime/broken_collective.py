@@ -18,7 +18,7 @@ from pathlib import Path
 from nanoset.atomic import atomic_write_text
 from nanoset.errors import NanosetError
 from runtime.cli.agent import ERROR_FILE, mark_broken_collective
-from runtime.preemption import from_the_store
+from runtime.control.preemption import from_the_store
 
 TRACEBACKS = "tracebacks"  # in the run folder
 BROKEN_COLLECTIVE_STATUS = 1

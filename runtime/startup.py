@@ -22,9 +22,11 @@ from runtime.checkpoint.layout import (
     RESUME,
     check_same_model,
     checkpoints_folder,
+    checkpoints_url,
     resolve_resume,
 )
 from runtime.checkpoint.record import CheckpointRecord, read_metadata
+from runtime.checkpoint.remote import fetch_latest
 from runtime.checkpoint.run_folder import (
     REWOUND,
     RunLock,
@@ -40,12 +42,12 @@ from runtime.checkpoint.surgery_log import RewindEntry, run_surgery, surgery_at_
 from runtime.config import Config
 from runtime.config.load import load_config
 from runtime.data.hf_datasets import resolve_stage_folders
-from runtime.data.order.holdout import holdout_documents, holdout_sets, holdout_surgery, training_folders
+from runtime.data.order.holdout import holdout_documents, holdout_surgery, training_folders
 from runtime.data.order.packing import shorter_sequence_length
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.source_names import source_names
 from runtime.data.order.surgery import Surgery
-from runtime.data.order.validation_sets import ValidationSet, open_validation_sets, training_readers
+from runtime.data.order.validation_sets import ValidationSet, holdout_sets, open_validation_sets, training_readers
 from runtime.evaluation.evaluator import Evaluator, data_tokenizer, open_tasks
 from runtime.hf.preflight import check_init_from_hf
 from runtime.stage_optimizer import RECORD_KEY as STAGE_OPTIMIZERS_KEY
@@ -131,6 +133,9 @@ def plan_start(config: Config, lock: bool = True) -> RunStart:
 
 def _start(config: Config, held: RunLock | None) -> RunStart:
     folder = checkpoints_folder(config)
+    url = checkpoints_url(config)
+    if url is not None and config.checkpoints.resume == LATEST:
+        fetch_latest(url, folder)  # the bucket's latest checkpoint, where this machine has none as new
     path = resolve_resume(folder, config.checkpoints.resume)
     continues = config.checkpoints.resume == LATEST or (
         path is not None and path.resolve().parent == folder.resolve())

@@ -3,7 +3,7 @@ runtime/train.py --config cfg.yaml``, or ``python -m runtime.train`` for one pro
 
 Every check (config, data, the checkpoint to resume and the run folder) runs before any process
 group, so a mistake is one line printed once; then the trainer trains. The stop signals are answered
-from the first line on (``runtime/preemption.py``): during start-up they end the worker at once with one
+from the first line on (``runtime/control/preemption.py``): during start-up they end the worker at once with one
 line; while training, on SIGTERM, SIGUSR1, SIGHUP or Ctrl-C the run saves a checkpoint after the current
 step and exits 128 + the signal; rerunning the same command resumes.
 """
@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script by torchrun: make the repositor
 # light imports only before main() installs the stop handlers (preemption takes the launcher's pid at import)
 from nanoset.errors import print_error, report_user_errors  # noqa: E402
 from runtime.cli.agent import mark_user_error  # noqa: E402
-from runtime.preemption import (  # noqa: E402
+from runtime.control.preemption import (  # noqa: E402
     PARENT_AT_START,
     STOP_SIGNALS,
     STORE_GRACE_S,

@@ -11,11 +11,14 @@ same for every dp/cp/tp/pp layout and for ``python -m runtime.evaluate``; each r
 from __future__ import annotations
 
 import math
+import time
 
 from runtime.config import Config
 from runtime.data.loading.feed import validation_batches
 from runtime.data.order.validation_sets import ValidationSet
 from runtime.engine import Engine
+from runtime.observe.metrics import MetricsLogger
+from runtime.observe.observer import StepObserver, TrainedStep
 
 
 class Validator:
@@ -70,3 +73,19 @@ def describe(results: dict[str, dict[str, float | int | None]]) -> list[str]:
             f"{name}: loss not finite (NaN or infinity) tokens {r['tokens']}" if r["loss"] is None else
             f"{name}: loss {r['loss']:.4f} ppl " + ("overflow" if r["ppl"] is None else f"{r['ppl']:.2f}") +
             f" tokens {r['tokens']}" for name, r in results.items()]
+
+
+class DueValidation(StepObserver):
+    """The step observer that validates after a step when it is due (before the step's checkpoint: never repeated
+    on a resume) and logs the losses with how long they took."""
+
+    def __init__(self, validator: Validator, engine: Engine, metrics: MetricsLogger) -> None:
+        self.validator, self.engine, self.metrics = validator, engine, metrics
+
+    def after_step(self, step: TrainedStep) -> None:
+        stage = step.stage
+        if not self.validator.should_validate(step.step, stage.index):
+            return
+        began = time.perf_counter()
+        results = self.validator.validate(self.engine)
+        self.metrics.log_validation(step.step, stage.name, results, describe(results), time.perf_counter() - began)

@@ -1,5 +1,6 @@
-"""The layers of docs/architecture.md, read from the source: no import circle, and each layer imports only the
-layers below it (toolkit → data order → loading → engine → trainer → commands)."""
+"""The layers of docs/architecture.md, read from the source: no import circle (lazy and type-only imports too), each
+layer imports only the layers below it (toolkit → data order → loading → engine → trainer → commands), and the
+runtime's root holds few modules."""
 
 from __future__ import annotations
 
@@ -15,22 +16,22 @@ COMMANDS = ("runtime.cli", "runtime.train", "runtime.evaluate", "runtime.explain
 # a layer's modules → the prefixes they may import (their own layer included); the lowest layer first
 LAYERS = {
     "nanoset": ("nanoset",),
-    # the config's checks parse surgery and mixing rules with the data order's own parsers (numpy only) and ask
-    # the torch-free registry of model families what a family takes
-    "runtime.config": ("nanoset", "runtime.config", "runtime.hf.config_map", "runtime.data.order.surgery",
-                       "runtime.data.order.mixing_rules", "runtime.models.registry"),
+    # the config owns its parsers (Hugging Face's config.json included) and asks the torch-free registry of model
+    # families what a family takes
+    "runtime.config": ("nanoset", "runtime.config", "runtime.models.registry", "runtime.models.spec"),
     "runtime.data.order": ("nanoset", "runtime.config", "runtime.data.order"),
     "runtime.parallel": ("nanoset", "runtime.config", "runtime.parallel"),
     "runtime.models": ("nanoset", "runtime.config", "runtime.parallel", "runtime.models"),
     "runtime.data.loading": ("nanoset", "runtime.config", "runtime.data.order", "runtime.data.loading",
-                             "runtime.parallel", "runtime.preemption"),
+                             "runtime.parallel", "runtime.control.preemption"),
     "runtime.engine": ("nanoset", "runtime.config", "runtime.data.loading", "runtime.models", "runtime.parallel",
                        "runtime.sample_losses"),
 }
 # the imports that cross upwards: `nanoset train`, a toolkit command, starts the runtime's launcher, and
 # `nanoset metrics` reads a run's metrics.jsonl with the runtime's torch-free summary and plot
-COMMAND_BRIDGE = {"nanoset.cli": {"runtime", "runtime.cli", "runtime.cli.launch", "runtime.preemption",
-                                  "runtime.metrics_summary", "runtime.metrics_plot"}}
+COMMAND_BRIDGE = {"nanoset.cli": {"runtime", "runtime.cli", "runtime.cli.launch", "runtime.control",
+                                  "runtime.control.preemption", "runtime.observe", "runtime.observe.metrics_summary",
+                                  "runtime.observe.metrics_plot"}}
 
 
 def module_name(path: Path) -> str:
@@ -41,16 +42,11 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
 
 
-def imported(path: Path, module_level: bool) -> set[str]:
-    """The project modules ``path`` imports: at module level (what importing it runs) or anywhere in it."""
-    tree = ast.parse(path.read_text())
-    if module_level:  # an `if TYPE_CHECKING:` block runs nothing
-        nodes = [n for statement in tree.body if not _type_checking_only(statement)
-                 for n in (ast.walk(statement) if isinstance(statement, (ast.If, ast.Try)) else [statement])]
-    else:
-        nodes = list(ast.walk(tree))
+def imported(path: Path) -> set[str]:
+    """The project modules ``path`` imports anywhere in it: at module level, inside functions (lazy) and under
+    ``if TYPE_CHECKING:`` (type-only)."""
     names: set[str] = set()
-    for node in nodes:
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -62,19 +58,14 @@ def imported(path: Path, module_level: bool) -> set[str]:
     return {name for name in with_packages if name in MODULES}
 
 
-def _type_checking_only(statement: ast.stmt) -> bool:
-    test = statement.test if isinstance(statement, ast.If) else None
-    return isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
-
-
 def within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
 def test_no_module_imports_itself_through_a_circle():
-    """At module level (what ``import`` runs), the import graph of both packages has no cycle; a module's own
-    packages do not count (they are running when it is imported)."""
-    graph = {name: {m for m in imported(path, module_level=True) if m != name and not within(name, m)}
+    """The import graph of both packages, every import counted (lazy and type-only ones too), has no cycle; a
+    module's own packages do not count (they are running when it is imported)."""
+    graph = {name: {m for m in imported(path) if m != name and not within(name, m)}
              for name, path in MODULES.items()}
     state: dict[str, str] = {}
     circles: list[list[str]] = []
@@ -101,7 +92,7 @@ def test_each_layer_imports_only_the_layers_below_it():
     the commands imports one."""
     wrong = []
     for name, path in MODULES.items():
-        uses = imported(path, module_level=False) - COMMAND_BRIDGE.get(name, set())
+        uses = imported(path) - COMMAND_BRIDGE.get(name, set())
         layer = max((prefix for prefix in LAYERS if within(name, prefix)), key=len, default=None)
         if layer is not None:
             wrong += [(name, m) for m in sorted(uses) if not any(within(m, ok) for ok in LAYERS[layer])
@@ -109,6 +100,29 @@ def test_each_layer_imports_only_the_layers_below_it():
         if not any(within(name, command) for command in COMMANDS):
             wrong += [(name, m) for m in sorted(uses) if any(within(m, command) for command in COMMANDS)]
     assert wrong == []
+
+
+def defines_something(path: Path) -> bool:
+    """Whether a module holds more than a docstring, imports and an ``if __name__ == "__main__":`` entry (a thin
+    entry point or re-export of a name that lives elsewhere)."""
+    for statement in ast.parse(path.read_text()).body:
+        if isinstance(statement, (ast.Import, ast.ImportFrom)) or (
+                isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant)):
+            continue
+        if isinstance(statement, ast.If) and "__main__" in ast.unparse(statement.test):
+            continue
+        if isinstance(statement, ast.Assign) and [getattr(t, "id", None) for t in statement.targets] == ["__all__"]:
+            continue
+        return True
+    return False
+
+
+def test_the_runtime_root_holds_at_most_ten_modules_that_define_something():
+    """The rest is grouped by concept into folders (observe/, control/, checkpoint/, …)."""
+    defining = sorted(p.name for p in (ROOT / "runtime").glob("*.py") if p.name != "__init__.py"
+                      and defines_something(p))
+    assert "trainer.py" in defining and not defines_something(ROOT / "runtime" / "evaluate.py")
+    assert len(defining) <= 10, defining
 
 
 OBJECT_STORAGE = {"fsspec", "s3fs", "gcsfs", "obstore", "boto3", "botocore", "aiobotocore"}

@@ -125,7 +125,7 @@ def document_positions(mbs: int, seq: int, generator: torch.Generator) -> torch.
 def gpu_run(config: Config, ctx: ParallelContext, steps: int, label: dict) -> dict:
     """One configuration on one CUDA device: tokens/s, MFU, peak memory, and whether the
     micro-batch loop makes a host sync (``torch.cuda.set_sync_debug_mode("error")`` around it)."""
-    from runtime.metrics import flops_per_token, peak_flops
+    from runtime.observe.metrics import flops_per_token, peak_flops
 
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(ctx.device)

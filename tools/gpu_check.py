@@ -80,7 +80,7 @@ def bench_row(part: str) -> None:
     from bench_engine import batches, document_positions, make_config
 
     from runtime.engine import Engine
-    from runtime.metrics import flops_per_token, peak_flops
+    from runtime.observe.metrics import flops_per_token, peak_flops
     from runtime.parallel.context import ParallelContext
 
     row = dict(BENCH_ROWS[part])

@@ -346,15 +346,6 @@ class Manifest:
             d["encoders"] = self.encoders
         return d
 
-    @staticmethod
-    def load(folder: Path) -> Manifest:
-        """The manifest of ``folder``, its shards read as a ShardTable (the records stay on disk until
-        needed): from the shard table beside it, else from the manifest itself (see ``nanoset.format.shardtable``,
-        which builds on this module)."""
-        from nanoset.format.shardtable import load_manifest
-
-        return load_manifest(Path(folder) / MANIFEST_NAME)
-
 
 def read_manifest(path: Path, f: IO[bytes]) -> Manifest:
     """The manifest ``path``, read from ``f`` (the file open on it, at its start): streamed, or where it is not a

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanoset.errors import MissingColumnError, NanosetError
+from nanoset.errors import NanosetError
+from nanoset.tokenize.chat_columns import ChatColumns
 from nanoset.tokenize.chat_template import ChatRenderer, ChatRenderError
 from nanoset.tokenize.rows import TextReader
 
@@ -27,25 +28,6 @@ ROLES = ("system", "user", "assistant")
 # instead of mixing shards of two rules, and ``inspect`` says which rule made a dataset.
 MASK_RULE = 2
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-@dataclass(frozen=True)
-class ChatColumns:
-    """Where a row keeps its conversation: a messages column, or a prompt and a completion column."""
-
-    messages: str = "messages"
-    prompt: str = "prompt"
-    completion: str = "completion"
-
-    def choose(self, names: list[str], where: str) -> list[str]:
-        """The columns to read from a table with columns ``names``: messages first, else prompt + completion."""
-        if self.messages in names:
-            return [self.messages]
-        if self.prompt in names and self.completion in names:
-            return [self.prompt, self.completion]
-        raise MissingColumnError(where, self.messages, names,
-                                 option=f"--messages-column, or --prompt-column and --completion-column "
-                                        f"(no {self.prompt!r} + {self.completion!r} pair either)")
 
 
 @dataclass(frozen=True)

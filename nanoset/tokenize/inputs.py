@@ -30,9 +30,15 @@ class Source:
     bytes: int
     mtime_ns: int
     split: str | None = None
+    origin: str | None = None  # the URL ``path`` was copied from (``remote_inputs``): what the output records
+
+    @property
+    def recorded(self) -> str:
+        """Where the output says the input came from: its URL, or its path."""
+        return self.origin or self.path
 
     def describe(self) -> dict:
-        d = {"path": self.path, "kind": self.kind, "bytes": self.bytes}
+        d = {"path": self.recorded, "kind": self.kind, "bytes": self.bytes}
         if self.split is not None:
             d["split"] = self.split
         return d
@@ -48,7 +54,7 @@ class Piece:
     weight: int  # estimated input bytes, for grouping pieces into tasks
 
     def to_json(self) -> dict:
-        return {"path": self.source.path, "split": self.source.split, "start": self.start, "stop": self.stop}
+        return {"path": self.source.recorded, "split": self.source.split, "start": self.start, "stop": self.stop}
 
 
 def kind_of(path: str) -> str | None:

@@ -27,15 +27,21 @@ from nanoset.errors import NanosetError, OptionError, print_note
 from nanoset.format.spec import SKIPPED_EXAMPLES, SKIPPED_NAME, Manifest, dtype_for_vocab, dtype_name
 from nanoset.format.writer import write_manifest
 from nanoset.tokenize.backends import (
+    REFERENCE,
     BackendChoice,
-    FastokensFallback,
+    Encoder,
+    FastFallback,
     TokenizersEncoder,
     choose_backend,
+    difference_reason,
+    encoded_fast,
     first_difference,
+    is_fast,
 )
 from nanoset.tokenize.chat import MASK_RULE, ChatColumns, split_markers, split_markers_note
 from nanoset.tokenize.chat_template import ChatRenderer, load_chat_template, special_token_strings
 from nanoset.tokenize.inputs import discover
+from nanoset.tokenize.remote_inputs import local_inputs, with_origins
 from nanoset.tokenize.taskpool import TaskPool, WorkerDied
 from nanoset.tokenize.tasks import OutputFolder, Task, TaskResult, TokenizePlan, describe_task, make_plan
 from nanoset.tokenize.tokenizer import (
@@ -70,7 +76,7 @@ class TokenizeOptions:
     messages_column: str = "messages"
     prompt_column: str = "prompt"
     completion_column: str = "completion"
-    backend: str = "auto"  # the encoder: auto (fastokens where it loads and agrees), fastokens or tokenizers
+    backend: str = "auto"  # the encoder: auto (a fast backend where it loads and agrees), a fast one, or the reference
 
 
 PROGRESS_SECONDS = 30.0  # between progress lines when stderr is not a terminal
@@ -90,7 +96,8 @@ class TokenizeSummary:
     seconds: float
     skipped_examples: list[str] = field(default_factory=list)
     tokens_run: int = 0  # tokens of the tasks this run tokenized (the rate counts these, not resumed ones)
-    redo_elsewhere: int = 0  # tasks of other task indices done by fastokens before it was seen to differ
+    redo_elsewhere: int = 0  # tasks of other task indices done by the fast backend before it was seen to differ
+    redo_backend: str = ""  # that fast backend's name
 
     def details(self) -> list[str]:
         """Lines after the summary: the first rows skipped, and where the full list is."""
@@ -106,7 +113,7 @@ class TokenizeSummary:
         elif self.redo_elsewhere:
             n = self.redo_elsewhere
             state = (f"partial: {n} task{'s' * (n > 1)} of other task indices {'were' if n > 1 else 'was'} encoded by "
-                     f"fastokens before it was seen to differ: rerun those task indices to encode "
+                     f"{self.redo_backend} before it was seen to differ: rerun those task indices to encode "
                      f"{'them' if n > 1 else 'it'} again")
         else:
             state = "partial: other task indices still to run"
@@ -210,7 +217,8 @@ def plan_key(opts: TokenizeOptions) -> str:
 
 
 def build_plan(opts: TokenizeOptions, tokenizer: ResolvedTokenizer, chat: ChatSetup | None = None) -> TokenizePlan:
-    sources = discover(opts.inputs, exclude=opts.output)
+    inputs, origins = local_inputs(opts.inputs)  # a URL: its copy in the cache
+    sources = with_origins(discover(inputs, exclude=opts.output), origins)
     if opts.splits is not None:
         sources = [s for s in sources if s.split is None or s.split in opts.splits]
         missing = set(opts.splits) - {s.split for s in sources}
@@ -259,14 +267,14 @@ class JobRun:
     chat: ChatSetup | None
     plan: TokenizePlan
     folder: OutputFolder
-    reference: TokenizersEncoder
+    reference: Encoder
     t0: float
 
     def __post_init__(self) -> None:
         self.itemsize = np.dtype(self.plan.build["dtype"]).itemsize
         self.assigned_tasks = self.plan.share(self.opts.num_tasks, self.opts.task_index)
-        self.fallback = FastokensFallback(self.opts.backend, self.folder.encoder_fallback,
-                                          self.folder.record_encoder_fallback, print_note)
+        self.fallback = FastFallback(self.opts.backend, self.folder.encoder_fallback,
+                                     self.folder.record_encoder_fallback, print_note)
 
     def worker_config(self) -> WorkerConfig:
         info = self.tokenizer.info
@@ -274,7 +282,7 @@ class JobRun:
                             skip_bad_lines=self.opts.skip_bad_lines, eos_id=info.eos_id,
                             append_eos=appends_eos(self.reference.tok, info.eos_id),
                             max_tokens_per_shard=self.opts.max_tokens_per_shard, chat=self.chat,
-                            strict_backend=self.opts.backend == "fastokens")
+                            strict_backend=is_fast(self.opts.backend))
 
     def start_notes(self) -> list[str]:
         """What the user hears of as the work starts: what was decided for them about the tokenizer (an EOS taken
@@ -292,8 +300,8 @@ class JobRun:
     def pending_tasks(self, choice: BackendChoice,
                       on_start: Callable[[], None] | None) -> tuple[dict[int, TaskResult], int]:
         """Run this run's tasks without a standing result; returns the results by task index (a task encoded
-        again counts once) and how many were done already. A second pass runs only after fastokens differed
-        (here or on another machine meanwhile): it redoes what fastokens encoded."""
+        again counts once) and how many were done already. A second pass runs only after the fast backend
+        differed (here or on another machine meanwhile): it redoes what it encoded."""
         ran: dict[int, TaskResult] = {}
         todo = batch = self._pending()
         if not batch:
@@ -312,7 +320,7 @@ class JobRun:
                 break
             if self.folder.completed_manifest() is not None:  # another machine published it meanwhile
                 break
-            if backend == "fastokens":  # another machine saw fastokens differ while this one ran
+            if is_fast(backend):  # another machine saw the fast backend differ while this one ran
                 backend = self.fallback.switch(self.fallback.reason, "another run of this job", redo=True)
             batch = self._pending()
         return ran, len(self.assigned_tasks) - len(todo)
@@ -335,8 +343,9 @@ class JobRun:
                                 for s in results[t.index].shards],
                                loss_masks=chat is not None)
             summary = _summary(opts, plan, partial, list(ran.values()), resumed, False, self.t0)
-            # tasks other runs finished with fastokens before the fallback: redone only when those runs rerun
-            summary.redo_elsewhere = self.fallback.overturned(recorded)
+            # tasks other runs finished with the fast backend before the fallback: redone only when those runs rerun
+            overturned = self.fallback.overturned(recorded)
+            summary.redo_elsewhere, summary.redo_backend = len(overturned), ", ".join(sorted(set(overturned)))
             return summary
         manifest = Manifest(tokenizer=self.tokenizer.info, dtype=plan.build["dtype"],
                             shards=[s for r in results for s in r.shards], build=plan.build,
@@ -346,7 +355,7 @@ class JobRun:
                             chat_template_sha256=chat.template.sha256 if chat else None,
                             loss_mask_rule=MASK_RULE if chat else None,
                             chat_template_file=chat.template_file if chat else None,
-                            encoders=sorted({r.encoder or TokenizersEncoder.name for r in results}))
+                            encoders=sorted({r.encoder or REFERENCE for r in results}))
         if manifest.num_documents == 0 and manifest.skipped_lines:
             raise NanosetError(f"{', '.join(opts.inputs)}: all {manifest.skipped_lines:,} rows were bad and skipped "
                                f"(--skip-bad-lines); nothing to tokenize: rerun with --overwrite and without "
@@ -417,13 +426,13 @@ class ProgressLog:
 
 
 def _run_tasks(todo: list[Task], plan: TokenizePlan, folder: OutputFolder, tokenizer: ResolvedTokenizer,
-               config: WorkerConfig, opts: TokenizeOptions, fallback: FastokensFallback, backend: str,
-               reference: TokenizersEncoder) -> tuple[str, dict[int, TaskResult]]:
+               config: WorkerConfig, opts: TokenizeOptions, fallback: FastFallback, backend: str,
+               reference: Encoder) -> tuple[str, dict[int, TaskResult]]:
     """Run tasks in a process pool (or inline for one worker), with a progress bar on a terminal (else a line
-    now and then); returns the backend in use at the end and the results by task index. Each fastokens
-    result's checks are compared with ``reference``: from the first difference (or a worker where fastokens
-    cannot load the tokenizer) on, tokenizers (``fallback.differed``: noted once, recorded for reruns;
-    ``--backend fastokens``: an error)."""
+    now and then); returns the backend in use at the end and the results by task index. Each fast backend's
+    result's checks are compared with ``reference``: from the first difference (or a worker where the fast
+    backend cannot load the tokenizer) on, the reference (``fallback.differed``: noted once, recorded for
+    reruns; ``--backend NAME``: an error)."""
     from tqdm import tqdm
 
     ctx = mp.get_context("spawn")
@@ -443,17 +452,17 @@ def _run_tasks(todo: list[Task], plan: TokenizePlan, folder: OutputFolder, token
         if log is not None:
             log.update(len(ran), counters[0].value, counters[1].value)
 
-    state = {"backend": backend, "probed": backend != "fastokens"}
+    state = {"backend": backend, "probed": not is_fast(backend)}
 
     def record(task: Task, result: TaskResult) -> None:
         reason = result.unusable
         for check in result.checks:
             state["probed"] = state["probed"] or check.task is None
             if reason is None and (difference := first_difference(reference, check)) is not None:
-                reason = f"{result.encoder} and tokenizers differ on {difference} (a fastokens bug: please report it)"
+                reason = difference_reason(result.encoder, difference)
         result.checks, result.unusable = [], None
-        if reason is not None and state["backend"] == "fastokens":  # recorded before the task's marker
-            state["backend"] = fallback.differed(reason, redo=result.by_fastokens)  # --backend fastokens: raises
+        if reason is not None and is_fast(state["backend"]):  # recorded before the task's marker
+            state["backend"] = fallback.differed(reason, redo=encoded_fast(result))  # --backend NAME: raises
         folder.mark_done(task, result)
         ran[task.index] = result
         bar.update(1)

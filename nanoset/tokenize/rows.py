@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from nanoset.errors import BadRowError, MissingColumnError, NanosetError
+from nanoset.tokenize.chat_columns import holds_conversations
 from nanoset.tokenize.inputs import Piece, first_byte, load_hf, one_line, parquet_file
 
 try:  # a faster JSON decoder; rows it refuses or reads differently go through json (below)
@@ -93,15 +94,6 @@ def iter_lines(blocks: Iterable[bytes]) -> Iterator[bytes]:
             pending.append(last)
     if pending:
         yield b"".join(pending)
-
-
-def holds_conversations(columns: list[str]) -> bool:
-    """Whether a table of ``columns`` looks like conversations (``--chat``'s default columns: messages, or
-    prompt and completion)."""
-    from nanoset.tokenize.chat import ChatColumns  # which reads rows through this module
-
-    chat = ChatColumns()
-    return chat.messages in columns or {chat.prompt, chat.completion} <= set(columns)
 
 
 class TextReader:

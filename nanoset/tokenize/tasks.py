@@ -41,7 +41,7 @@ MAX_TASKS = 2000  # tasks (so shard files, markers) of any corpus with the defau
 SMALL_CORPUS_TASKS = 64  # a small corpus is still cut this fine, so that many workers all get work ...
 SMALL_TASK_CAP = 1 << 20  # ... while that keeps tasks under 1 MiB of input
 MIN_TASK_BYTES = 64 << 10  # below this, a task's fixed costs (its files and marker) dominate
-ENCODER_FALLBACK = "encoder-fallback.txt"  # in the work folder: why this job stopped using fastokens
+ENCODER_FALLBACK = "encoder-fallback.txt"  # in the work folder: why this job stopped using its fast backend
 UNWRITABLE_ADVICE = "choose another -o folder"
 
 
@@ -288,8 +288,9 @@ class OutputFolder:
         atomic_write_text(self.marker(task.index), json.dumps(result.to_json(), sort_keys=True))
 
     def encoder_fallback(self) -> str | None:
-        """Why this job encodes with tokenizers although fastokens was chosen: a difference a task saw (kept
-        for reruns, which redo the tasks fastokens finished; not part of the plan, so they still resume)."""
+        """Why this job encodes with the reference although a fast backend was chosen: a difference a task saw
+        (kept for reruns, which redo the tasks the fast backend finished; not part of the plan, so they still
+        resume)."""
         return _read_text(self.work / ENCODER_FALLBACK)
 
     def record_encoder_fallback(self, note: str) -> None:
@@ -354,9 +355,9 @@ class TaskResult:
     shards: list[ShardInfo]
     skipped_lines: int
     skipped_examples: list[str] = field(default_factory=list)  # the first rows skipped (all: skipped_log)
-    encoder: str | None = None  # the backend that encoded it ("fastokens 0.3.5"); None: written before backends
-    # for the driver only, never saved: what fastokens made of the task's first texts (and of the probe set),
-    # to compare with tokenizers (nanoset.tokenize.backends.FastCheck), or why fastokens could not load
+    encoder: str | None = None  # the backend that encoded it (its name and version); None: written before backends
+    # for the driver only, never saved: what a fast backend made of the task's first texts (and of the probe
+    # set), to compare with the reference (nanoset.tokenize.backends.FastCheck), or why it could not load
     checks: list = field(default_factory=list)
     unusable: str | None = None
 
@@ -372,10 +373,6 @@ class TaskResult:
     def from_json(d: dict) -> TaskResult:
         return TaskResult([ShardInfo.from_json(s) for s in d["shards"]], d["skipped_lines"],
                           skipped_examples=d.get("skipped_examples", []), encoder=d.get("encoder"))
-
-    @property
-    def by_fastokens(self) -> bool:
-        return (self.encoder or "").startswith("fastokens")
 
 
 def describe_task(task: Task) -> str:

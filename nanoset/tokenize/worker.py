@@ -1,7 +1,7 @@
 """What a worker process of the tokenize job does: encode one task's rows, in batches, straight into its
 own shard files (a new shard when one is full), and hand the driver what it needs to publish them: their
-records, the rows skipped, and what fastokens made of the task's first texts, for the driver to compare with
-tokenizers."""
+records, the rows skipped, and what a fast backend made of the task's first texts, for the driver to compare
+with the reference."""
 
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ import numpy as np
 from nanoset.format.spec import SKIPPED_EXAMPLES
 from nanoset.format.writer import ShardWriter
 from nanoset.tokenize.backends import (
+    REFERENCE,
+    BackendUnusable,
     Encoder,
     FastCheck,
-    FastokensUnusable,
-    fastokens_refused,
+    backend_refused,
     guard_sample,
+    is_fast,
     load_encoder,
     probe_texts,
 )
@@ -60,7 +62,7 @@ class WorkerConfig:
     append_eos: bool  # False where the tokenizer's post-processor ends every encoding with EOS itself
     max_tokens_per_shard: int | None
     chat: ChatSetup | None  # None: rows are texts
-    strict_backend: bool  # --backend fastokens: a tokenizer fastokens cannot load is an error, not a fallback
+    strict_backend: bool  # --backend NAME: a tokenizer that fast backend cannot load is an error, not a fallback
 
 
 _worker: dict[str, Any] = {}
@@ -76,10 +78,11 @@ def init_worker(tokenizer_path: str, config: WorkerConfig, counters: tuple, sing
 
 
 def _encoder(backend: str) -> Encoder:
-    """This worker's encoder of ``backend``, loaded on first use (FastokensUnusable: fastokens cannot load it)."""
+    """This worker's encoder of ``backend``, loaded on first use (BackendUnusable: a fast backend cannot load
+    it)."""
     encoders = _worker["encoders"]
     if backend not in encoders:
-        reference = None if backend == "tokenizers" else lambda: _encoder("tokenizers")
+        reference = None if backend == REFERENCE else lambda: _encoder(REFERENCE)
         encoders[backend] = load_encoder(_worker["path"], backend, _worker["config"].chat is not None, reference)
     return encoders[backend]
 
@@ -163,9 +166,9 @@ class SkipLog:
 
 def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers", probe: bool = False) -> TaskResult:
     """Tokenize one task into shards ``PREFIX_00000...`` with the encoder of ``backend`` (called in a worker
-    process). With fastokens the result also holds what it made of the task's first texts (and, with
-    ``probe``, of the probe set), for the driver to compare with tokenizers; where fastokens cannot load
-    the tokenizer, the task is encoded by tokenizers and the result says why (``--backend fastokens``: an
+    process). With a fast backend the result also holds what it made of the task's first texts (and, with
+    ``probe``, of the probe set), for the driver to compare with the reference; where the fast backend cannot
+    load the tokenizer, the task is encoded by the reference and the result says why (``--backend NAME``: an
     error)."""
     if os.environ.get(FAULT_ENV) == str(task.index):
         os.kill(os.getpid(), signal.SIGKILL)
@@ -175,11 +178,11 @@ def run_task(task: Task, out: str, prefix: str, backend: str = "tokenizers", pro
     unusable = None
     try:
         encoder = _encoder(backend)
-    except FastokensUnusable as e:
+    except BackendUnusable as e:
         if cfg.strict_backend:
-            raise fastokens_refused(str(e)) from None
-        encoder, unusable = _encoder("tokenizers"), str(e)
-    guarded = encoder.name != "fastokens"
+            raise backend_refused(backend, str(e)) from None
+        encoder, unusable = _encoder(REFERENCE), str(e)
+    guarded = not is_fast(encoder.name)
     if not guarded and probe:
         checks.append(FastCheck.of(encoder, probe_texts(encoder), chat))
     docs_counter, tokens_counter = _worker["counters"]

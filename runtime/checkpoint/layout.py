@@ -15,15 +15,13 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from nanoset.atomic import atomic_write_text, fsync_dir, write_beside
 from nanoset.errors import ConfigError, MissingPath
+from nanoset.storage import Location, is_url, location
 from runtime.config import Config
 from runtime.config.schema import SHAPE_KEYS, ModelArgs
-
-if TYPE_CHECKING:
-    from runtime.checkpoint.record import CheckpointRecord
 
 LATEST = "latest"
 METADATA = "metadata.json"
@@ -57,7 +55,16 @@ CHECKPOINT_ARGUMENT = NamedBy("checkpoint", "give {} as the checkpoint")  # expo
 
 
 def checkpoints_folder(config: Config) -> Path:
-    return Path(config.checkpoints.checkpoints_path or config.general.run_path / "checkpoints")
+    """Where the run writes its checkpoints on this machine: ``checkpoints.checkpoints_path``, or the run folder's
+    ``checkpoints`` (also the staging folder of a ``checkpoints_path`` URL, ``checkpoints_url``)."""
+    path = config.checkpoints.checkpoints_path
+    return Path(path) if path and not is_url(path) else config.general.run_path / "checkpoints"
+
+
+def checkpoints_url(config: Config) -> Location | None:
+    """``checkpoints.checkpoints_path`` where it is a URL: every checkpoint is uploaded there (``remote``)."""
+    path = config.checkpoints.checkpoints_path
+    return location(path) if path and is_url(path) else None
 
 
 def checkpoint_name(step: int) -> str:
@@ -156,7 +163,11 @@ def find_checkpoint(given: str | Path, named: NamedBy = CHECKPOINT_ARGUMENT, cho
     """The checkpoint a user named: a ``step-N`` folder, or a checkpoints folder (its ``latest``).
 
     ``named``: how (the error lines start with it and advise in its terms); ``choices`` follows a missing folder's
-    "no such folder" (what the option takes)."""
+    "no such folder" (what the option takes). A URL is downloaded into the node's cache first."""
+    if is_url(str(given)):
+        from runtime.checkpoint.remote import cached_checkpoint  # it builds on this module
+
+        return cached_checkpoint(location(given), named)
     path = Path(given)
     if is_complete(path):
         return path
@@ -181,7 +192,14 @@ def resolve_resume(folder: Path, resume: str | None) -> Path | None:
     return find_checkpoint(resume, RESUME, "latest | PATH of a step-N folder | null")
 
 
-def check_same_model(config: Config, record: CheckpointRecord, path: Path, named: NamedBy = RESUME) -> None:
+class SavedModel(Protocol):
+    """What ``check_same_model`` reads of a checkpoint's record (``runtime.checkpoint.record``, which builds on
+    this module): its model section."""
+
+    model: dict
+
+
+def check_same_model(config: Config, record: SavedModel, path: Path, named: NamedBy = RESUME) -> None:
     """Refuse a checkpoint saved with another model shape (it would load partly, or crash on every rank)."""
     saved = dict(record.model)
     now = config.to_dict()["model"]

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from nanoset.atomic import fsync_dir
 from nanoset.errors import CheckpointError, NanosetError, WriteFailed
+from nanoset.storage import Location
 from runtime.checkpoint.background import BackgroundWrite, BackgroundWriter
 from runtime.checkpoint.layout import (
     TMP_PREFIX,
@@ -49,6 +50,8 @@ from runtime.checkpoint.layout import (
     write_latest,
 )
 from runtime.checkpoint.record import CheckpointRecord, read_metadata, step_was_skipped, write_metadata
+from runtime.checkpoint.remote import prune as prune_remote
+from runtime.checkpoint.remote import upload_checkpoint
 from runtime.engine import Engine
 
 FAULT_ENV = "NANOSET_FAULT_KILL_IN_CHECKPOINT"  # fault injection for tests: SIGKILL before the rename
@@ -109,9 +112,11 @@ def _set_rng_state(state: dict) -> None:
 
 class CheckpointManager:
     def __init__(self, folder: Path, keep_last: int, is_writer: bool, async_save: bool = False,
-                 pinned: bool = False) -> None:
-        """``async_save``: write in the background (``pinned``: staged in pinned host memory, on CUDA)."""
+                 pinned: bool = False, remote: Location | None = None) -> None:
+        """``async_save``: write in the background (``pinned``: staged in pinned host memory, on CUDA); ``remote``:
+        the URL each checkpoint is uploaded to once in place in ``folder``, its staging folder."""
         self.folder = Path(folder)
+        self.remote = remote
         self.keep_last = keep_last
         self.is_writer = is_writer  # global rank 0 renames, updates `latest` and prunes
         self.background = BackgroundWriter(pinned) if async_save else None
@@ -240,6 +245,12 @@ class CheckpointManager:
             staged.unlink(missing_ok=True)
             return (f"{self.folder}: the checkpoint of step {step} is saved ({final.name}) but `latest` could not "
                     f"be updated ({_cause(e)}); rerun to resume from {final.name} (the newest complete checkpoint)")
+        if self.remote is not None:
+            try:
+                upload_checkpoint(final, self.remote)
+            except (OSError, NanosetError) as e:
+                return (f"{self.remote}: the checkpoint of step {step} is saved in {final} but uploading it failed "
+                        f"({_cause(e)}); rerun to resume from that local copy (the next checkpoint is uploaded)")
         try:
             self._prune(keep=final.name)
         except (OSError, NanosetError) as e:
@@ -273,6 +284,8 @@ class CheckpointManager:
         for _, old in step_folders(self.folder)[: -self.keep_last]:
             if old.name not in protected:
                 self._discard(old)
+        if self.remote is not None:
+            prune_remote(self.remote, self.keep_last, protected)
 
     def newest_of_a_finite_step(self) -> Path | None:
         """The newest complete checkpoint whose step was trained, not skipped as non-finite."""

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from runtime.preemption import STOP_SIGNALS, StopRequested, is_stop_status, leave_a_closed_terminal
+from runtime.control.preemption import STOP_SIGNALS, StopRequested, is_stop_status, leave_a_closed_terminal
 
 ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 USER_ERROR = "nanoset-user-error"

@@ -38,10 +38,10 @@ from runtime.config.overrides import add_set_option
 from runtime.data.hf_datasets import resolve_stage_folders
 from runtime.data.order.adaptive_blend import NotDecided
 from runtime.data.order.holdout import holdout_documents, holdout_surgery
-from runtime.data.order.mixing_log import log_path, read_decisions
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import document_steps, explain_step, parse_document
 from runtime.data.order.surgery import SURGERY_KEY, Surgery, read_document_lines
+from runtime.observe.mixing_log import log_path, read_decisions
 
 
 def sample_decoders(plan: DataPlan) -> dict[int, Any]:

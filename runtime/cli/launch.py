@@ -26,14 +26,14 @@ import re
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nanoset.errors import ConfigError, NanosetError, killed_by, print_error, report_user_errors
 from runtime.cli.agent import LauncherSignals
 from runtime.config.overrides import add_set_option
-from runtime.preemption import (
+from runtime.control.preemption import (
     INTERRUPTED_TWICE,
     LAUNCHER_PID,
     STOP_SIGNALS,
@@ -215,7 +215,9 @@ def launch(args: LaunchArgs, signals: LauncherSignals) -> int:
 
         rewinding = plan_rewind(config, rewind_entry(args.rewind_to, args.skip_steps, args.exclude_documents,
                                                      config.tokens.train_steps))
-        config, changes = read_config(args.config, [*args.overrides, f"checkpoints.resume={rewinding.resume}"])
+        before = config.checkpoints.resume  # the config is read once: the rewind sets where it resumes
+        config.checkpoints = replace(config.checkpoints, resume=rewinding.resume)
+        changes.append(f"checkpoints.resume: {'null' if before is None else before} → {rewinding.resume}")
     nproc = workers_per_node(config, args.config, args.nproc, args.nodes)
     pending = rewinding.entry if rewinding is not None and rewinding.checkpoint is not None else None
     startup = start_up(config, world=nproc * args.nodes, lock=False, pending=pending)
@@ -265,7 +267,7 @@ def run_workers(args: LaunchArgs, nproc: int, signals: LauncherSignals, run_dir:
         ours = {s.name for s in STOP_SIGNALS}
         torchrun.signals_to_handle = ",".join(
             s for s in torchrun.signals_to_handle.split(",") if s.strip() and s.strip() not in ours) or "SIGQUIT"
-    os.environ[LAUNCHER_PID] = str(os.getpid())  # the workers stop if this process goes (runtime/preemption.py)
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # the workers stop if this process goes (runtime/control/preemption.py)
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT_S)
     if nproc > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets, without its five-line banner
@@ -355,7 +357,7 @@ def plan_report(plan: DataPlan) -> list[str]:
 def adaptive_report(plan: DataPlan, part: StagePlan) -> str:
     """An adaptive part in one line: its rule and block, what is decided, the run's last decision and where every
     decision is (the log)."""
-    from runtime.data.order.mixing_log import log_path, read_rows
+    from runtime.observe.mixing_log import log_path, read_rows
 
     a, blend = part.adaptive, part.blend
     decided = part.start_step + blend.decided_steps - 1

@@ -31,7 +31,8 @@ from runtime.config import Config
 from runtime.config.overrides import suggested_command
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import explain_step
-from runtime.spikes import SPIKES_FILE, ranked_samples, read_rows
+from runtime.observe.spikes import SPIKES_FILE, ranked_samples
+from runtime.observe.step_log import read_rows
 
 
 def logged_spike(config: Config, step: int) -> dict:

@@ -30,11 +30,11 @@ from runtime.config import Config, ParallelismArgs
 from runtime.config.load import load_config
 from runtime.config.overrides import add_set_option
 from runtime.data.hf_datasets import resolve_stage_folders
-from runtime.data.order.holdout import holdout_documents, holdout_sets, training_folders
+from runtime.data.order.holdout import holdout_documents, training_folders
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.source_names import source_names
 from runtime.data.order.surgery import Surgery
-from runtime.data.order.validation_sets import ValidationSet, open_validation_sets
+from runtime.data.order.validation_sets import ValidationSet, holdout_sets, open_validation_sets
 from runtime.evaluation.evaluator import Evaluator, open_tasks
 from runtime.evaluation.evaluator import describe as describe_evaluation
 from runtime.evaluation.tasks import Task

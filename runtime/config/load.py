@@ -18,10 +18,10 @@ from typing import Any, Union
 import yaml
 
 from nanoset.errors import ConfigError
+from runtime.config.hf_config import apply_hf_config
 from runtime.config.overrides import apply_override, config_arguments, parse_override
 from runtime.config.rules import validate_config
 from runtime.config.schema import Config
-from runtime.hf.config_map import apply_hf_config
 
 
 def _type_name(tp: Any) -> str:

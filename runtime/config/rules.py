@@ -10,6 +10,7 @@ from dataclasses import fields
 from typing import Any
 
 from nanoset.errors import ConfigError
+from runtime.config.parsers import check_rule, parse_document, parse_step_range
 from runtime.config.schema import (
     SIZE_KEYS,
     AdaptiveMixingArgs,
@@ -21,7 +22,6 @@ from runtime.config.schema import (
     RopeScalingArgs,
     WeightsAtStep,
 )
-from runtime.data.order.surgery import parse_document, parse_step_range
 from runtime.models.registry import model_spec
 
 
@@ -263,9 +263,7 @@ def _validate_stages(c: Config) -> None:
 def _validate_adaptive(key: str, adaptive: AdaptiveMixingArgs, num_folders: int, stage_steps: int) -> None:
     """Adaptive weights: a known rule (or an importable ``module:function``), one initial weight per folder, a
     floor that leaves room for the weights to move, and a stage long enough to train a decided block."""
-    from runtime.data.order.mixing_rules import resolve_rule
-
-    resolve_rule(adaptive.rule, f"{key}.rule")
+    check_rule(adaptive.rule, f"{key}.rule")
     if 2 * adaptive.every >= stage_steps:
         raise ConfigError(f"{key}.every: {adaptive.every}, but the stage has {stage_steps} steps: blocks 1 and 2 "
                           f"(steps 1-{2 * adaptive.every} of it) train with initial, so no decided weight would "

@@ -272,7 +272,7 @@ WandbMode = Literal["online", "offline", "disabled"]
 
 @dataclass
 class WandbArgs:
-    """Weights & Biases (the ``wandb`` extra): global rank 0 logs every metrics.jsonl row (runtime/wandb_logger.py)."""
+    """Weights & Biases (the ``wandb`` extra): rank 0 logs every metrics.jsonl row (runtime/observe/wandb_logger.py)."""
 
     project: str  # the W&B project
     entity: str | None = None  # the team or user; default: the API key's own
@@ -499,13 +499,6 @@ class Config:
 
     def to_dict(self) -> dict:
         return to_dict(self)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> Config:
-        """The config at ``path``, loaded strictly and checked (``load_config`` under the seeds' name)."""
-        from runtime.config.load import load_config  # load builds on this module: imported when called
-
-        return load_config(path)
 
     @property
     def world_size(self) -> int:

@@ -3,13 +3,20 @@ the run's evaluation sequence length, then every hook called; the result is the 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nanoset import TokenizerInfo
 from nanoset.errors import ConfigError
 from runtime.config import Config
 from runtime.evaluation.hooks import Hook, hook_metrics, load_hooks
 from runtime.evaluation.tasks import Task, open_task
+from runtime.observe.observer import StepObserver, TrainedStep
+
+if TYPE_CHECKING:
+    from runtime.engine import Engine
+    from runtime.observe.metrics import MetricsLogger
 
 
 def data_tokenizer(plan) -> TokenizerInfo | None:
@@ -68,3 +75,19 @@ def describe(results: dict[str, dict[str, float | int]]) -> list[str]:
     return [f"{name}: acc {r['acc']:.4f} acc_norm {r['acc_norm']:.4f} (n {r['n']})"
             if {"acc", "acc_norm", "n"} <= set(r) else f"{name}: " + " ".join(f"{k} {v:.4g}" for k, v in r.items())
             for name, r in results.items()]
+
+
+class DueEvaluation(StepObserver):
+    """The step observer that evaluates after a step when it is due (after its validation, before its checkpoint)
+    and logs the results as an ``eval`` row with how long they took."""
+
+    def __init__(self, evaluator: Evaluator, engine: Engine, metrics: MetricsLogger) -> None:
+        self.evaluator, self.engine, self.metrics = evaluator, engine, metrics
+
+    def after_step(self, step: TrainedStep) -> None:
+        if not self.evaluator.should_evaluate(step.step):
+            return
+        began = time.perf_counter()
+        results = self.evaluator.evaluate(self.engine, step.step)
+        self.metrics.log_validation(step.step, step.stage.name, results, describe(results), time.perf_counter() - began,
+                                    key="eval")

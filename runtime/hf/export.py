@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
@@ -25,9 +25,9 @@ from runtime.checkpoint.record import CheckpointRecord, read_metadata
 from runtime.checkpoint.store import load_dcp, stored_tensors
 from runtime.config.load import from_dict
 from runtime.config.schema import SIZE_KEYS, ModelArgs
-from runtime.hf.config_map import hf_config_json
 from runtime.hf.load import INDEX, SINGLE, expected_parameters, hf_name
 from runtime.hf.tokenizer_files import check_tokenizer_folder, copy_tokenizer_folder, write_data_tokenizer
+from runtime.models.registry import spec_of
 
 MAX_SHARD_BYTES = 5 * 10**9  # as save_pretrained: one file up to 5 GB, else shards with an index
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -138,3 +138,38 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def hf_config_json(model: ModelArgs, bos_id: int | None, eos_id: int | None, dtype: str) -> dict:
+    """A complete config.json of ``model``'s family (its first architecture, ``LlamaForCausalLM`` for Llama) for
+    ``model`` (both rope forms, so transformers 4 and 5 read it). Every field is written here: a config that
+    transformers fills with its own defaults would silently change the model."""
+    spec = spec_of(model)
+    rope = {"rope_type": "default"} if model.rope_scaling is None else {
+        k: v for k, v in asdict(model.rope_scaling).items() if v is not None}
+    return {
+        "architectures": [spec.hf_architectures[0]],
+        **spec.hf_fields(model),
+        "hidden_size": model.hidden_size,
+        "intermediate_size": model.intermediate_size,
+        "num_hidden_layers": model.num_hidden_layers,
+        "num_attention_heads": model.num_attention_heads,
+        "num_key_value_heads": model.kv_heads,
+        "head_dim": model.head_size,
+        "vocab_size": model.vocab_size,
+        "max_position_embeddings": model.max_position_embeddings,
+        "rms_norm_eps": model.rms_norm_eps,
+        "rope_theta": model.rope_theta,
+        "rope_scaling": None if model.rope_scaling is None else rope,
+        "rope_parameters": dict(rope, rope_theta=model.rope_theta),
+        "tie_word_embeddings": model.tie_word_embeddings,
+        "hidden_act": "silu",
+        "attention_dropout": 0.0,
+        "initializer_range": model.init_std,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": None,
+        "use_cache": True,
+        "torch_dtype": dtype,
+        "dtype": dtype,
+    }

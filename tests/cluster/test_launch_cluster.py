@@ -149,7 +149,7 @@ def test_sigusr1_to_one_worker_stops_every_rank(shards, tmp_path):
 
 
 def hold_like_a_loader_worker(ready) -> None:
-    from runtime.preemption import ignore_in_loader_worker
+    from runtime.control.preemption import ignore_in_loader_worker
 
     ignore_in_loader_worker()
     ready.set()
@@ -708,7 +708,7 @@ def export_and_get_a_signal(self, checkpoint):
 Trainer._export_hf = export_and_get_a_signal
 from runtime.train import main
 status = main()
-from runtime.preemption import ignore_stop_signals
+from runtime.control.preemption import ignore_stop_signals
 ignore_stop_signals()
 os.kill(os.getpid(), signal.SIGTERM)  # and one during the process's exit: ignored
 sys.exit(status)

@@ -1,6 +1,7 @@
-"""Encoder backends: fastokens writes the shards tokenizers writes, byte for byte, for every kind of tokenizer
-(through the fallback where fastokens cannot load one), with text and with chats; the fallback says why in
-one note, ``--backend fastokens`` refuses in one line, and the guards catch a planted difference."""
+"""Encoder backends: fastokens (and any backend of the registry) writes the shards tokenizers writes, byte for
+byte, for every kind of tokenizer (through the fallback where fastokens cannot load one), with text and with
+chats; the fallback says why in one note, ``--backend fastokens`` refuses in one line, and the guards catch a
+planted difference."""
 
 from __future__ import annotations
 
@@ -567,3 +568,69 @@ def test_a_tokenizer_with_bpe_dropout_is_encoded_without_it(corpus, tmp_path):
         f"OK: {out}: {n} sampled documents re-encoded from their inputs with {TOKENIZERS}: ids identical to the "
         f"shards (the tokenizer's model.dropout 0.3 set off, as tokenize does)")
 
+
+
+# ---------------------------------------------------------------- the registry ----------------
+
+
+class ToyEncoder:
+    """A registered fast backend of the tests: the reference's ids, but one higher at the first id of every
+    text holding ``marker`` (a planted bug; None: none)."""
+
+    name = "toy"
+    label = "toy 1.0"
+    marker: str | None = None
+
+    def __init__(self, reference: backends.TokenizersEncoder) -> None:
+        self.reference = reference
+
+    def encode(self, texts, add_special_tokens=True):
+        ids, lengths = self.reference.encode(texts, add_special_tokens)
+        ids = ids.copy()
+        for start, text in zip(np.cumsum(lengths) - lengths, texts):
+            if self.marker is not None and self.marker in text:
+                ids[start] += 1
+        return ids, lengths
+
+    def encode_with_offsets(self, texts):
+        return self.reference.encode_with_offsets(texts)
+
+    def added_tokens(self):
+        return [t.content for t in self.reference.tok.get_added_tokens_decoder().values()]
+
+
+@pytest.fixture
+def toy_only(monkeypatch):
+    """The registry holding the toy backend alone (so ``auto`` takes it)."""
+    monkeypatch.setattr(backends, "FAST_BACKENDS", {})
+    backends.register_backend(backends.FastBackend("toy", lambda: True, "toy is not installed",
+                                                   lambda path, chat, reference: ToyEncoder(reference())))
+    assert backends.backend_names() == ("auto", "toy", "tokenizers")
+
+
+def test_a_registered_backend_encodes_the_job_and_falls_back_where_it_differs(toy_only, monkeypatch, corpus,
+                                                                               tmp_path, capsys, tokenizer, eos_id):
+    """The job takes a registered backend through the registry alone (``auto`` and ``--backend toy``); its ids
+    are checked against the reference like fastokens', and a difference on the probe set makes the job fall back
+    (the same shards, tokenizers named in the manifest) or, with ``--backend toy``, stop in one line."""
+    reference = run(corpus, TOKENIZER, tmp_path / "reference", "tokenizers")
+    assert run(corpus, TOKENIZER, tmp_path / "auto", "auto")["encoders"] == ["toy 1.0"]
+    assert run(corpus, TOKENIZER, tmp_path / "named", "toy")["encoders"] == ["toy 1.0"]
+    assert capsys.readouterr().err == ""
+    assert shard_files(tmp_path / "auto") == shard_files(tmp_path / "named") == shard_files(tmp_path / "reference")
+    text = json.loads((corpus / "part-0.jsonl").read_text().splitlines()[0])["text"]
+    assert open_dataset(tmp_path / "auto").document(0).tolist() == tokenizer.encode(text).ids + [eos_id]
+
+    emoji = PROBE_TEXTS[8]
+    monkeypatch.setattr(ToyEncoder, "marker", emoji)
+    manifest = run(corpus, TOKENIZER, tmp_path / "differs", "auto")
+    ids = tokenizer.encode(emoji).ids
+    difference = (f"toy 1.0 and tokenizers differ on a probe text: text 8 ({backends._excerpt(emoji)}) at token 0: "
+                  f"toy gives {[ids[0] + 1] + ids[1:3]}, tokenizers {ids[:3]} (a toy bug: please report it)")
+    assert capsys.readouterr().err == f"note: encoding with tokenizers (what toy encoded is encoded again): " \
+                                      f"{difference}\n"
+    assert shard_files(tmp_path / "differs") == shard_files(tmp_path / "reference")
+    assert manifest["encoders"] == reference["encoders"] == [TOKENIZERS]
+    with pytest.raises(ValueError) as e:
+        run(corpus, TOKENIZER, tmp_path / "strict", "toy")
+    assert str(e.value) == f"--backend toy: {difference}; use --backend auto or tokenizers"

@@ -30,6 +30,9 @@ def test_local_backend(tmp_path):
     (tmp_path / "sub").mkdir()
     assert storage.list_names(tmp_path, "*.ds") == ["a.ds", "b.ds"]
     assert storage.list_names(tmp_path / "missing") == []
+    (tmp_path / "sub" / "c.ds").write_bytes(b"c")
+    assert storage.files_under(tmp_path) == ["a.ds", "b.ds", "sub/c.ds"]
+    assert storage.files_under(tmp_path / "missing") == []
     assert storage.sizes(tmp_path, ["b.ds", "a.ds", "c.ds"]) == [10, 0, None]
     assert storage.read_range(tmp_path / "b.ds", 3, 6) == bytes([3, 4, 5])
     assert storage.size(tmp_path / "b.ds") == 10

@@ -21,7 +21,6 @@ from runtime.config.schema import AdaptiveMixingArgs
 from runtime.data import DataPlan
 from runtime.data.order.adaptive_blend import AdaptiveBlend, NotDecided
 from runtime.data.order.mixer import StageMixer
-from runtime.data.order.mixing_log import append_decision, cut_after, log_path, read_decisions, read_rows
 from runtime.data.order.mixing_rules import (
     BlockRecord,
     BlockStats,
@@ -31,6 +30,7 @@ from runtime.data.order.mixing_rules import (
     odm,
 )
 from runtime.data.order.scheduled_blend import allocate, deviation_bound
+from runtime.observe.mixing_log import append_decision, cut_after, log_path, read_decisions, read_rows
 from tests.support import ROOT, TOKENIZER
 from tests.support.configs import TWO_STAGE, build, merged, small_config
 from tests.support.harness import error_lines, metrics, torchrun, train_one, worker_stderr
@@ -294,6 +294,17 @@ def test_loss_proportional_at_a_high_temperature_does_not_overflow():
     """6 ** 500 overflows a float; (ℓ / max ℓ) ** T keeps the same ratios: 5/6 ** 500 is 1.2e-40."""
     got = run_rule(loss_proportional, options(temperature=500.0), [([1, 1], [10, 10], [50.0, 60.0])], [0.5, 0.5])
     assert got[0] == pytest.approx([(5 / 6) ** 500, 1.0], rel=1e-12, abs=0)
+
+
+def test_the_config_knows_the_built_in_rules_by_name():
+    """The config checks ``adaptive.rule`` without the data order: its names are the rules the order has."""
+    from runtime.config.parsers import RULE_NAMES, check_rule
+    from runtime.data.order.mixing_rules import RULES
+
+    assert list(RULES) == list(RULE_NAMES)
+    check_rule("odm", "rule")
+    with pytest.raises(ConfigError, match="^rule: 'nope' is not a rule; give one of loss_proportional, odm or a "):
+        check_rule("nope", "rule")
 
 
 def test_the_log_is_cut_after_a_step_and_skips_a_torn_line(tmp_path):
@@ -606,7 +617,7 @@ def test_a_stage_of_a_trillion_steps_is_planned_in_memory_of_its_decided_steps(s
 
 
 def test_tensorboard_gets_each_weight_as_mix_weight(tmp_path):
-    from runtime.metrics import MetricsLogger
+    from runtime.observe.metrics import MetricsLogger
 
     class Board:
         scalars: list = []

@@ -16,7 +16,7 @@ import pytest
 from nanoset.atomic import atomic_write, atomic_write_text
 from nanoset.errors import WriteFailed
 from runtime.checkpoint.layout import resolve_resume
-from runtime.metrics import MetricsLogger
+from runtime.observe.metrics import MetricsLogger
 from tests.support import ROOT
 from tests.support.configs import small_config
 from tests.support.harness import error_lines, metrics, train_one

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from runtime.config.schema import ModelArgs
-from runtime.metrics import MetricsLogger, parameter_count
+from runtime.control.progress import Progress, StageSpan, clock, describe_tokens, duration, tokens_to_train
 from runtime.models.llama import LlamaChunk
-from runtime.progress import Progress, StageSpan, clock, describe_tokens, duration, tokens_to_train
+from runtime.observe.metrics import MetricsLogger, parameter_count
 from tests.support.configs import small_config
 from tests.support.harness import train_one
 

@@ -114,7 +114,7 @@ def test_every_stage_length_must_split_into_two_chunks_per_cp_rank():
 
 
 def test_metrics_count_each_token_once_and_mfu_divides_by_every_gpu():
-    from runtime.metrics import flops_per_token, model_flops_utilization, tokens_per_second
+    from runtime.observe.metrics import flops_per_token, model_flops_utilization, tokens_per_second
 
     one, cp2 = cp_config(1), cp_config(2)
     assert tokens_per_second(cp2, 16, 2.0) == tokens_per_second(one, 16, 2.0) == 8 * 16 / 2.0

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from runtime.data.loading.tp_broadcast import on_device
-from runtime.metrics import peak_flops_of
 from runtime.models.document_attention import attend, sdpa_reads_grouped_kv
 from runtime.models.llama import apply_rope, rope_tables
+from runtime.observe.metrics import peak_flops_of
 from runtime.parallel.parallelize import compile_variants, reshards_after_forward, set_recompile_limit
 from tests.support.configs import TINY, build, merged, tiny_config
 from tests.support.harness import run_distributed

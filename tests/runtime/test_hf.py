@@ -85,7 +85,7 @@ def test_llama31_rope_scaling_and_head_dim_match_transformers(tmp_path):
 
 def test_exported_config_json_reproduces_llama31_scaling(tmp_path):
     """The config.json export writes (both rope forms, head_dim) makes transformers compute the same logits."""
-    from runtime.hf.config_map import hf_config_json
+    from runtime.hf.export import hf_config_json
 
     hf = save_hf(tmp_path / "hf", rope_scaling=dict(LLAMA3), head_dim=16)
     ids = torch.randint(0, VOCAB, (1, 60), generator=torch.Generator().manual_seed(1))  # far past 8 positions

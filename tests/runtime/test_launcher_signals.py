@@ -11,7 +11,7 @@ import time
 import pytest
 
 from runtime.cli.agent import LauncherSignals, handles_stop_signals
-from runtime.preemption import StopRequested
+from runtime.control.preemption import StopRequested
 
 
 def test_before_any_worker_a_stop_signal_ends_the_launcher():

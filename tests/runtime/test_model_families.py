@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from runtime.config import ConfigError, ModelArgs
-from runtime.metrics import flops_per_token, parameter_count
 from runtime.models import registry
 from runtime.models.spec import Support
+from runtime.observe.metrics import flops_per_token, parameter_count
 from tests.support.configs import TINY, build, merged
 
 FAMILIES = sorted(registry.FAMILIES)

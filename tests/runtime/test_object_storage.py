@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import yaml
 from nanoset import open_dataset, storage
 from nanoset.errors import NanosetError
 from nanoset.remote_cache import ShardCache, shard_cache
+from runtime.checkpoint.layout import find_checkpoint
 from tests.support import CORPUS, TOKENIZER, one_line_error, run_cli
 from tests.support.configs import small_config
 from tests.support.harness import error_lines, metrics, train_one
@@ -216,3 +218,79 @@ def test_the_cache_evicts_the_least_recently_used_refuses_a_file_over_its_limit_
         assert sorted(p.name for p in folder.glob("0*") if not p.name.endswith(".lock")) == sorted(wanted)
     finally:
         os.environ["NANOSET_STORAGE_CACHE_DIR"] = s3["NANOSET_STORAGE_CACHE_DIR"]
+
+
+def test_checkpoints_on_s3_resume_a_killed_run_on_another_machine_and_count_only_once_complete(s3, shards, tmp_path):
+    """Checkpoints to ``s3://``: a run killed while saving step 4 resumes on a machine with no local copy from the
+    bucket's latest (step 2, downloaded) and trains steps 3-4 as an uninterrupted run does (the resumed run saves
+    in the background); a folder whose upload was cut short (no metadata.json) is no checkpoint; ``keep_last``
+    prunes in the bucket; ``export`` reads a checkpoint URL."""
+    reference = small_config(tmp_path, tmp_path / "reference", dp=1, steps=4, interval=2, single_stage=True,
+                             name="reference.yaml")
+    train_one(reference, cwd=shards)
+    url = f"s3://{BUCKET}/checkpoints/run"
+    cfg = small_config(tmp_path, tmp_path / "run", dp=1, steps=4, interval=2, single_stage=True, name="s3.yaml",
+                       checkpoints={"checkpoints_path": url, "keep_last": 1})
+    killed = train_one(cfg, cwd=shards, env={"NANOSET_FAULT_KILL_IN_CHECKPOINT": "4"}, check=False)
+    assert killed.returncode != 0
+    assert storage.read_text(f"{url}/latest") == "step-000002\n"
+    assert storage.files_under(f"{url}/step-000002") == storage.files_under(tmp_path / "run/checkpoints/step-000002")
+    # an upload cut short: some files of step 3, no metadata.json, named by no latest
+    storage.upload(tmp_path / "run/checkpoints/step-000002/.metadata", f"{url}/step-000003/.metadata")
+    with pytest.raises(NanosetError, match=r"step-000003: no metadata.json; it is not a complete checkpoint"):
+        find_checkpoint(f"{url}/step-000003")
+    shutil.rmtree(tmp_path / "run")  # another machine: nothing of the run here
+
+    resumed = small_config(tmp_path, tmp_path / "run", dp=1, steps=4, interval=2, single_stage=True, name="s3.yaml",
+                           checkpoints={"checkpoints_path": url, "keep_last": 1, "async_save": True})
+    out = train_one(resumed, cwd=shards)
+    assert "step-000002 at step 2" in out.stdout + out.stderr
+    rows = [(r["step"], r["loss"], r["data_hash"]) for r in metrics(tmp_path / "reference") if "val" not in r]
+    assert [(r["step"], r["loss"], r["data_hash"]) for r in metrics(tmp_path / "run") if "val" not in r] == rows[2:]
+    assert storage.list_names(url) == ["latest", "step-000004"]  # step 2 pruned, and the cut-short step 3
+    assert storage.read_text(f"{url}/latest") == "step-000004\n"
+
+    run_cli("export", f"{url}/step-000004", tmp_path / "hf-s3", cwd=shards)
+    run_cli("export", tmp_path / "reference/checkpoints/step-000004", tmp_path / "hf-local", cwd=shards)
+    assert (tmp_path / "hf-s3/model.safetensors").read_bytes() == (tmp_path / "hf-local/model.safetensors").read_bytes()
+    for command in (["evaluate", "--config", reference, "--dataset", shards / "shards" / "web", "--json"],
+                    ["explain", "--config", reference, "--step", 4, "--json"]):
+        ours = run_cli(*command, "--checkpoint", f"{url}/step-000004", cwd=shards)
+        theirs = run_cli(*command, "--checkpoint", tmp_path / "reference/checkpoints/step-000004", cwd=shards)
+        assert json.loads(ours.stdout) == json.loads(theirs.stdout)
+
+
+def test_tokenize_from_s3_inputs_writes_what_a_local_tokenize_of_them_writes(s3, shards, tmp_path):
+    """A folder, and a glob, of inputs under ``s3://``: copied into the cache, tokenized to the bytes of a local
+    tokenize of the same files (the folder walked, the glob's matches sorted, as locally)."""
+    url = f"s3://{BUCKET}/inputs/web"
+    upload_folder(CORPUS / "web", url)
+    env = {"NANOSET_STORAGE_CACHE_DIR": str(tmp_path / "cache")}
+    run_cli("tokenize", url, "-o", tmp_path / "from-folder", "--tokenizer", TOKENIZER, "--task-bytes", 100_000,
+            "--quiet", env=env)
+    same_output(tmp_path / "from-folder", shards / "shards" / "web", {str(CORPUS / "web"): url})
+
+    run_cli("tokenize", f"{url}/web-00[02].*", "-o", tmp_path / "from-glob", "--tokenizer", TOKENIZER,
+            "--task-bytes", 100_000, "--quiet", env=env)
+    run_cli("tokenize", CORPUS / "web" / "web-000.jsonl", CORPUS / "web" / "web-002.parquet", "-o",
+            tmp_path / "local-glob", "--tokenizer", TOKENIZER, "--task-bytes", 100_000, "--quiet")
+    same_output(tmp_path / "from-glob", tmp_path / "local-glob", {str(CORPUS / "web"): url})
+    proc = run_cli("tokenize", f"{url}/nothing-*.jsonl", "-o", tmp_path / "none", "--tokenizer", TOKENIZER,
+                   check=False, env=env)
+    one_line_error(proc, f"error: {url}/nothing-*.jsonl: no object matches it")
+
+
+def same_output(got: Path, local: Path, urls: dict[str, str]) -> None:
+    """``got`` holds the files of ``local``, byte for byte; its manifest names the inputs' URLs where the local one
+    names their paths, and is otherwise the same (the shard table is the manifest's shards as columns)."""
+    names = sorted(p.name for p in local.iterdir() if p.is_file())
+    assert len(names) > 3 and sorted(p.name for p in got.iterdir() if p.is_file()) == names
+    assert [n for n in names if (got / n).read_bytes() != (local / n).read_bytes()] == [
+        "nanoset-shards.bin", "nanoset.json"]
+    expected = (local / "nanoset.json").read_text()
+    for path, url in urls.items():
+        expected = expected.replace(f'"{path}/', f'"{url}/')
+    assert json.loads((got / "nanoset.json").read_text()) == json.loads(expected)
+    ours, theirs = open_dataset(got), open_dataset(local)  # the shard table read back: the same documents
+    assert ours.fingerprint == theirs.fingerprint and ours.num_tokens == theirs.num_tokens
+    assert ours.document_ends.tolist() == theirs.document_ends.tolist()

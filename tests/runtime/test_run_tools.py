@@ -118,7 +118,7 @@ def test_metrics_mistakes_are_one_line(run, shards, tmp_path):
 
 def test_metrics_counts_the_trained_steps_beside_steps_surgery_skipped(tmp_path):
     """A step surgery skips logs no tokens (it trains none): the stage's tokens and time are the trained steps'."""
-    from runtime.metrics_summary import summarize
+    from runtime.observe.metrics_summary import summarize
 
     trained = {"stage": "s", "lr": 1e-3, "skipped": False, "tokens": 64, "label_tokens": 60, "tokens_per_s": 32.0}
     rows = [{"step": 1, "loss": 3.0, **trained},

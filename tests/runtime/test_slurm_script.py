@@ -11,7 +11,7 @@ import stat
 import subprocess
 import sys
 
-from runtime.preemption import STOP_SIGNALS, stop_status
+from runtime.control.preemption import STOP_SIGNALS, stop_status
 from tests.support import ROOT
 
 SCRIPT = ROOT / "tools" / "slurm" / "train.sbatch"

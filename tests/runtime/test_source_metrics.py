@@ -17,7 +17,7 @@ from runtime.cli.explain import explain_step
 from runtime.config.load import load_config
 from runtime.data import DataPlan
 from runtime.data.order.provenance import document_steps
-from runtime.metrics import MetricsLogger, short_names, source_metrics
+from runtime.observe.metrics import MetricsLogger, short_names, source_metrics
 from tests.support.configs import make_config, small_config
 from tests.support.harness import metrics, torchrun, train_one
 

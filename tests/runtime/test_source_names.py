@@ -10,7 +10,7 @@ from runtime.config.load import load_config
 from runtime.data.order.plan import DataPlan
 from runtime.data.order.provenance import explain_step
 from runtime.data.order.source_names import folder_names, source_names
-from runtime.metrics import scalars
+from runtime.observe.metrics import scalars
 from tests.support.configs import small_config
 from tests.support.harness import error_lines, metrics, train_one
 

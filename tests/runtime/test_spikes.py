@@ -18,7 +18,7 @@ import yaml
 
 from runtime.config import ConfigError
 from runtime.config.schema import SpikeArgs
-from runtime.spikes import SpikeDetector
+from runtime.observe.spikes import SpikeDetector
 from tests.runtime.test_nonfinite_steps import weights
 from tests.support import ROOT
 from tests.support.configs import TINY, build, merged

@@ -9,8 +9,8 @@ import signal
 import pytest
 import torch
 
+from runtime.control.preemption import LAUNCHER_LOST, StopOnSignal
 from runtime.parallel.step_reduction import StepReduction
-from runtime.preemption import LAUNCHER_LOST, StopOnSignal
 from tests.support.harness import run_distributed
 
 

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from runtime.preemption import StopOnSignal
+from runtime.control.preemption import StopOnSignal
 
 FINISHES = ("note: SIGTERM after the last step: the run finishes what follows it (the final checkpoint, the Hugging "
             "Face export) and ends\n")

@@ -18,7 +18,7 @@ sys.path.insert(0, {str(ROOT)!r})
 import torch
 import torch.distributed as dist
 from runtime.engine import Engine
-from runtime.metrics import MetricsLogger
+from runtime.observe.metrics import MetricsLogger
 AT, SIG, RANK, WHEN = int(os.environ["AT"]), int(os.environ["SIG"]), int(os.environ["TO_RANK"]), os.environ["WHEN"]
 calls = {{"step": 0, "update": 0}}
 step, update, log = Engine.train_step, torch.optim.Adam.step, MetricsLogger.log

@@ -16,7 +16,7 @@ import yaml
 from runtime.checkpoint.run_folder import run_lock
 from runtime.checkpoint.store import CheckpointManager
 from runtime.config.load import load_config
-from runtime.metrics import MetricsLogger
+from runtime.observe.metrics import MetricsLogger
 from tests.support import ROOT
 from tests.support.configs import small_config
 from tests.support.harness import error_lines, metrics, torchrun, train_one, worker_stderr

@@ -22,7 +22,7 @@ from runtime.config.load import load_config
 from runtime.data.loading.feed import validation_batches
 from runtime.data.order.permutation import FeistelPermutation
 from runtime.data.order.validation_sets import open_validation_sets
-from runtime.metrics import MetricsLogger
+from runtime.observe.metrics import MetricsLogger
 from runtime.validation import describe
 from tests.support import TOKENIZER, run_cli
 from tests.support.configs import small_config
@@ -426,7 +426,7 @@ def test_tied_pipeline_run_evaluates_the_same_in_one_process(shards, tmp_path):
 
 
 def test_the_plot_breaks_a_validation_series_where_what_it_measures_changes():
-    from runtime.metrics_plot import validation_segments
+    from runtime.observe.metrics_plot import validation_segments
 
     def row(step, loss, length, tokens=100):
         return {"step": step, "stage": "s", "val": {"web": {"loss": loss, "ppl": 1.0, "tokens": tokens,

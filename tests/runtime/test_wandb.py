@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from runtime.config.schema import WandbArgs
-from runtime.metrics import MetricsLogger, parameter_count, scalars
-from runtime.wandb_logger import RECORD, WandbLogger, WandbStart, choose_run, read_record, start_wandb
+from runtime.observe.metrics import MetricsLogger, parameter_count, scalars
+from runtime.observe.wandb_logger import RECORD, WandbLogger, WandbStart, choose_run, read_record, start_wandb
 from tests.support import ROOT
 from tests.support.configs import small_config
 from tests.support.harness import metrics

@@ -13,12 +13,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from nanoset.errors import NanosetError
+from runtime.control.preemption import ignore_in_loader_worker
 from runtime.data.loading.collator import collator_class
 from runtime.data.loading.contract import pointer_batch
 from runtime.data.loading.prefetch import PrefetchLoader
 from runtime.data.loading.sampler import get_sampler
 from runtime.parallel.tensor_pointer import TensorPointer
-from runtime.preemption import ignore_in_loader_worker
 
 
 class TensorPointerLoader:

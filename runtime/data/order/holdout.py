@@ -118,18 +118,6 @@ class HeldOutWindows:
         return self._rows(indices, self.reader.loss_mask)[:, 1:]
 
 
-def holdout_sets(config: Config, documents: dict[str, np.ndarray], readers: dict[str, NanosetReader],
-                 names: dict[str, str]) -> list:
-    """The validation set ``<source>-holdout`` of each training folder's held-out documents (``names``: folder →
-    source name, ``source_names``)."""
-    from runtime.data.order.validation_sets import ValidationSet
-
-    v = config.validation
-    seed = v.seed if v.seed is not None else config.general.seed
-    return [ValidationSet(f"{names[folder]}{HOLDOUT_SUFFIX}", [folder], [readers[folder]], v.samples, seed,
-                          documents=docs) for folder, docs in documents.items()]
-
-
 def overlap_warnings(config: Config, plan) -> list[str]:
     """One line per validation folder that is also a training folder (the same folder, or the same content)."""
     training = {os.path.realpath(s.folder): s.folder for s in plan.datasets}

@@ -8,7 +8,6 @@ fixed order, the same on every machine. The formulas are in docs/data-order.md (
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 import sys
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nanoset.errors import ConfigError
+from runtime.config.parsers import user_rule_function
 
 ODM_SMOOTHING = 0.9  # odm's default smoothing of the reward (loss_proportional's is 0)
 
@@ -168,20 +168,7 @@ def resolve_rule(name: str, key: str) -> Callable[[MixingHistory, dict], tuple[l
     """The rule ``name`` names (a built-in, or ``module:function`` importable from here), or one line saying why not."""
     if name in RULES:
         return RULES[name]
-    module, sep, attr = name.partition(":")
-    if not sep or not module or not attr:
-        raise ConfigError(f"{key}: {name!r} is not a rule; give one of {', '.join(RULES)} or a function "
-                          f"as module:function")
-    try:
-        found = getattr(importlib.import_module(module), attr)
-    except ImportError as e:
-        raise ConfigError(f"{key}: {name!r}: module {module!r} cannot be imported ({e}); put it on "
-                          f"PYTHONPATH") from None
-    except AttributeError:
-        raise ConfigError(f"{key}: {name!r}: module {module!r} has no function {attr!r}") from None
-    if not callable(found):
-        raise ConfigError(f"{key}: {name!r} is not a function")
-    return user_rule(found)
+    return user_rule(user_rule_function(name, key))
 
 
 def decide(rule: Callable[[MixingHistory, dict], tuple[list[float], dict]], history: MixingHistory, state: dict,

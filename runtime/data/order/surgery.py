@@ -21,36 +21,15 @@ import numpy as np
 
 from nanoset import NanosetError, open_dataset, storage
 from nanoset.errors import ConfigError
+from runtime.config.parsers import MAX_DIGITS, parse_document, parse_step_range
 from runtime.data.order.excision import sorted_unique
 
 SURGERY_KEY = "surgery"  # the checkpoint metadata key of ``surgery_record``
 FINGERPRINT = "fingerprint:"  # a dataset key of content: ``fingerprint:`` and the manifest's fingerprint
-_DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
-_MAX_DIGITS = 18  # every index of up to 18 digits fits the int64 arrays the order computes with
-
-
-def parse_step_range(text: str, where: str) -> tuple[int, int]:
-    """``A:B`` (both included, 1 ≤ A ≤ B) → (A, B); a bad form is one ``ConfigError`` naming ``where``."""
-    first, sep, last = str(text).partition(":")
-    if not sep or not _DIGITS.fullmatch(first.strip()) or not _DIGITS.fullmatch(last.strip()) \
-            or not 1 <= int(first) <= int(last):
-        raise ConfigError(f"{where}: expected A:B with 1 ≤ A ≤ B (steps, both included), got {text!r}")
-    return int(first), int(last)
-
-
-def parse_document(text: str, where: str) -> tuple[str, int]:
-    """``FOLDER:DOC`` → (folder, document index); a bad form is a ``ConfigError`` naming ``where``."""
-    folder, sep, doc = text.strip().rpartition(":")
-    if not sep or not folder or not _DIGITS.fullmatch(doc.strip()):
-        raise ConfigError(f"{where}: expected FOLDER:DOC (a dataset folder and a document index), got {text.strip()!r}")
-    if len(doc.strip()) > _MAX_DIGITS:
-        raise ConfigError(f"{where}: the document index is too large, got {text.strip()!r}; give the index of a "
-                          f"document of the folder")
-    return folder, int(doc)
 
 
 # The common form, unindented and with an index that fits int64; anything else goes through parse_document.
-_LINE = re.compile(rf"^(\S.*):([0-9]{{1,{_MAX_DIGITS}}})$", re.M)
+_LINE = re.compile(rf"^(\S.*):([0-9]{{1,{MAX_DIGITS}}})$", re.M)
 
 
 def read_document_lines(path: str, where: str) -> list[tuple[str, int | str]]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from nanoset import NanosetError, NanosetReader, open_dataset
 from runtime.config import Config, ConfigError
+from runtime.data.order.holdout import HOLDOUT_SUFFIX, HeldOutWindows
 from runtime.data.order.permutation import FeistelPermutation
 from runtime.data.order.vocab import SeenTokenizer, check_same_tokenizer, check_unknown_beside_known, check_vocab
 from runtime.data.order.windows import TokenWindows
@@ -36,8 +37,6 @@ class ValidationSet:
     def windows(self, sequence_length: int) -> list[TokenWindows]:
         if sequence_length not in self._windows:
             if self.documents is not None:
-                from runtime.data.order.holdout import HeldOutWindows
-
                 self._windows[sequence_length] = [HeldOutWindows(self.folders[0], sequence_length, self.readers[0],
                                                                  self.documents)]
             else:
@@ -117,3 +116,13 @@ def open_validation_sets(config: Config, training: list[tuple[NanosetReader, str
 def training_readers(plan: Any) -> list[tuple[NanosetReader, str]]:
     """(reader, folder) of each training dataset of a ``DataPlan``: what validation data must match."""
     return [(w.reader, w.folder) for w in plan.datasets]
+
+
+def holdout_sets(config: Config, documents: dict[str, np.ndarray], readers: dict[str, NanosetReader],
+                 names: dict[str, str]) -> list[ValidationSet]:
+    """The validation set ``<source>-holdout`` of each training folder's held-out documents (``names``: folder →
+    source name, ``source_names``)."""
+    v = config.validation
+    seed = v.seed if v.seed is not None else config.general.seed
+    return [ValidationSet(f"{names[folder]}{HOLDOUT_SUFFIX}", [folder], [readers[folder]], v.samples, seed,
+                          documents=docs) for folder, docs in documents.items()]

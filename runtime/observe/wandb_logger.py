@@ -1,5 +1,5 @@
 """Weights & Biases (``logging.wandb``, the ``wandb`` extra): global rank 0 logs every metrics.jsonl row under
-the names TensorBoard gets (``runtime.metrics.scalars``), the resolved config and the parameter count.
+the names TensorBoard gets (``runtime.observe.metrics.scalars``), the resolved config and the parameter count.
 
 The run's W&B id is kept in ``RUN_DIR/wandb.json``. W&B refuses steps that go backwards, so a start never
 resumes into steps W&B already has: a resume at or past the last step logged (a preemption's checkpoint)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nanoset.atomic import atomic_write
 from nanoset.errors import NanosetError
-from runtime.metrics_summary import finite_loss, read_rows
+from runtime.observe.metrics_summary import finite_loss, read_rows
 
 INSTALL = "pip install -e '.[plot]' in the checkout (or pip install matplotlib)"
 

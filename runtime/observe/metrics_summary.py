@@ -8,12 +8,12 @@ last validation losses, skipped steps, and the last mixing weights where the row
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from nanoset.errors import NanosetError
+from runtime.observe import step_log
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -34,13 +34,7 @@ def read_rows(run: str | Path) -> tuple[list[dict], list[dict]]:
     path = metrics_path(run)
     train: dict[int, dict] = {}
     val: dict[int, dict] = {}
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-            continue
+    for row in step_log.read_rows(path):
         if "eval" not in row:  # evaluation rows: read by their own readers
             (val if "val" in row else train)[row["step"]] = row
     if not train and not val:

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from nanoset.errors import ConfigError
 from runtime.data.order.mixer import StageMixer
-from runtime.data.order.mixing_log import append_decision, cut_after, log_path
-from runtime.data.order.plan import DataPlan, StagePlan
+from runtime.data.order.plan import DataPlan
+from runtime.observe.mixing_log import append_decision, cut_after, log_path
+from runtime.observe.observer import StepObserver, TrainedStep
 
 CHECKPOINT_KEY = "mixing"
 AGREEMENT = "mixing_agreement"  # the step reduction's part: a count of ranks, then per 16-bit hash chunk h: h, h²
@@ -41,14 +42,16 @@ def decision_hash(row: dict) -> list[int]:
     return list(struct.unpack(f"<{_CHUNKS}H", digest.digest()))
 
 
-class RunMixing:
-    """The adaptive stages of a run. ``saved``: what the checkpoint it resumes from kept (``checkpoint_state``)."""
+class RunMixing(StepObserver):
+    """The adaptive stages of a run, a step observer (a step surgery skips counts no statistics, but a block's
+    decision is still due at its end)."""
 
-    def __init__(self, plan: DataPlan, run_dir: Path, is_main: bool, saved: dict | None = None,
-                 info: Callable[[str], None] = print) -> None:
+    checkpoint_key = CHECKPOINT_KEY
+
+    def __init__(self, plan: DataPlan, run_dir: Path, is_main: bool, info: Callable[[str], None] = print) -> None:
         self.plan, self.is_main, self.info = plan, is_main, info
         self.path = log_path(run_dir)
-        self.saved = dict(saved or {})
+        self.saved: dict = {}  # what the checkpoint it resumes from kept, per adaptive stage not begun again yet
         self.mixers: dict[str, StageMixer] = {}
         self.unchecked: dict | None = None  # the last decision's row, until the next step's reduction compares it
 
@@ -58,20 +61,20 @@ class RunMixing:
         if self.is_main:
             cut_after(self.path, resumed_step)
 
-    def after_step(self, step: int, stage: StagePlan, sources: list | None) -> dict | None:
-        """Count ``step``'s statistics; the decision made at its end (its log row), if any."""
+    def after_step(self, step: TrainedStep) -> None:
+        """Count the step's statistics; at a block's end decide (every rank) and log the decision (rank 0)."""
+        stage = step.stage
         if stage.adaptive is None:
-            return None
+            return
         mixer = self.mixers.get(stage.name)
         if mixer is None or mixer.stage is not stage:
             mixer = self.mixers[stage.name] = StageMixer(self.plan, stage, self.saved.pop(stage.name, None))
-        row = mixer.observe(step, sources)
+        row = mixer.observe(step.step, step.result.sources if step.result is not None else None)
         if row is not None:
             self.unchecked = row
             if self.is_main:
                 append_decision(self.path, row)
                 self.info(describe_decision(row, self.path))
-        return row
 
     def add_to(self, reduction) -> None:
         """This rank's part of the step's reduction: its last decision's hash (zeros when none is to be checked:
@@ -92,6 +95,9 @@ class RunMixing:
                               f"{row['weights']}); a rule must decide from its history alone (not RANK, a clock or "
                               f"an unseeded random generator)")
 
-    def checkpoint_state(self) -> dict:
+    def state_dict(self) -> dict:
         """What a checkpoint keeps: per adaptive stage begun, its rule state, block in progress and history."""
         return {**self.saved, **{name: m.saved() for name, m in self.mixers.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.saved = dict(state)

@@ -14,20 +14,22 @@ step highest mean token loss first, each ``{"position", "dataset", "sample", "do
 
 from __future__ import annotations
 
-import json
 import math
 from collections import deque
 from pathlib import Path
 
 import numpy as np
 
-from nanoset.atomic import atomic_write_text
 from runtime.config.overrides import suggested_command
 from runtime.config.schema import Config, SpikeArgs
-from runtime.metrics import append_jsonl
+from runtime.data.order.plan import DataPlan
+from runtime.data.order.provenance import explain_step
+from runtime.observe.observer import StepObserver, TrainedStep
+from runtime.observe.step_log import append_row, cut_after
 from runtime.sample_losses import SampleLosses
 
 SPIKES_FILE = "spikes.jsonl"
+SPIKE_WINDOW = "spike_window"  # the checkpoint's key of the detector's window of recent losses
 
 
 class SpikeDetector:
@@ -113,24 +115,61 @@ class SpikeLog:
 
     def truncate_after(self, step: int) -> None:
         """On every start: only the rows of steps ≤ ``step`` (the resumed one), one each (a torn tail dropped)."""
-        if not self.enabled or not self.path.is_file():
-            return
-        rows = {r["step"]: json.dumps(r) for r in read_rows(self.path) if r["step"] <= step}
-        atomic_write_text(self.path, "".join(rows[s] + "\n" for s in sorted(rows)))
+        if self.enabled:
+            cut_after(self.path, step)
 
     def append(self, step: int, stage: str, loss: float, z: float, samples: list[dict]) -> None:
         if self.enabled:
-            append_jsonl(self.path, {"step": step, "stage": stage, "loss": loss, "z": z, "samples": samples})
+            append_row(self.path, {"step": step, "stage": stage, "loss": loss, "z": z, "samples": samples})
 
 
-def read_rows(path: Path) -> list[dict]:
-    """The rows of a spikes.jsonl, torn lines left out."""
-    rows = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            rows.append(row)
-    return rows
+class SpikeWatch(StepObserver):
+    """The step observer of spikes: judges each finite trained step (``surgery.spike``; without it ``detector`` is
+    None and only the log is cut on a start), adds ``spike_z`` (and ``skipped: "spike"``) to its row, and logs a
+    spike's samples, named by the data order when the batches are the config's (``from_config``)."""
+
+    checkpoint_key = SPIKE_WINDOW
+
+    def __init__(self, config: Config, plan: DataPlan, log: SpikeLog, from_config: bool) -> None:
+        args = config.surgery.spike
+        self.detector = SpikeDetector(args, config) if args is not None else None
+        self.plan, self.log, self.from_config = plan, log, from_config
+
+    @property
+    def skips(self) -> bool:
+        """Whether a spike's update is skipped (``action: skip``)."""
+        return self.detector is not None and self.detector.skips
+
+    def skip_above(self, stage: str) -> float | None:
+        """The loss above which the engine skips the next step's update (``action: skip``), None for none."""
+        return self.detector.threshold(stage) if self.skips else None
+
+    def start(self, resumed_step: int) -> None:
+        self.log.truncate_after(resumed_step)
+
+    def after_step(self, step: TrainedStep) -> None:
+        """A non-finite step is not judged and does not enter the window."""
+        result, detector = step.result, self.detector
+        if detector is None or result is None:
+            return
+        detector.forget_verdict()
+        if not (math.isfinite(result.loss) and math.isfinite(result.grad_norm)):
+            return
+        z = detector.judge(step.stage.name, result.loss)
+        if z is None:
+            return
+        step.row["spike_z"] = z
+        if result.skipped:
+            step.row["skipped"] = "spike"
+        if self.log.enabled:
+            identities = explain_step(self.plan, step.step) if self.from_config else None
+            samples = ranked_samples(result.samples, identities) if result.samples is not None else []
+            self.log.append(step.step, step.stage.name, result.loss, z, samples)
+            step.lines.append(detector.describe(step.step, step.stage.name, result.loss))  # after the step's line
+
+    def state_dict(self) -> dict | None:
+        return self.detector.state_dict() if self.detector is not None else None
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.detector is not None and state:  # the window goes on as if never interrupted
+            self.detector.load_state_dict(state)

@@ -9,7 +9,6 @@ under a short name unique in the run."""
 from __future__ import annotations
 
 import errno
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -17,11 +16,10 @@ from pathlib import Path
 
 import torch
 
-from nanoset.atomic import atomic_write_text
-from nanoset.errors import WRITE_ERRNOS, WriteFailed
+from runtime.control.preemption import leave_a_closed_terminal
+from runtime.control.progress import duration
 from runtime.models.registry import spec_of
-from runtime.preemption import leave_a_closed_terminal
-from runtime.progress import duration
+from runtime.observe import step_log
 
 # dense bf16 peak FLOP/s by device name fragment, for MFU; the first fragment the name holds decides, so the
 # variants come before their family (H100 PCIe and the NVL cards run at lower clocks than the SXM parts)
@@ -166,17 +164,6 @@ def model_flops_utilization(tokens_per_s: float, config, sequence_length: int, p
     return tokens_per_s * flops_per_token(config.model, sequence_length) / (peak * config.world_size)
 
 
-def append_jsonl(path: Path, row: dict) -> None:
-    """One line of a run's JSONL file; a full disk (or a quota, a file size limit) is one line naming the file."""
-    try:
-        with open(path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-    except OSError as e:
-        if e.errno not in WRITE_ERRNOS:
-            raise
-        raise WriteFailed(path, e.strerror) from None
-
-
 class MetricsLogger:
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, log_interval: int = 1) -> None:
         self.enabled = enabled
@@ -184,7 +171,7 @@ class MetricsLogger:
         self.log_interval = log_interval
         self.source_names: dict[str, str] = {}  # folder → its TensorBoard and W&B name (short_names)
         self.train_steps: int | None = None  # the console's `step N/TOTAL`
-        self.wandb = None  # a runtime.wandb_logger.WandbLogger once the trainer started one
+        self.wandb = None  # a runtime.observe.wandb_logger.WandbLogger once the trainer started one
         # a checkpointing step's row is held from its line until its checkpoint's blocking part is over (``release``)
         self.hold_rows = False
         self._held: list[dict] = []  # the held training row first, then the step's validation and evaluation rows
@@ -200,17 +187,7 @@ class MetricsLogger:
 
     def last_logged_step(self) -> int:
         """The highest step metrics.jsonl holds (0: none), read before ``truncate_after``: the steps W&B got too."""
-        if not self.enabled or not self.path.is_file():
-            return 0
-        steps = [0]
-        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                step = json.loads(line)["step"]
-            except (ValueError, KeyError, TypeError):  # a torn (half-written) line
-                continue
-            if isinstance(step, int):
-                steps.append(step)
-        return max(steps)
+        return step_log.last_step(self.path) if self.enabled else 0
 
     def truncate_after(self, step: int) -> None:
         """On every start (``step`` = the resumed step, 0 when fresh): keep one training line and at
@@ -219,18 +196,8 @@ class MetricsLogger:
 
         A killed run may have logged steps after its checkpoint, or half a line (a torn tail); the
         steps about to be trained again must not appear twice. Rewritten atomically."""
-        if not self.enabled or not self.path.is_file():
-            return
-        rows: dict[tuple[int, bool, bool], str] = {}
-        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-                s = record["step"]
-            except (ValueError, KeyError, TypeError):  # a torn (half-written) line
-                continue
-            if isinstance(s, int) and s <= step:
-                rows[s, "eval" in record, "val" in record] = line  # a step's last line: its checkpoint's
-        atomic_write_text(self.path, "".join(rows[k] + "\n" for k in sorted(rows)))
+        if self.enabled:  # a step's last line of each kind: its checkpoint's
+            step_log.cut_after(self.path, step, kind=lambda row: ("eval" in row, "val" in row))
 
     def log(self, record: dict, progress: str = "") -> None:
         """A training row: a non-finite loss or gradient norm (a skipped step) is written as null, so the file
@@ -291,10 +258,9 @@ class MetricsLogger:
 
     def resend(self, after_step: int) -> None:
         """metrics.jsonl's rows of steps after ``after_step`` to W&B again (what it lost when a start was killed)."""
-        if self.wandb is None or not self.path.is_file():
+        if self.wandb is None:
             return
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            row = json.loads(line)  # truncate_after left whole lines only
+        for row in step_log.read_rows(self.path):
             if row["step"] > after_step:
                 self.wandb.log(scalars(row, self.source_names), row["step"])
 
@@ -310,7 +276,7 @@ class MetricsLogger:
             self.wandb.log(values, row["step"])
 
     def _append(self, row: dict) -> None:
-        append_jsonl(self.path, row)
+        step_log.append_row(self.path, row)
 
     def info(self, message: str) -> None:
         if not self.enabled:

@@ -10,12 +10,9 @@ rule's state after. The data order reads only ``stage``, ``decides_block`` and `
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
-from nanoset.atomic import atomic_write_text
-from nanoset.errors import WRITE_ERRNOS, WriteFailed
+from runtime.observe import step_log
 
 MIXING_LOG = "mixing.jsonl"
 
@@ -25,34 +22,19 @@ def log_path(run_dir: str | Path) -> Path:
 
 
 def append_decision(path: Path, row: dict) -> None:
-    """One decision, as one line written whole and fsynced; a full disk is one line naming the file."""
-    line = (json.dumps(row) + "\n").encode("utf-8")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        if e.errno not in WRITE_ERRNOS:
-            raise
-        raise WriteFailed(path, e.strerror) from None
+    """One decision, as one line written whole and fsynced (the data order reads it back); a full disk is one line
+    naming the file."""
+    step_log.append_row(path, row, durable=True)
 
 
 def read_rows(path: Path) -> list[dict]:
     """The whole decision lines of ``path`` in file order (a torn or foreign line is skipped); none without a file."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and {"stage", "step", "decides_block", "weights"} <= row.keys():
-            rows.append(row)
-    return rows
+    return [row for row in step_log.read_rows(path) if {"stage", "decides_block", "weights"} <= row.keys()]
+
+
+def cut_after(path: Path, step: int) -> None:
+    """Keep the decisions made at steps ≤ ``step`` (a resume at ``step`` decides the later ones anew); atomic."""
+    step_log.cut_after(path, step, kind=lambda row: str(row.get("stage")))
 
 
 def read_decisions(path: Path) -> dict[str, list[list[float]]]:
@@ -64,16 +46,3 @@ def read_decisions(path: Path) -> dict[str, list[list[float]]]:
         if row["decides_block"] == len(blocks) + 3:
             blocks.append([float(w) for w in row["weights"]])
     return out
-
-
-def cut_after(path: Path, step: int) -> None:
-    """Keep the decisions made at steps ≤ ``step`` (a resume at ``step`` decides the later ones anew); atomic."""
-    if not path.is_file():
-        return
-    kept = [json.dumps(r) + "\n" for r in read_rows(path) if r["step"] <= step]
-    atomic_write_text(path, "".join(kept))
-
-
-def last_decision(path: Path) -> dict | None:
-    rows = read_rows(path)
-    return rows[-1] if rows else None

@@ -1,12 +1,12 @@
-"""Hugging Face ``config.json`` ↔ our ``model`` section, both ways.
+"""Hugging Face ``config.json`` → our ``model`` section (``model.init_from_hf``), torch-free: the config reads it
+while loading; the other way, export, is ``runtime.hf.export.hf_config_json``.
 
 Import reads the config of a model whose ``architectures`` one of our families takes (its ``ModelSpec``:
 ``LlamaForCausalLM``, ``MistralForCausalLM`` without sliding window, …) in the transformers 4 form
 (``rope_theta``, ``rope_scaling``) or the transformers 5 form (``rope_parameters``), refuses what the
 family's model cannot reproduce (the spec's ``hf_requires``: biases, another activation, a sliding window; a
 rope scaling other than linear and llama3), and fills ``model.family`` and the sizes the YAML omits; values
-given in both must agree. Export writes every field itself: a config that transformers fills with its
-own defaults would silently change the model.
+given in both must agree.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from nanoset.errors import ConfigError, MissingPath
 from runtime.config.schema import SIZE_KEYS, ModelArgs, RopeScalingArgs
-from runtime.models.registry import FAMILIES, family_of_architectures, spec_of
+from runtime.models.registry import FAMILIES, family_of_architectures
 from runtime.models.spec import ModelSpec
 
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -139,37 +139,3 @@ def apply_hf_config(model: ModelArgs, given: set[str]) -> None:
 
 def _show(value) -> object:
     return asdict(value) if isinstance(value, RopeScalingArgs) else value
-
-
-def hf_config_json(model: ModelArgs, bos_id: int | None, eos_id: int | None, dtype: str) -> dict:
-    """A complete config.json of ``model``'s family (its first architecture, ``LlamaForCausalLM`` for Llama) for
-    ``model`` (both rope forms, so transformers 4 and 5 read it)."""
-    spec = spec_of(model)
-    rope = {"rope_type": "default"} if model.rope_scaling is None else {
-        k: v for k, v in asdict(model.rope_scaling).items() if v is not None}
-    return {
-        "architectures": [spec.hf_architectures[0]],
-        **spec.hf_fields(model),
-        "hidden_size": model.hidden_size,
-        "intermediate_size": model.intermediate_size,
-        "num_hidden_layers": model.num_hidden_layers,
-        "num_attention_heads": model.num_attention_heads,
-        "num_key_value_heads": model.kv_heads,
-        "head_dim": model.head_size,
-        "vocab_size": model.vocab_size,
-        "max_position_embeddings": model.max_position_embeddings,
-        "rms_norm_eps": model.rms_norm_eps,
-        "rope_theta": model.rope_theta,
-        "rope_scaling": None if model.rope_scaling is None else rope,
-        "rope_parameters": dict(rope, rope_theta=model.rope_theta),
-        "tie_word_embeddings": model.tie_word_embeddings,
-        "hidden_act": "silu",
-        "attention_dropout": 0.0,
-        "initializer_range": model.init_std,
-        "bos_token_id": bos_id,
-        "eos_token_id": eos_id,
-        "pad_token_id": None,
-        "use_cache": True,
-        "torch_dtype": dtype,
-        "dtype": dtype,
-    }

@@ -1,0 +1,1 @@
+"""Run control: stop signals and a lost launcher (``preemption``), the progress and ETA of a run (``progress``)."""
