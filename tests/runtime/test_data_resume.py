@@ -20,7 +20,7 @@ from runtime.config.load import load_config
 from runtime.data import DataPlan, training_metadata
 from runtime.data.order.record import TrainingMetadata
 from tests.support.configs import make_config, small_config
-from tests.support.harness import metrics, torchrun
+from tests.support.harness import metrics, train_one
 
 
 @pytest.fixture(autouse=True)
@@ -211,12 +211,12 @@ def test_trainer_resumed_with_a_new_batch_size_matches_explain(shards, tmp_path)
     d["data_stages"][1]["data"]["dataset"] = {"dataset_folder": "./shards/web"}  # the same folder, spelled otherwise
     d["data_stages"][1]["sequence_length"] = 32
     cfg.write_text(yaml.safe_dump(d))
-    killed = torchrun(cfg, 1, cwd=shards, env={"NANOSET_FAULT_KILL_AT_STEP": "5"}, check=False)
+    killed = train_one(cfg, cwd=shards, env={"NANOSET_FAULT_KILL_AT_STEP": "5"}, check=False)
     assert killed.returncode != 0
     d["tokens"]["batch_accumulation_per_replica"] = 1
     new = tmp_path / "new.yaml"
     new.write_text(yaml.safe_dump(d))
-    torchrun(new, 1, cwd=shards)
+    train_one(new, cwd=shards)
     rows = metrics(run)
     assert [r["step"] for r in rows] == list(range(1, 9))
     ckpt = run / "checkpoints" / "step-000004"
