@@ -314,8 +314,8 @@ def test_the_trainer_the_check_and_the_notes_name_a_stage_by_its_source(shards, 
     (folder,) = resolve_stage_folders(load_config(cfg))[0]  # tokenized by the run: here found in the cache
     assert Path(folder).parent == tmp_path / "cache"
     named = f"{src} (tokenized in {folder})"
-    assert (f"stage 'docs' at step 1 (steps 1-1): datasets {named} (1), sequence length 32, 0 of 2 samples already "
-            f"consumed\n") in proc.stdout
+    assert (f"stage 'docs' at step 1 (steps 1-1): datasets texts.jsonl: {named} (1), sequence length 32, 0 of 2 "
+            f"samples already consumed\n") in proc.stdout  # the source's name (its file's), then what it reads
     report = plan_report(start_up(load_config(cfg), world=1, lock=False).plan)
     assert report[1] == f"  {named} (weight 1): 2 of its 243 samples, 64 tokens, 0.01 epochs"
     many = small_config(tmp_path, tmp_path / "many", dp=1, steps=1000, interval=0, name="many.yaml", **common)
