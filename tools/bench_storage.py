@@ -106,7 +106,11 @@ def cache_bytes(cache: Path) -> int:
 
 def compare_clients(endpoint: str, work: Path) -> None:
     """One 64 MB object downloaded by s3fs and by the client ``nanoset.storage`` uses (obstore), best of 3."""
-    import s3fs
+    try:
+        import s3fs
+    except ImportError:
+        raise SystemExit("--compare-clients needs s3fs, which no extra installs (it pins an fsspec that datasets "
+                         "refuses): pip install s3fs") from None
 
     blob = work / "blob.bin"
     blob.write_bytes(np.random.default_rng(1).integers(0, 255, 64 << 20, dtype=np.uint8).tobytes())
