@@ -53,8 +53,8 @@ def prune(url: Location, keep_last: int, protected: set[str]) -> None:
     steps = sorted((step, name) for name in storage.list_names(url, "step-*")
                    if (step := checkpoint_step(name)) is not None)
     for _, name in steps[:-keep_last]:
-        if name not in protected:
-            for f in storage.files_under(url / name):
+        if name not in protected:  # its metadata.json first: a prune cut short never leaves one that counts
+            for f in sorted(storage.files_under(url / name), key=lambda f: f != METADATA):
                 storage.remove(url / name / f)
 
 
