@@ -107,7 +107,7 @@ def hf_model_values(folder: str | Path) -> dict:
         if cfg.get(key) is not None:
             _integer(cfg, key, where)
     out["num_key_value_heads"] = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim")
+    head_dim = cfg.get("head_dim") or spec.hf_head_dim
     out["head_dim"] = None if head_dim in (None, cfg["hidden_size"] // cfg["num_attention_heads"]) else head_dim
     tie = cfg.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):

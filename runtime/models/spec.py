@@ -55,7 +55,9 @@ class ModelSpec:
     ``hf_architectures``: the ``architectures`` of the Hugging Face models it imports (the first is written on
     export); ``hf_requires``: config.json keys whose value must be the one given (absent counts as that value) for
     our model to compute what transformers computes; ``hf_fields(args)``: the family's own config.json fields on
-    export (besides the sizes every family writes); ``hf_name``: our parameter name → the Hugging Face one.
+    export (besides the sizes every family writes); ``hf_head_dim``: the ``head_dim`` transformers takes when
+    config.json has none (None: hidden_size / num_attention_heads); ``hf_name``: our parameter name → the Hugging Face
+    one.
     ``layer_parameters(args)``: every weight of one decoder layer; ``layer_matmul_parameters(args)``: those in
     matrix products (the FLOPs). ``modeling``: the module whose ``MODULES`` is the family's torch side."""
 
@@ -69,6 +71,7 @@ class ModelSpec:
     layer_matmul_parameters: Callable[[ModelArgs], int] = matmul_parameters
     hf_name: Callable[[str], str] = decoder_hf_name
     support: Support = field(default_factory=Support)
+    hf_head_dim: int | None = None
 
     def modules(self) -> FamilyModules:
         """The family's torch side (imports torch)."""

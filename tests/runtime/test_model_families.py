@@ -154,6 +154,17 @@ def test_init_from_hf_sets_the_family_and_refuses_what_qwen_cannot_be(tmp_path):
     config = load_config(write_yaml(tmp_path, hf))
     assert (config.model.family, config.model.head_dim, config.model.head_size) == ("qwen3", 16, 16)
     assert load_config(write_yaml(tmp_path, hf, family="qwen3")).model.family == "qwen3"
+    import json
+
+    import transformers
+
+    no_head_dim = tmp_path / "no-head-dim"
+    no_head_dim.mkdir()
+    cfg = json.loads((hf / "config.json").read_text())
+    del cfg["head_dim"]  # transformers then takes Qwen3Config's default, 128: so must we
+    (no_head_dim / "config.json").write_text(json.dumps(cfg))
+    assert transformers.Qwen3Config.from_pretrained(no_head_dim).head_dim == 128
+    assert load_config(write_yaml(tmp_path, no_head_dim)).model.head_size == 128
     with pytest.raises(ConfigError) as e:
         load_config(write_yaml(tmp_path, hf, family="qwen2"))
     assert str(e.value) == (f"{tmp_path / 'cfg.yaml'}: model.family: qwen2 in the config but qwen3 in "

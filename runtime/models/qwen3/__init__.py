@@ -30,6 +30,7 @@ SPEC = ModelSpec(
     hf_architectures=("Qwen3ForCausalLM",),
     hf_requires={"attention_bias": False, "hidden_act": "silu", "use_sliding_window": False},
     hf_fields=_hf_fields,
+    hf_head_dim=128,  # Qwen3Config's default: its head_dim is independent of the hidden size
     layer_parameters=_layer_parameters,
     modeling="runtime.models.qwen3.model",
 )
